@@ -1,0 +1,16 @@
+"""tokenload analyze (being built)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "not yet available"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """No options yet."""
+
+
+def run(args: argparse.Namespace) -> int:
+    print("tokenload analyze: not yet available")
+    return 1

@@ -1,0 +1,16 @@
+"""tokenload run (being built)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "not yet available"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """No options yet."""
+
+
+def run(args: argparse.Namespace) -> int:
+    print("tokenload run: not yet available")
+    return 1

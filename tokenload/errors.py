@@ -1,0 +1,62 @@
+"""Errors that cross module boundaries, and the error kinds of SPEC.md.
+
+`ConfigError` is the one exception the CLI turns into a single stderr line and
+exit code 2: anything the user can fix by changing input (flags, environment,
+settings file, scenario file, run directory) raises it with a message that
+names the problem and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+
+class ConfigError(Exception):
+    """Bad user input: printed as one line, exit code 2, never a traceback."""
+
+
+# SPEC.md `error_kind` values. `client_error` means a bug of ours and must stay
+# at zero in tests.
+AUTH: Final = "auth"
+NOT_FOUND_MODEL: Final = "not_found_model"
+BAD_BASE_URL: Final = "bad_base_url"
+RATE_LIMITED: Final = "rate_limited"
+OVERLOADED: Final = "overloaded"
+SERVER_ERROR: Final = "server_error"
+BAD_REQUEST: Final = "bad_request"
+TIMEOUT_FIRST_TOKEN: Final = "timeout_first_token"
+TIMEOUT_STALL: Final = "timeout_stall"
+DISCONNECTED: Final = "disconnected"
+MALFORMED_STREAM: Final = "malformed_stream"
+CLIENT_ERROR: Final = "client_error"
+
+ERROR_KINDS: Final = (
+    AUTH,
+    NOT_FOUND_MODEL,
+    BAD_BASE_URL,
+    RATE_LIMITED,
+    OVERLOADED,
+    SERVER_ERROR,
+    BAD_REQUEST,
+    TIMEOUT_FIRST_TOKEN,
+    TIMEOUT_STALL,
+    DISCONNECTED,
+    MALFORMED_STREAM,
+    CLIENT_ERROR,
+)
+
+# The fix a user should try for each kind, in BRIEF.md's words.
+FIXES: Final[dict[str, str]] = {
+    AUTH: "check the key: it must be the one you created, with no stray space or newline, and not deleted or expired",
+    NOT_FOUND_MODEL: "use a model id this channel serves (tokenload doctor lists them where the channel offers /v1/models)",
+    BAD_BASE_URL: "point --base-url at the API endpoint, not the site's home page or dashboard; relays often need the /api path part",
+    RATE_LIMITED: "lower the concurrency or request rate, or wait for the retry-after period; the channel's rate limit was hit",
+    OVERLOADED: "the channel is overloaded: retry at off-peak time or lower the load",
+    SERVER_ERROR: "the channel returned a server error: retry later or report it to the channel's operator",
+    BAD_REQUEST: "the channel rejected the request body: check the model id, max tokens and extra body fields",
+    TIMEOUT_FIRST_TOKEN: "no token before the first-token timeout: the channel is queueing or stuck; lower the load or raise --timeout",
+    TIMEOUT_STALL: "the stream stalled between tokens past the idle timeout: the channel or a proxy is stuck",
+    DISCONNECTED: "the connection closed before the stream ended: a proxy or the channel dropped it",
+    MALFORMED_STREAM: "the stream was not valid server-sent events for this protocol: check --protocol and the base URL",
+    CLIENT_ERROR: "this is a tokenload bug: please report it with the run's manifest.json",
+}
