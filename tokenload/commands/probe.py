@@ -1,16 +1,92 @@
-"""tokenload probe (being built)."""
+"""Send one streaming request and watch it: the check users do by hand after configuring a channel.
+
+The answer streams live to the terminal, then TTFT, TPOT, output tokens, total
+latency and the formula line `TTFT + TPOT x N = predicted vs measured` are
+printed. `--json` prints one JSON object with SPEC.md's field names instead.
+Exit 0 when the request succeeded, 1 with the classified error and its fix when
+it did not, 2 when the configuration could not be read.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
-HELP = "not yet available"
+from tokenload.channel import add_channel_arguments
+
+HELP = "one streaming request, tokens shown live, then TTFT, TPOT, total and the formula check"
+DEFAULT_PROMPT = "Count from 1 to 30, one number per word, separated by spaces."
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """No options yet."""
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (default: a short counting task)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="maximum output tokens (default 64)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object with SPEC.md field names")
+    add_channel_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("tokenload probe: not yet available")
-    return 1
+    from rich.console import Console
+
+    from tokenload.channel import resolve_from_args
+    from tokenload.client import stream_once
+    from tokenload.errors import FIXES
+    from tokenload.measure import formula
+
+    if args.max_tokens < 1:
+        from tokenload.errors import ConfigError
+
+        raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    resolution = resolve_from_args(args)
+    channel = resolution.channel
+    err = Console(stderr=True)
+    for warning in resolution.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    out = Console(highlight=False)
+
+    def show(text: str, kind: str) -> None:
+        out.print(text, end="", style="dim italic" if kind == "thinking" else None, soft_wrap=True)
+
+    if not args.json:
+        out.print(f"[bold]{channel}[/]")
+    record = stream_once(channel, args.prompt, args.max_tokens, on_text=None if args.json else show)
+    check = formula(record["ttft_s"], record["tpot_s"], record["output_tokens"], record["e2e_s"])
+    if args.json:
+        record["formula"] = check
+        record["channel"] = channel.public()
+        print(json.dumps(record, indent=2))
+        return 0 if record["status"] == "ok" else 1
+    out.print()
+    if record["status"] != "ok":
+        kind = record["error_kind"]
+        err.print(f"[red]FAIL[/] {kind} (HTTP {record['http_status']}): {record['error_message']}", highlight=False)
+        err.print(f"fix: {FIXES[kind]}", highlight=False)
+    _print_summary(out, record, check)
+    return 0 if record["status"] == "ok" else 1
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} s"
+
+
+def _print_summary(out: object, record: dict, check: dict | None) -> None:
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_row("TTFB", _seconds(record["ttfb_s"]))
+    table.add_row("TTFT", _seconds(record["ttft_s"]))
+    table.add_row("TPOT", _seconds(record["tpot_s"]) + ("/token" if record["tpot_s"] else ""))
+    table.add_row("output tokens", f"{record['output_tokens']} ({record['output_tokens_source']})")
+    table.add_row("input tokens", f"{record['input_tokens']} ({record['input_tokens_source']})")
+    table.add_row("total (e2e)", _seconds(record["e2e_s"]))
+    table.add_row("stop reason", str(record["stop_reason"]))
+    out.print(table)  # type: ignore[attr-defined]
+    if check:
+        n = record["output_tokens"]
+        out.print(  # type: ignore[attr-defined]
+            f"formula: TTFT + TPOT x N = {record['ttft_s']:.3f} + {record['tpot_s']:.4f} x {n} = "
+            f"{check['predicted_simple_s']:.3f} s predicted vs {record['e2e_s']:.3f} s measured "
+            f"({check['error_simple_pct']:+.1f}%; exact form with N-1: {check['error_exact_pct']:+.1f}%)"
+        )
+    sys.stdout.flush()

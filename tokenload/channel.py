@@ -1,0 +1,370 @@
+"""Channel configuration: where requests go, how they authenticate, which model.
+
+Users already configured their channel for a coding assistant, so tokenload reads
+that configuration exactly as it is: flags > environment (`ANTHROPIC_*`,
+`OPENAI_*`) > settings.json (tokenload's `{"anthropic": {...}}` form or Claude
+Code's `{"env": {...}}` form) > defaults. Every field remembers where it came
+from, so `doctor` can say which source supplied it. Secrets never leave this
+module in clear text: `repr()`, `public()` and `redact()` show fingerprints only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from tokenload.errors import ConfigError
+
+PROTOCOLS: tuple[str, ...] = ("anthropic", "openai-chat", "openai-responses")
+
+DEFAULT_BASE_URLS: dict[str, str] = {
+    "anthropic": "https://api.anthropic.com",
+    "openai-chat": "https://api.openai.com/v1",
+    "openai-responses": "https://api.openai.com/v1",
+}
+DEFAULT_MODELS: dict[str, str] = {
+    "anthropic": "claude-sonnet-4-20250514",
+    "openai-chat": "gpt-4o-mini",
+    "openai-responses": "gpt-4o-mini",
+}
+_ENDPOINTS: dict[str, str] = {
+    "anthropic": "/v1/messages",
+    "openai-chat": "/chat/completions",
+    "openai-responses": "/responses",
+}
+
+# Claude Code's settings files, highest precedence first.
+SETTINGS_CANDIDATES: tuple[str, ...] = (
+    ".claude/settings.local.json",
+    ".claude/settings.json",
+    "~/.claude/settings.json",
+)
+
+# Environment variables tokenload reads, by channel field and protocol family.
+ENV_VARS: dict[str, dict[str, str]] = {
+    "anthropic": {
+        "base_url": "ANTHROPIC_BASE_URL",
+        "api_key": "ANTHROPIC_API_KEY",
+        "auth_token": "ANTHROPIC_AUTH_TOKEN",
+        "model": "ANTHROPIC_MODEL",
+        "headers": "ANTHROPIC_CUSTOM_HEADERS",
+    },
+    "openai": {
+        "base_url": "OPENAI_BASE_URL",
+        "api_key": "OPENAI_API_KEY",
+        "model": "OPENAI_MODEL",
+    },
+}
+KNOWN_ENV_VARS: frozenset[str] = frozenset(v for family in ENV_VARS.values() for v in family.values())
+
+SECRET_FIELDS: tuple[str, ...] = ("api_key", "auth_token")
+
+
+def fingerprint(secret: str) -> str:
+    """A safe stand-in for a secret: its length and, if long enough, last 4 characters."""
+    stripped = secret.strip()
+    tail = f"…{stripped[-4:]}" if len(stripped) >= 12 else "****"
+    return f"{tail} ({len(secret)} chars)"
+
+
+def family(protocol: str) -> str:
+    """`anthropic` or `openai`: which environment variables a protocol reads."""
+    return "anthropic" if protocol == "anthropic" else "openai"
+
+
+def endpoint_url(base_url: str, protocol: str) -> str:
+    """Join base URL and API path the way the official SDKs do.
+
+    Anthropic: base + `/v1/messages`, so `https://host/api` gives
+    `https://host/api/v1/messages` (and a base ending in `/v1` gives the 404
+    `/v1/v1/messages`, faithfully, so `doctor` can catch it). OpenAI bases
+    usually end in `/v1`; when one does not, `/v1` is added.
+    """
+    base = base_url.rstrip("/")
+    if protocol != "anthropic" and not base.endswith("/v1"):
+        base += "/v1"
+    return base + _ENDPOINTS[protocol]
+
+
+def parse_headers(text: str) -> dict[str, str]:
+    """`ANTHROPIC_CUSTOM_HEADERS` format: one `Name: value` per line."""
+    headers: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not name.strip():
+            raise ConfigError(
+                f"custom header line {line.strip()!r} is not 'Name: value'; write one 'Name: value' per line"
+            )
+        headers[name.strip()] = value.strip()
+    return headers
+
+
+@dataclass(frozen=True, repr=False)
+class Channel:
+    """A resolved model channel. Immutable; safe to share between users and threads."""
+
+    base_url: str
+    protocol: str = "anthropic"
+    model: str = DEFAULT_MODELS["anthropic"]
+    api_key: str | None = None
+    auth_token: str | None = None
+    extra_headers: Mapping[str, str] = field(default_factory=dict)
+    connect_timeout_s: float = 10.0
+    first_token_timeout_s: float = 120.0
+    idle_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"unknown protocol {self.protocol!r}; use one of {', '.join(PROTOCOLS)}")
+        parts = urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(
+                f"base URL {self.base_url!r} is not an http(s) URL; give the API endpoint, e.g. https://relay.example/api"
+            )
+
+    @property
+    def url(self) -> str:
+        """The full request URL for this channel's protocol."""
+        return endpoint_url(self.base_url, self.protocol)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return tuple(s for s in (self.api_key, self.auth_token) if s)
+
+    def auth_headers(self) -> dict[str, str]:
+        """Authentication headers as the official SDKs send them."""
+        headers: dict[str, str] = {}
+        if self.protocol == "anthropic":
+            if self.api_key:
+                headers["x-api-key"] = self.api_key
+            if self.auth_token:
+                headers["authorization"] = f"Bearer {self.auth_token}"
+        else:
+            token = self.api_key or self.auth_token
+            if token:
+                headers["authorization"] = f"Bearer {token}"
+        return headers
+
+    def headers(self) -> dict[str, str]:
+        """Every header a streaming request carries, auth included."""
+        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        if self.protocol == "anthropic":
+            headers["anthropic-version"] = "2023-06-01"
+        headers.update(self.extra_headers)
+        headers.update(self.auth_headers())
+        return headers
+
+    def public(self) -> dict[str, object]:
+        """A JSON-safe description without secrets, for manifests and reports."""
+        return {
+            "base_url": self.base_url,
+            "url": self.url,
+            "protocol": self.protocol,
+            "model": self.model,
+            "api_key": fingerprint(self.api_key) if self.api_key else None,
+            "auth_token": fingerprint(self.auth_token) if self.auth_token else None,
+            "extra_headers": sorted(self.extra_headers),
+        }
+
+    def redact(self, text: str) -> str:
+        """`text` with every secret of this channel, and anything key-shaped, masked."""
+        for secret in self.secrets:
+            for form in {secret, secret.strip()}:
+                if form:
+                    text = text.replace(form, fingerprint(secret))
+        return redact_keylike(text)
+
+    def with_model(self, model: str) -> Channel:
+        return replace(self, model=model)
+
+    def __repr__(self) -> str:
+        auth = ", ".join(f"{k}={v}" for k, v in self.public().items() if k in SECRET_FIELDS and v)
+        return f"Channel({self.protocol} {self.url} model={self.model}{', ' + auth if auth else ''})"
+
+    __str__ = __repr__
+
+
+_KEYLIKE = re.compile(r"\b(sk-[A-Za-z0-9_\-]{6,}|sk_[A-Za-z0-9_\-]{6,}|Bearer\s+[A-Za-z0-9_\-.=]{8,})")
+
+
+def redact_keylike(text: str) -> str:
+    """Mask substrings that look like API keys (servers sometimes echo them back)."""
+    return _KEYLIKE.sub(lambda m: m.group(0)[:5] + "…[redacted]", text)
+
+
+@dataclass
+class Resolution:
+    """A channel plus how it was resolved: the source of each field and any warnings."""
+
+    channel: Channel
+    sources: dict[str, str]
+    warnings: list[str]
+    settings_files: list[Path]
+    raw: dict[str, str]
+
+
+def _read_settings(path: Path) -> dict[str, str]:
+    """Channel fields from one settings.json, in either supported form."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read settings file {path}: {exc.strerror}; check the path given to --settings")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"settings file {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}; fix the JSON"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"settings file {path} must hold a JSON object, like {{\"env\": {{...}}}}")
+    fields: dict[str, str] = {}
+    env_block = data.get("env")
+    if isinstance(env_block, dict):
+        fields.update({var: v for var, v in env_block.items() if var in KNOWN_ENV_VARS and isinstance(v, str)})
+    for section, names in ENV_VARS.items():
+        block = data.get(section)
+        if not isinstance(block, dict):
+            continue
+        for name, var in names.items():
+            value = block.get(name)
+            if isinstance(value, dict) and name == "headers":
+                value = "\n".join(f"{k}: {v}" for k, v in value.items())
+            if isinstance(value, str):
+                fields[var] = value
+    return fields
+
+
+def settings_paths(explicit: str | None, cwd: Path, home: Path) -> list[Path]:
+    """The settings files to read, highest precedence first."""
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"settings file {explicit} does not exist; check the path given to --settings")
+        return [path]
+    found = []
+    for candidate in SETTINGS_CANDIDATES:
+        path = home / candidate[2:] if candidate.startswith("~/") else cwd / candidate
+        if path.is_file():
+            found.append(path)
+    return found
+
+
+def _whitespace_problem(value: str) -> str | None:
+    if value != value.strip():
+        return "a newline" if ("\n" in value or "\r" in value) else "surrounding whitespace"
+    if any(c.isspace() for c in value):
+        return "whitespace inside it"
+    return None
+
+
+def resolve(
+    *,
+    protocol: str | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    auth_token: str | None = None,
+    model: str | None = None,
+    settings: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    home: Path | None = None,
+) -> Resolution:
+    """Resolve a channel: flags (the keyword arguments) > environment > settings > defaults."""
+    env = os.environ if env is None else env
+    cwd = Path.cwd() if cwd is None else cwd
+    home = Path.home() if home is None else home
+    files = settings_paths(settings, cwd, home)
+    file_fields: dict[str, tuple[str, Path]] = {}
+    for path in reversed(files):  # lower precedence first, so higher ones overwrite
+        for var, value in _read_settings(path).items():
+            file_fields[var] = (value, path)
+
+    def has_any(fam: str) -> bool:
+        return any(v in env or v in file_fields for v in ENV_VARS[fam].values())
+
+    if protocol is None:
+        protocol = "openai-chat" if has_any("openai") and not has_any("anthropic") else "anthropic"
+        proto_source = "default" if protocol == "anthropic" else "inferred from OPENAI_* variables"
+    else:
+        proto_source = "flag --protocol"
+    if protocol not in PROTOCOLS:
+        raise ConfigError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
+    names = ENV_VARS[family(protocol)]
+    flags = {"base_url": base_url, "api_key": api_key, "auth_token": auth_token, "model": model}
+    raw: dict[str, str] = {}
+    sources: dict[str, str] = {"protocol": proto_source}
+    for name in ("base_url", "api_key", "auth_token", "model", "headers"):
+        var = names.get(name)
+        if flags.get(name) is not None:
+            raw[name], sources[name] = flags[name], f"flag --{name.replace('_', '-')}"  # type: ignore[assignment]
+        elif var and var in env:
+            raw[name], sources[name] = env[var], f"environment {var}"
+        elif var and var in file_fields:
+            raw[name], sources[name] = file_fields[var][0], f"settings {file_fields[var][1]} ({var})"
+    raw.setdefault("base_url", DEFAULT_BASE_URLS[protocol])
+    sources.setdefault("base_url", "default")
+    raw.setdefault("model", DEFAULT_MODELS[protocol])
+    sources.setdefault("model", "default")
+
+    warnings: list[str] = []
+    clean: dict[str, str] = {}
+    for name in ("base_url", "api_key", "auth_token", "model"):
+        if name not in raw:
+            continue
+        value = raw[name]
+        problem = _whitespace_problem(value)
+        if problem:
+            shown = fingerprint(value) if name in SECRET_FIELDS else repr(value)
+            warnings.append(
+                f"{name.replace('_', ' ')} from {sources[name]} has {problem} ({shown}); "
+                "remove it where the value is set (it is stripped for this run)"
+            )
+        clean[name] = value.strip()
+        if not clean[name]:
+            del clean[name]
+    channel = Channel(
+        base_url=clean.get("base_url", DEFAULT_BASE_URLS[protocol]),
+        protocol=protocol,
+        model=clean.get("model", DEFAULT_MODELS[protocol]),
+        api_key=clean.get("api_key"),
+        auth_token=clean.get("auth_token"),
+        extra_headers=parse_headers(raw["headers"]) if "headers" in raw else {},
+    )
+    return Resolution(channel=channel, sources=sources, warnings=warnings, settings_files=files, raw=raw)
+
+
+def add_channel_arguments(parser: argparse.ArgumentParser) -> None:
+    """The CHANNEL options, the same on every command (SPEC.md)."""
+    group = parser.add_argument_group(
+        "channel",
+        "Resolution order: these flags > environment (ANTHROPIC_BASE_URL, ANTHROPIC_AUTH_TOKEN, "
+        "ANTHROPIC_API_KEY, ANTHROPIC_MODEL, ANTHROPIC_CUSTOM_HEADERS, OPENAI_BASE_URL, OPENAI_API_KEY, "
+        "OPENAI_MODEL) > settings.json (--settings, else ./.claude/settings.local.json, "
+        "./.claude/settings.json, ~/.claude/settings.json) > defaults.",
+    )
+    group.add_argument("--base-url", help="API base URL, e.g. https://relay.example/api (the path part matters)")
+    group.add_argument("--api-key", help="key sent as x-api-key (Anthropic) or Bearer (OpenAI); prefer the environment")
+    group.add_argument("--auth-token", help="token sent as Authorization: Bearer (ANTHROPIC_AUTH_TOKEN)")
+    group.add_argument("--model", help="model id, e.g. claude-sonnet-4-20250514")
+    group.add_argument("--protocol", choices=PROTOCOLS, help="wire protocol (default: anthropic, or openai-chat when only OPENAI_* is set)")
+    group.add_argument("--settings", metavar="FILE", help="settings.json in {\"anthropic\": {...}} or Claude Code's {\"env\": {...}} form")
+
+
+def resolve_from_args(args: argparse.Namespace) -> Resolution:
+    """Resolve the channel from parsed CHANNEL options plus environment and settings."""
+    return resolve(
+        protocol=args.protocol,
+        base_url=args.base_url,
+        api_key=args.api_key,
+        auth_token=args.auth_token,
+        model=args.model,
+        settings=args.settings,
+    )

@@ -1,0 +1,149 @@
+"""Per-request measurement: a timeline of what happened, and pure functions over it.
+
+A `Timeline` is filled while a response streams in (by `tokenload.stream`); it
+holds raw `time.perf_counter()` stamps and counts, nothing derived. `measure()`
+turns it into SPEC.md's record fields. Keeping derivation pure makes every
+definition testable on a hand-written timeline:
+
+- `ttft_s`: first output token of any kind (text, thinking, tool input) - t0.
+- `ttft_text_s`: first visible text token - t0.
+- `e2e_s`: last output token - t0 (trailing usage/stop events excluded).
+- `tpot_s`: (last token - first token) / (output_tokens - 1), when output_tokens > 1.
+- `itl_*`: gaps between consecutive content chunks, as they arrived.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+TOKEN_TEXT = "text"
+TOKEN_THINKING = "thinking"
+TOKEN_OTHER = "other"  # tool-use input and similar output that is neither text nor thinking
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Raw observations of one request; filled incrementally, never derived."""
+
+    t0: float = field(default_factory=time.perf_counter)
+    started_at: float = field(default_factory=time.time)
+    t_headers: float | None = None
+    t_first_byte: float | None = None
+    t_first_event: float | None = None
+    t_first_token: float | None = None
+    t_first_text: float | None = None
+    t_last_token: float | None = None
+    t_end: float | None = None
+    http_status: int | None = None
+    chunk_times: list[float] = field(default_factory=list)
+    text_chunks: int = 0
+    thinking_chunks: int = 0
+    other_chunks: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    stop_reason: str | None = None
+    complete: bool = False
+    malformed: int = 0
+    error_kind: str | None = None
+    error_message: str | None = None
+    request_id: str | None = None
+    on_text: Callable[[str, str], None] | None = None  # (text, kind), for live display
+
+    def token(self, t: float, kind: str, text: str = "") -> None:
+        """One content delta arrived at `t`."""
+        if self.on_text is not None:
+            self.on_text(text, kind)
+        if self.t_first_token is None:
+            self.t_first_token = t
+        if kind == TOKEN_TEXT:
+            self.text_chunks += 1
+            if self.t_first_text is None:
+                self.t_first_text = t
+        elif kind == TOKEN_THINKING:
+            self.thinking_chunks += 1
+        else:
+            self.other_chunks += 1
+        self.t_last_token = t
+        self.chunk_times.append(t)
+
+    def fail(self, kind: str, message: str) -> None:
+        """Record the first error only: later ones are consequences of it."""
+        if self.error_kind is None:
+            self.error_kind = kind
+            self.error_message = message
+
+    @property
+    def chunks(self) -> int:
+        return len(self.chunk_times)
+
+
+def _since(t: float | None, t0: float) -> float | None:
+    return None if t is None else t - t0
+
+
+def measure(tl: Timeline, estimated_input_tokens: int | None = None) -> dict[str, Any]:
+    """SPEC.md's per-request fields from a timeline (no run/user context)."""
+    if tl.output_tokens is not None:
+        output_tokens, output_source = tl.output_tokens, "server"
+    else:
+        output_tokens, output_source = tl.chunks, "chunks"
+    if tl.input_tokens is not None:
+        input_tokens, input_source = tl.input_tokens, "server"
+    elif estimated_input_tokens is not None:
+        input_tokens, input_source = estimated_input_tokens, "estimate"
+    else:
+        input_tokens, input_source = None, None
+    tpot = None
+    if output_tokens > 1 and tl.t_first_token is not None and tl.t_last_token is not None:
+        tpot = (tl.t_last_token - tl.t_first_token) / (output_tokens - 1)
+    itl_p50 = itl_p99 = itl_max = None
+    if len(tl.chunk_times) > 1:
+        gaps = np.diff(np.asarray(tl.chunk_times))
+        itl_p50, itl_p99 = (float(x) for x in np.percentile(gaps, (50, 99)))
+        itl_max = float(gaps.max())
+    return {
+        "status": "ok" if tl.error_kind is None else "error",
+        "error_kind": tl.error_kind,
+        "error_message": tl.error_message,
+        "http_status": tl.http_status,
+        "started_at": tl.started_at,
+        "ttfb_s": _since(tl.t_headers, tl.t0),
+        "ttft_s": _since(tl.t_first_token, tl.t0),
+        "ttft_text_s": _since(tl.t_first_text, tl.t0),
+        "tpot_s": tpot,
+        "e2e_s": _since(tl.t_last_token, tl.t0),
+        "duration_s": _since(tl.t_end, tl.t0),
+        "input_tokens": input_tokens,
+        "input_tokens_source": input_source,
+        "output_tokens": output_tokens,
+        "output_tokens_source": output_source,
+        "reasoning_tokens": tl.reasoning_tokens,
+        "thinking_chunks": tl.thinking_chunks,
+        "chunks": tl.chunks,
+        "itl_p50_s": itl_p50,
+        "itl_p99_s": itl_p99,
+        "itl_max_s": itl_max,
+        "stop_reason": tl.stop_reason,
+        "malformed_events": tl.malformed,
+        "server_request_id": tl.request_id,
+    }
+
+
+def formula(ttft_s: float | None, tpot_s: float | None, output_tokens: int, e2e_s: float | None) -> dict[str, float] | None:
+    """Check `total = TTFT + TPOT x N` (simple) and `TTFT + TPOT x (N - 1)` (exact)."""
+    if ttft_s is None or tpot_s is None or e2e_s is None or e2e_s <= 0:
+        return None
+    simple = ttft_s + tpot_s * output_tokens
+    exact = ttft_s + tpot_s * (output_tokens - 1)
+    return {
+        "predicted_simple_s": simple,
+        "predicted_exact_s": exact,
+        "error_simple_pct": 100.0 * (simple - e2e_s) / e2e_s,
+        "error_exact_pct": 100.0 * (exact - e2e_s) / e2e_s,
+    }

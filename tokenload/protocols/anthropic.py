@@ -1,0 +1,55 @@
+"""Anthropic Messages streaming (`POST {base}/v1/messages`).
+
+Events: message_start (input usage) -> content_block_start / content_block_delta+ /
+content_block_stop per block -> message_delta (stop_reason, CUMULATIVE
+output_tokens) -> message_stop. `ping` and unknown event types are ignored.
+Thinking blocks stream `thinking_delta` (a token) then `signature_delta` (not one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenload.measure import TOKEN_OTHER, TOKEN_TEXT, TOKEN_THINKING, Timeline
+from tokenload.protocols.base import Protocol
+
+_DELTA_KINDS = {
+    "text_delta": ("text", TOKEN_TEXT),
+    "thinking_delta": ("thinking", TOKEN_THINKING),
+    "input_json_delta": ("partial_json", TOKEN_OTHER),
+}
+
+
+class AnthropicMessages(Protocol):
+    name = "anthropic"
+
+    def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+        return {
+            "model": self.channel.model,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "messages": [{"role": "user", "content": prompt}],
+        }
+
+    def on_json(self, event: str, obj: dict[str, Any], t: float, tl: Timeline) -> None:
+        kind = obj.get("type", event)
+        if kind == "content_block_delta":
+            delta = obj.get("delta") or {}
+            field_kind = _DELTA_KINDS.get(delta.get("type"))
+            if field_kind and delta.get(field_kind[0]):
+                tl.token(t, field_kind[1], delta[field_kind[0]])
+        elif kind == "message_start":
+            usage = (obj.get("message") or {}).get("usage") or {}
+            if isinstance(usage.get("input_tokens"), int):
+                tl.input_tokens = usage["input_tokens"] + sum(
+                    usage.get(k) or 0 for k in ("cache_read_input_tokens", "cache_creation_input_tokens")
+                )
+        elif kind == "message_delta":
+            tl.stop_reason = (obj.get("delta") or {}).get("stop_reason") or tl.stop_reason
+            usage = obj.get("usage") or {}
+            if isinstance(usage.get("output_tokens"), int):
+                tl.output_tokens = usage["output_tokens"]
+        elif kind == "message_stop":
+            tl.complete = True
+        elif kind == "error":
+            self.in_stream_error(obj, tl)

@@ -1,0 +1,63 @@
+"""OpenAI Chat Completions streaming (`POST {base}/chat/completions`).
+
+Content arrives in `choices[0].delta.content`; reasoning models send
+`delta.reasoning_content` or `delta.reasoning`. The role-only first chunk that
+vLLM sends after prefill is not a token. With `stream_options.include_usage`
+one chunk with empty (or null) `choices` carries usage before `data: [DONE]`.
+A line with a top-level `error` key is an in-stream error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenload.measure import TOKEN_OTHER, TOKEN_TEXT, TOKEN_THINKING, Timeline
+from tokenload.protocols.base import Protocol
+
+
+class OpenAIChat(Protocol):
+    name = "openai-chat"
+
+    def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+        return {
+            "model": self.channel.model,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": prompt}],
+        }
+
+    def on_done(self, tl: Timeline) -> None:
+        tl.complete = True
+
+    def on_json(self, event: str, obj: dict[str, Any], t: float, tl: Timeline) -> None:
+        if "error" in obj and obj["error"]:
+            self.in_stream_error(obj, tl)
+            return
+        for choice in obj.get("choices") or ():
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
+            if text:
+                tl.token(t, TOKEN_TEXT, text)
+            thinking = delta.get("reasoning_content") or delta.get("reasoning")
+            if thinking:
+                tl.token(t, TOKEN_THINKING, thinking)
+            if delta.get("tool_calls"):
+                tl.token(t, TOKEN_OTHER)
+            if choice.get("finish_reason"):
+                tl.stop_reason = choice["finish_reason"]
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            if isinstance(usage.get("prompt_tokens"), int):
+                tl.input_tokens = usage["prompt_tokens"]
+            if isinstance(usage.get("completion_tokens"), int):
+                tl.output_tokens = usage["completion_tokens"]
+            details = usage.get("completion_tokens_details") or {}
+            if isinstance(details.get("reasoning_tokens"), int):
+                tl.reasoning_tokens = details["reasoning_tokens"]
+
+    def finish(self, tl: Timeline) -> None:
+        # Some backends end with a finish_reason but no `[DONE]`: complete enough.
+        if tl.stop_reason is not None:
+            tl.complete = True
+        super().finish(tl)

@@ -1,0 +1,102 @@
+"""One incremental server-sent-events decoder shared by every protocol adapter.
+
+Network reads split a stream anywhere: inside a line, between `\\r` and `\\n`,
+inside a UTF-8 character. The decoder works on bytes (line ends are ASCII, so
+they never occur inside a multi-byte character) and decodes only whole lines.
+It follows the WHATWG event-stream rules that peer tools get wrong: CRLF, LF and
+CR line ends mixed in one stream; a blank line dispatches; several `data:` lines
+join with `\\n`; one space after the colon is stripped; `:` lines are comments;
+a leading BOM is dropped; a final event without its blank line is not dispatched.
+A trailing `\\r` is taken as a line end at once (no waiting for a possible `\\n`),
+so CR-only streams are not delayed by one read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    """One dispatched event: its type (`message` when none was named), data and id."""
+
+    event: str
+    data: str
+    id: str | None = None
+
+
+class SSEDecoder:
+    """Feed it bytes as they arrive; it returns the events completed by each read."""
+
+    __slots__ = ("_partial", "_skip_lf", "_head", "_data", "_event", "_id", "comments")
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self._skip_lf = False
+        self._head: bytes | None = b""  # bytes held until the BOM question is settled
+        self._data: list[str] = []
+        self._event = ""
+        self._id: str | None = None
+        self.comments = 0
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if self._head is not None:
+            chunk = self._head + chunk
+            if len(chunk) < len(_BOM) and _BOM.startswith(chunk):
+                self._head = chunk
+                return []
+            self._head = None
+            if chunk.startswith(_BOM):
+                chunk = chunk[len(_BOM) :]
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        if not chunk:
+            return []
+        buf = self._partial + chunk if self._partial else chunk
+        if b"\r" in buf:
+            self._skip_lf = buf.endswith(b"\r")
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buf.split(b"\n")
+        self._partial = lines.pop()
+        events: list[SSEEvent] = []
+        for line in lines:
+            event = self._line(line)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def close(self) -> bool:
+        """End of stream. True when an event was left unterminated (a truncated stream)."""
+        pending = bool(self._partial.strip()) or bool(self._data)
+        self._partial = b""
+        self._data = []
+        self._event = ""
+        return pending
+
+    def _line(self, raw: bytes) -> SSEEvent | None:
+        if not raw:
+            if not self._data:
+                self._event = ""
+                return None
+            event = SSEEvent(self._event or "message", "\n".join(self._data), self._id)
+            self._data = []
+            self._event = ""
+            return event
+        if raw[:1] == b":":
+            self.comments += 1
+            return None
+        line = raw.decode("utf-8", "replace")
+        name, sep, value = line.partition(":")
+        if sep and value[:1] == " ":
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id" and "\0" not in value:
+            self._id = value
+        return None

@@ -1,0 +1,94 @@
+"""Drive one streaming exchange with any HTTP client: headers, bytes, end, failure.
+
+The HTTP client (httpx for probe and doctor, the Locust user's client under load)
+reads the response and reports what it sees, with `time.perf_counter()` stamps;
+the session routes bytes through the shared SSE decoder into the protocol
+adapter, or, when no stream opened, keeps the body to classify the error. The
+client never interprets the wire format and the adapter never touches sockets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tokenload import errors as ek
+from tokenload.measure import Timeline, measure
+from tokenload.protocols.base import Protocol, classify_http, looks_like_html
+from tokenload.sse import SSEDecoder
+
+_MAX_ERROR_BODY = 64 * 1024
+
+
+class StreamSession:
+    """One request/response, from just before the request is written to the end."""
+
+    __slots__ = ("adapter", "timeline", "_decoder", "_streaming", "_body", "_content_type", "_estimate")
+
+    def __init__(
+        self,
+        adapter: Protocol,
+        t0: float,
+        *,
+        estimated_input_tokens: int | None = None,
+        on_text: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.adapter = adapter
+        self.timeline = Timeline(t0=t0, on_text=on_text)
+        self._decoder = SSEDecoder()
+        self._streaming = False
+        self._body = bytearray()
+        self._content_type = ""
+        self._estimate = estimated_input_tokens
+
+    def on_headers(self, t: float, status: int, headers: Mapping[str, str]) -> None:
+        tl = self.timeline
+        tl.t_headers = t
+        tl.http_status = status
+        self._content_type = headers.get("content-type", "")
+        tl.request_id = headers.get("request-id") or headers.get("x-request-id")
+        self._streaming = status == 200 and not looks_like_html(self._content_type, b"") and (
+            "json" not in self._content_type.lower()
+        )
+
+    def on_data(self, t: float, chunk: bytes) -> None:
+        tl = self.timeline
+        if tl.t_first_byte is None:
+            tl.t_first_byte = t
+            if self._streaming and looks_like_html("", chunk):
+                self._streaming = False  # an HTML page served as text/plain or event-stream
+        if not self._streaming:
+            if len(self._body) < _MAX_ERROR_BODY:
+                self._body += chunk
+            return
+        for event in self._decoder.feed(chunk):
+            if tl.t_first_event is None:
+                tl.t_first_event = t
+            self.adapter.handle(event, t, tl)
+
+    def on_end(self, t: float) -> None:
+        """The body ended (the server closed it or sent its last chunk)."""
+        tl = self.timeline
+        tl.t_end = t
+        if self._streaming:
+            self._decoder.close()
+            self.adapter.finish(tl)
+        else:
+            kind, message = classify_http(tl.http_status or 0, self._content_type, bytes(self._body))
+            tl.fail(kind, self.adapter.channel.redact(message))
+
+    def on_failure(self, t: float, kind: str, message: str) -> None:
+        """The transport failed: a timeout, a reset, a refused connection."""
+        tl = self.timeline
+        tl.t_end = t
+        if kind == ek.TIMEOUT_FIRST_TOKEN and tl.t_first_token is not None:
+            kind = ek.TIMEOUT_STALL
+        tl.fail(kind, self.adapter.channel.redact(message))
+
+    @property
+    def failed(self) -> bool:
+        return self.timeline.error_kind is not None
+
+    def record(self) -> dict[str, Any]:
+        """SPEC.md's per-request fields for this exchange."""
+        return measure(self.timeline, self._estimate)
