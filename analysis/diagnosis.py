@@ -1,0 +1,131 @@
+"""What bounds the latency, and BRIEF.md's advice with the arithmetic filled in.
+
+Decision order (the first that applies wins), so a user fixes causes before symptoms:
+1. `errors`: more than the error limit of requests failed; latency is moot.
+2. `queue`: at the highest load at least half the median e2e is load-induced
+   (1 - e2e_low / e2e_high >= 0.5): the channel queues or contends.
+3. `prefill` if TTFT is at least half of e2e at low load, else `decode`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tokenload.analysis.breakpoint import ERROR_RATE_LIMIT
+from tokenload.analysis.steps import Slo
+from tokenload.errors import FIXES
+
+QUEUE_SHARE = 0.5
+PREFILL_SHARE = 0.5
+# A TPOT at or under this (20 tokens/s or faster) reads as normal decode speed.
+TPOT_NORMAL_S = 0.05
+
+
+def _g(x: float) -> str:
+    """Short human number: 3 significant digits."""
+    return f"{x:.3g}"
+
+
+def _error_advice(total: int, by_kind: dict[str, int]) -> list[str]:
+    lines = []
+    for kind, count in sorted(by_kind.items(), key=lambda kv: -kv[1])[:3]:
+        fix = FIXES.get(kind, "inspect the failing requests in requests.parquet")
+        lines.append(f"{count} of {total} requests failed with {kind} ({100 * count / total:.1f}%): {fix}")
+    return lines
+
+
+def _ttft_advice(ttft: float, n_in: float, fit: dict[str, Any], slo: Slo) -> list[str]:
+    """BRIEF.md mistake 4: long prompt, large model or load; the fit says how short is short enough."""
+    head = f"TTFT p50 {_g(ttft)} s at low load is above the {_g(slo.ttft_s)} s target"
+    if not fit.get("model"):
+        return [f"{head}: shorten the prompt, try a smaller model, or send at off-peak times"]
+    a = fit["intercept_s"]
+    if a >= slo.ttft_s:
+        return [f"{head}; even an empty prompt takes {_g(a)} s (fit intercept): shortening the prompt "
+                "cannot meet it, use a smaller model or send at off-peak times"]
+    if fit["model"] == "power":
+        b, k = fit["power"]["b"], fit["exponent"]
+        n_max = ((slo.ttft_s - a) / b) ** (1.0 / k) if b > 0 else math.inf
+        law = f"{_g(a)} + {_g(b)} x n^{k:.2f}"
+    else:
+        slope = fit["slope_s_per_token"]
+        n_max = (slo.ttft_s - a) / slope if slope > 0 else math.inf
+        law = f"{_g(a)} + {_g(slope)} x n"
+    return [f"{head}: by the fit TTFT = {law} s, prompts of <= {n_max:.0f} input tokens meet it "
+            f"(median today {n_in:.0f}): shorten the prompt, or use a smaller model or off-peak times"]
+
+
+def _e2e_advice(ttft: float, tpot: float, n_out: float, slo: Slo) -> list[str]:
+    """BRIEF.md mistakes 5 and 6: decode speed, or simply long outputs."""
+    e2e = ttft + tpot * n_out
+    head = (f"at low load TTFT {_g(ttft)} s + TPOT {_g(tpot)} s x {n_out:.0f} tokens = {_g(e2e)} s, "
+            f"above the {_g(slo.e2e_s)} s target")
+    budget = slo.e2e_s - ttft
+    if budget <= 0:
+        return [f"{head}; TTFT alone uses the whole budget: cut TTFT first"]
+    need = budget / n_out
+    cap = math.floor(budget / tpot) if tpot > 0 else 0
+    if ttft <= slo.ttft_s and tpot <= TPOT_NORMAL_S:
+        return [f"{head}; TTFT and TPOT look normal, the output is long: cap max_tokens at {cap} "
+                f"(or need TPOT <= {_g(need)} s at {n_out:.0f} tokens)"]
+    return [f"{head}: to meet {_g(slo.e2e_s)} s at {n_out:.0f} tokens with TTFT {_g(ttft)} s you need "
+            f"TPOT <= {_g(need)} s; today {_g(tpot)} s: cap max_tokens at {cap} or use a smaller model"]
+
+
+def diagnose(
+    *,
+    slo: Slo,
+    requests: int,
+    errors_total: int,
+    errors_by_kind: dict[str, int],
+    share_ttft: float | None,
+    low: dict[str, float],
+    high: dict[str, float],
+    ttft_fit: dict[str, Any],
+    breakpoint: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Return SPEC.md `diagnosis` {bound, share_ttft, advice} plus the numbers it rests on.
+
+    `low` and `high` hold p50 ttft/tpot/e2e, median output/input tokens and active
+    users of the low-load steps and of the highest-concurrency step.
+    """
+    error_rate = errors_total / requests if requests else 1.0
+    if requests == 0 or low.get("e2e") is None or share_ttft is None:
+        advice = _error_advice(requests, errors_by_kind) if requests else [
+            "no requests were recorded: check that the load generator reached the channel (tokenload doctor)"]
+        return {"bound": "errors", "share_ttft": None, "error_rate": error_rate, "advice": advice}
+
+    load_share = 1.0 - low["e2e"] / high["e2e"] if high["e2e"] > 0 else 0.0
+    share_low = low["ttft"] / low["e2e"] if low["e2e"] > 0 else 0.0
+    if error_rate > ERROR_RATE_LIMIT:
+        bound = "errors"
+    elif load_share >= QUEUE_SHARE:
+        bound = "queue"
+    elif share_low >= PREFILL_SHARE:
+        bound = "prefill"
+    else:
+        bound = "decode"
+
+    # (topic, line): the lines of the bound's own topic come first.
+    advice: list[tuple[str, str]] = []
+    if errors_total:
+        advice += [("errors", line) for line in _error_advice(requests, errors_by_kind)]
+    if load_share >= QUEUE_SHARE:
+        keep = (f"keep concurrency <= {breakpoint['last_good_active_users']} users (the last step before "
+                f"the breakpoint)" if breakpoint and breakpoint.get("last_good_active_users") else
+                "lower the concurrency")
+        advice.append(("queue", f"median e2e grows from {_g(low['e2e'])} s at {low['active_users']:.0f} users to "
+                      f"{_g(high['e2e'])} s at {high['active_users']:.0f} users ({high['e2e'] / low['e2e']:.1f}x; "
+                      f"{100 * load_share:.0f}% of it is load): the channel queues under load; {keep}, or "
+                      "send at off-peak times and check with `tokenload compare`"))
+    if low["ttft"] > slo.ttft_s:
+        advice += [("prefill", line) for line in _ttft_advice(low["ttft"], low["input_tokens"], ttft_fit, slo)]
+    if low["ttft"] + low["tpot"] * low["output_tokens"] > slo.e2e_s:
+        advice += [("decode", line) for line in _e2e_advice(low["ttft"], low["tpot"], low["output_tokens"], slo)]
+    if not advice:
+        advice.append((bound, f"at low load TTFT {_g(low['ttft'])} s, TPOT {_g(low['tpot'])} s and e2e "
+                      f"{_g(low['e2e'])} s meet the SLO (TTFT <= {_g(slo.ttft_s)} s, e2e <= {_g(slo.e2e_s)} s)"))
+    advice.sort(key=lambda item: item[0] != bound)
+    return {"bound": bound, "share_ttft": round(share_ttft, 4), "share_ttft_low_load": round(share_low, 4),
+            "load_share_of_e2e": round(load_share, 4), "error_rate": round(error_rate, 6), "advice": [line for _, line in advice]}

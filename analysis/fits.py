@@ -1,0 +1,205 @@
+"""Least-squares fits: latency against token counts.
+
+Two models for TTFT vs input tokens, because BRIEF.md claims prefill grows
+sub-linearly and the tool must test that rather than assume it: a straight
+line, and `a + b * n**k` fitted by variable projection (for a fixed k the
+model is linear in a and b, so only k needs a 1-D search; no scipy needed).
+The power model wins only when it is clearly better (AIC) *and* clearly not a
+line (|k - 1| large enough to matter), so noise never reads as a finding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+# Two-sided 95% normal quantile; fits here have hundreds of points or more.
+Z95 = 1.959963984540054
+MIN_FIT_POINTS = 10
+# The power model must beat the line by this much AIC (log-likelihood units x2)...
+AIC_MARGIN = 10.0
+# ...and bend by at least this much, or the data are called linear.
+MIN_EXPONENT_GAP = 0.05
+EXPONENT_RANGE = (0.05, 3.0)
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    """y = intercept + slope * x, with 95% confidence intervals."""
+
+    slope: float
+    intercept: float
+    r2: float
+    n: int
+    slope_ci: tuple[float, float]
+    intercept_ci: tuple[float, float]
+    sse: float
+
+
+@dataclass(frozen=True)
+class PowerFit:
+    """y = a + b * x**k."""
+
+    a: float
+    b: float
+    k: float
+    r2: float
+    n: int
+    sse: float
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return self.a + self.b * np.power(x, self.k)
+
+
+def linear_fit(x: np.ndarray, y: np.ndarray) -> LinearFit | None:
+    """Ordinary least squares; None when x does not vary or there are too few points."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    n = len(x)
+    if n < MIN_FIT_POINTS:
+        return None
+    xm, ym = x.mean(), y.mean()
+    dx = x - xm
+    sxx = float(dx @ dx)
+    if sxx <= 1e-12 * max(1.0, xm * xm) * n:
+        return None
+    slope = float(dx @ (y - ym)) / sxx
+    intercept = float(ym - slope * xm)
+    resid = y - (intercept + slope * x)
+    sse = float(resid @ resid)
+    dy = y - ym
+    sst = float(dy @ dy)
+    sigma2 = sse / max(n - 2, 1)
+    se_slope = math.sqrt(sigma2 / sxx)
+    se_intercept = math.sqrt(sigma2 * (1.0 / n + xm * xm / sxx))
+    return LinearFit(
+        slope=slope,
+        intercept=intercept,
+        r2=1.0 - sse / sst if sst > 0 else 1.0,
+        n=n,
+        slope_ci=(slope - Z95 * se_slope, slope + Z95 * se_slope),
+        intercept_ci=(intercept - Z95 * se_intercept, intercept + Z95 * se_intercept),
+        sse=sse,
+    )
+
+
+def _power_sse(logx: np.ndarray, y: np.ndarray, k: float) -> tuple[float, float, float]:
+    """Best (a, b) and SSE for a fixed exponent k: one linear least squares."""
+    z = np.exp(k * logx)
+    zm, ym = z.mean(), y.mean()
+    dz = z - zm
+    szz = float(dz @ dz)
+    b = float(dz @ (y - ym)) / szz if szz > 0 else 0.0
+    a = float(ym - b * zm)
+    resid = y - a - b * z
+    return a, b, float(resid @ resid)
+
+
+def power_fit(x: np.ndarray, y: np.ndarray) -> PowerFit | None:
+    """Fit y = a + b * x**k: coarse grid over k, then golden-section refinement."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    keep = x > 0
+    x, y = x[keep], y[keep]
+    if len(x) < MIN_FIT_POINTS or np.ptp(x) <= 0:
+        return None
+    logx = np.log(x)
+    grid = np.linspace(*EXPONENT_RANGE, 60)
+    sses = [_power_sse(logx, y, k)[2] for k in grid]
+    i = int(np.argmin(sses))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    ratio = (math.sqrt(5) - 1) / 2
+    c, d = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fc, fd = _power_sse(logx, y, c)[2], _power_sse(logx, y, d)[2]
+    while hi - lo > 1e-5:
+        if fc < fd:
+            hi, d, fd = d, c, fc
+            c = hi - ratio * (hi - lo)
+            fc = _power_sse(logx, y, c)[2]
+        else:
+            lo, c, fc = c, d, fd
+            d = lo + ratio * (hi - lo)
+            fd = _power_sse(logx, y, d)[2]
+    k = (lo + hi) / 2
+    a, b, sse = _power_sse(logx, y, k)
+    dy = y - y.mean()
+    sst = float(dy @ dy)
+    return PowerFit(a=a, b=b, k=k, r2=1.0 - sse / sst if sst > 0 else 1.0, n=len(x), sse=sse)
+
+
+def _aic(sse: float, n: int, params: int) -> float:
+    return n * math.log(max(sse, 1e-300) / n) + 2 * params
+
+
+def _r(value: float, digits: int = 6) -> float:
+    """Round for JSON: summary.json is read by people as much as by scripts."""
+    return float(f"{value:.{digits}g}")
+
+
+def ttft_vs_input(n_tokens: np.ndarray, ttft: np.ndarray) -> dict[str, Any]:
+    """SPEC.md `fits.ttft_vs_input`, plus both candidate models and the sub-linear verdict.
+
+    For the power model `slope_s_per_token` is the local slope d(ttft)/dn at the
+    median input length, so it stays comparable with the linear slope.
+    """
+    lin = linear_fit(n_tokens, ttft)
+    pw = power_fit(n_tokens, ttft)
+    if lin is None:
+        return {"model": None, "slope_s_per_token": None, "intercept_s": None, "exponent": None,
+                "r2": None, "n": int(len(n_tokens)),
+                "note": "input length did not vary enough (or too few successful requests) to fit"}
+    out: dict[str, Any] = {
+        "model": "linear", "slope_s_per_token": _r(lin.slope), "intercept_s": _r(lin.intercept),
+        "exponent": 1.0, "r2": _r(lin.r2, 4), "n": lin.n,
+        "linear": linear_dict(lin),
+        "power": None,
+        "criterion": f"power if AIC improves by > {AIC_MARGIN:g} and |k - 1| >= {MIN_EXPONENT_GAP:g}",
+    }
+    if pw is not None:
+        out["power"] = {"a_s": _r(pw.a), "b": _r(pw.b), "exponent": _r(pw.k, 4), "r2": _r(pw.r2, 4), "n": pw.n}
+        better = _aic(pw.sse, pw.n, 3) + AIC_MARGIN < _aic(lin.sse, lin.n, 2)
+        if better and abs(pw.k - 1.0) >= MIN_EXPONENT_GAP:
+            median_n = float(np.median(n_tokens))
+            out.update(model="power", intercept_s=_r(pw.a), exponent=_r(pw.k, 4), r2=_r(pw.r2, 4),
+                       slope_s_per_token=_r(pw.b * pw.k * median_n ** (pw.k - 1.0)),
+                       slope_at_input_tokens=median_n)
+    k = out["exponent"]
+    if out["model"] == "power" and k < 1:
+        out["sublinear"] = f"supported: TTFT grows as n^{k:.2f} (< 1) with input length"
+    elif out["model"] == "power":
+        out["sublinear"] = f"contradicted: TTFT grows as n^{k:.2f} (> 1), faster than linear"
+    else:
+        out["sublinear"] = "not supported: a straight line fits TTFT vs input length as well as a power law"
+    return out
+
+
+def linear_dict(fit: LinearFit | None) -> dict[str, Any] | None:
+    """SPEC.md's linear-fit keys plus confidence intervals."""
+    if fit is None:
+        return None
+    return {
+        "slope_s_per_token": _r(fit.slope), "intercept_s": _r(fit.intercept),
+        "r2": _r(fit.r2, 4), "n": fit.n,
+        "slope_ci95": [_r(v) for v in fit.slope_ci],
+        "intercept_ci95": [_r(v) for v in fit.intercept_ci],
+    }
+
+
+def grouped_linear(keys: np.ndarray, x: np.ndarray, y: np.ndarray) -> dict[int, tuple[float, float]]:
+    """Per-group (slope, intercept) in one pass of sums: per-step fits on million-row runs."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"k": keys, "x": x, "y": y, "xx": x * x, "xy": x * y})
+    sums = frame.groupby("k", sort=True).agg(n=("x", "size"), x=("x", "sum"), y=("y", "sum"),
+                                             xx=("xx", "sum"), xy=("xy", "sum"))
+    out: dict[int, tuple[float, float]] = {}
+    for key, row in sums.iterrows():
+        sxx = row.xx - row.x * row.x / row.n
+        if row.n < MIN_FIT_POINTS or sxx <= 1e-12 * max(row.xx, 1.0):
+            continue
+        slope = (row.xy - row.x * row.y / row.n) / sxx
+        out[int(key)] = (float(slope), float((row.y - slope * row.x) / row.n))
+    return out

@@ -1,0 +1,245 @@
+"""The charts of the report and of comparisons (matplotlib, Agg backend).
+
+Every chart takes a list of `(label, Analysis)` views, so one function draws a
+single run for `analyze` and several overlaid runs for `compare`. Scatter
+plots are downsampled (at most `MAX_POINTS` per chart) so a million-request run
+draws as fast as a small one; statistics never come from the sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+
+from tokenload.analysis.summary import Analysis  # noqa: E402
+
+View = tuple[str, Analysis]
+MAX_POINTS = 20_000
+COLORS = plt.get_cmap("tab10").colors
+DPI = 110
+
+
+def _sample(frame: pd.DataFrame, limit: int, seed: int = 0) -> pd.DataFrame:
+    if len(frame) <= limit:
+        return frame
+    return frame.sample(n=limit, random_state=seed)
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _users_axis(ax: Axes, views: Sequence[View]) -> None:
+    """Log-2 x axis when the ramp spans a wide range of users (1, 2, 4 ... 64)."""
+    users = np.concatenate([v.table["active_users"].to_numpy() for _, v in views if len(v.table)] or [np.ones(1)])
+    if users.min() > 0 and users.max() / users.min() >= 8:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("concurrent users")
+
+
+def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
+                 lines: Callable[[Analysis], list[tuple[str, Callable[[np.ndarray], np.ndarray], str]]]) -> None:
+    """Points of the low-load steps in the run's colour, others grey; then each run's model lines."""
+    per_run = MAX_POINTS // max(len(views), 1)
+    y_tops = []
+    for i, (label, a) in enumerate(views):
+        color = COLORS[i % len(COLORS)]
+        used = a.ok["step"].isin(a.low_steps)
+        low, rest = _sample(a.ok[used], per_run), _sample(a.ok[~used], per_run // 2)
+        prefix = f"{label}: " if len(views) > 1 else ""
+        if len(rest):
+            ax.scatter(rest[x_col], rest[y_col], s=3, color="0.7", alpha=0.3, rasterized=True,
+                       label=f"{prefix}higher-load steps (not fitted)")
+        ax.scatter(low[x_col], low[y_col], s=3, color=color, alpha=0.25, rasterized=True,
+                   label=f"{prefix}low-load steps (fitted)")
+        if len(low):
+            y_tops.append(float(np.percentile(low[y_col], 99.5)))
+            xs = np.linspace(max(float(low[x_col].min()), 1.0), float(low[x_col].max()), 200)
+            for name, fn, style in lines(a):
+                ax.plot(xs, fn(xs), style, color=color if len(views) > 1 or style == "-" else "black",
+                        lw=2, label=f"{prefix}{name}")
+    if y_tops:
+        ax.set_ylim(0, 1.3 * max(y_tops))
+    ax.legend(loc="upper left", fontsize=8, markerscale=4, framealpha=0.9)
+    ax.grid(alpha=0.3)
+
+
+def _ttft_lines(a: Analysis) -> list[tuple[str, Callable[[np.ndarray], np.ndarray], str]]:
+    fit = a.summary["fits"]["ttft_vs_input"]
+    out = []
+    lin = fit.get("linear")
+    if lin:
+        out.append((f"linear: {lin['intercept_s']:.3g} + {lin['slope_s_per_token']:.3g}·n s (R² {lin['r2']:.3f})",
+                    lambda x, f=lin: f["intercept_s"] + f["slope_s_per_token"] * x, "-"))
+    pw = fit.get("power")
+    if pw:
+        chosen = " [chosen]" if fit["model"] == "power" else ""
+        out.append((f"power: {pw['a_s']:.3g} + {pw['b']:.3g}·n^{pw['exponent']:.2f} s (R² {pw['r2']:.3f}){chosen}",
+                    lambda x, f=pw: f["a_s"] + f["b"] * np.power(x, f["exponent"]), "--"))
+    return out
+
+
+def _e2e_lines(a: Analysis) -> list[tuple[str, Callable[[np.ndarray], np.ndarray], str]]:
+    fit = a.summary["fits"]["e2e_vs_output"]
+    out = []
+    if fit.get("slope_s_per_token") is not None:
+        out.append((f"fit: {fit['intercept_s']:.3g} + {fit['slope_s_per_token']:.3g}·N s (R² {fit['r2']:.3f})",
+                    lambda x, f=fit: f["intercept_s"] + f["slope_s_per_token"] * x, "-"))
+    if fit.get("tpot_p50_s") is not None:
+        out.append((f"formula: TTFT {fit['ttft_p50_s']:.3g} + TPOT {fit['tpot_p50_s']:.3g}·N s",
+                    lambda x, f=fit: f["ttft_p50_s"] + f["tpot_p50_s"] * x, "--"))
+    return out
+
+
+def plot_ttft_vs_input(views: Sequence[View], path: Path) -> Path:
+    """TTFT against input tokens with the linear and power fits."""
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    _scatter_fit(ax, views, "input_tokens", "ttft_s", _ttft_lines)
+    ax.set(xlabel="input tokens", ylabel="TTFT (s)", title="TTFT vs input length (successful requests)")
+    return _save(fig, path)
+
+
+def plot_e2e_vs_output(views: Sequence[View], path: Path) -> Path:
+    """End-to-end latency against output tokens with the fit and the TTFT + TPOT x N line."""
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    _scatter_fit(ax, views, "output_tokens", "e2e_s", _e2e_lines)
+    ax.set(xlabel="output tokens", ylabel="end-to-end latency (s)",
+           title="Total latency vs output length (successful requests)")
+    return _save(fig, path)
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel of a per-concurrency chart: columns of the step table to draw."""
+
+    title: str
+    ylabel: str
+    series: tuple[tuple[str, str, str], ...]  # (column, legend name, line style)
+    slo: float | None = None
+    scale: float = 1.0
+
+
+def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], path: Path, title: str) -> Path:
+    """Per-concurrency curves: one panel per quantity, one colour per run, breakpoints marked."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for i, (label, a) in enumerate(views):
+            if a.table.empty:
+                continue
+            t = a.table.sort_values("active_users")
+            color = COLORS[i % len(COLORS)]
+            prefix = f"{label} " if len(views) > 1 else ""
+            for col, name, style in panel.series:
+                ax.plot(t["active_users"], t[col] * panel.scale, style, color=color, marker="o", ms=4,
+                        label=f"{prefix}{name}")
+            bp = a.summary.get("breakpoint")
+            if bp:
+                ax.axvline(bp["active_users"], color=color, ls=":", lw=1.5,
+                           label=f"{prefix}breakpoint {bp['active_users']} users ({bp['reason']})")
+        if panel.slo is not None:
+            ax.axhline(panel.slo, color="red", ls="-.", lw=1, label=f"SLO {panel.slo:g} s")
+        _users_axis(ax, views)
+        ax.set(title=panel.title, ylabel=panel.ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, framealpha=0.9)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_latency_vs_users(views: Sequence[View], path: Path) -> Path:
+    """TTFT, TPOT and e2e p50/p95 per concurrency step."""
+    slo = views[0][1].slo
+    panels = [
+        Panel("TTFT", "seconds", (("ttft_p50_s", "p50", "-"), ("ttft_p95_s", "p95", "--")), slo=slo.ttft_s),
+        Panel("TPOT", "seconds per token", (("tpot_p50_s", "p50", "-"), ("tpot_p95_s", "p95", "--"))),
+        Panel("End-to-end", "seconds", (("e2e_p50_s", "p50", "-"), ("e2e_p95_s", "p95", "--")), slo=slo.e2e_s),
+    ]
+    return _panels_vs_users(views, panels, path, "Latency percentiles vs concurrency")
+
+
+def plot_throughput_vs_users(views: Sequence[View], path: Path) -> Path:
+    """Output tokens/s, requests/s (all and within SLO) and error rate per step."""
+    panels = [
+        Panel("Output throughput", "tokens / s", (("output_tok_s", "output tokens/s", "-"),)),
+        Panel("Request rate", "requests / s", (("rps", "all", "-"), ("goodput_rps", "within SLO", "--"))),
+        Panel("Errors", "% of requests", (("error_rate", "all errors", "-"), ("load_error_rate", "load errors", "--")),
+              scale=100.0),
+    ]
+    return _panels_vs_users(views, panels, path, "Throughput vs concurrency")
+
+
+def plot_cdfs(views: Sequence[View], path: Path, metrics: Sequence[str] = ("ttft", "tpot", "e2e")) -> Path:
+    """Empirical CDFs of per-request latencies, one line per run."""
+    names = {"ttft": "TTFT (s)", "tpot": "TPOT (s per token)", "e2e": "end-to-end latency (s)"}
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4.4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        wide = False
+        for i, (label, a) in enumerate(views):
+            values = np.sort(a.ok[f"{metric}_s"].dropna().to_numpy())
+            if values.size == 0:
+                continue
+            # At most 2000 points per curve: quantiles at evenly spaced probabilities.
+            probs = np.linspace(0, 1, min(values.size, 2000))
+            xs = np.quantile(values, probs)
+            ax.plot(xs, probs * 100, color=COLORS[i % len(COLORS)], lw=2, label=f"{label} (n={values.size:,})")
+            wide |= bool(values[0] > 0 and values[-1] / values[0] > 50)
+        slo = views[0][1].slo
+        limit = {"ttft": slo.ttft_s, "e2e": slo.e2e_s}.get(metric)
+        if limit is not None:
+            ax.axvline(limit, color="red", ls="-.", lw=1, label=f"SLO {limit:g} s")
+        if wide:
+            ax.set_xscale("log")
+        ax.set(xlabel=names[metric], ylabel="% of requests at or below", title=f"{metric.upper()} CDF")
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    return _save(fig, path)
+
+
+def plot_timeline(views: Sequence[View], path: Path, bins: int = 120) -> Path:
+    """The first run over time: active users, request outcomes per second, TTFT of each request."""
+    _, a = views[0]
+    df = a.run.df
+    t0 = float(df["started_at"].min())
+    t = df["started_at"].to_numpy() - t0
+    edges = np.linspace(0, max(float(t.max()), 1e-9), bins + 1)
+    width = edges[1] - edges[0]
+    is_err = df["status"].eq("error").to_numpy()
+    ok_counts, _ = np.histogram(t[~is_err], edges)
+    err_counts, _ = np.histogram(t[is_err], edges)
+    users = pd.Series(df["active_users"].to_numpy()).groupby(np.digitize(t, edges[1:-1])).max()
+
+    fig, axes = plt.subplots(3, 1, figsize=(11, 7.5), sharex=True)
+    axes[0].step(edges[users.index.to_numpy()], users.to_numpy(), where="post", color=COLORS[0])
+    axes[0].set(ylabel="active users", title="Run timeline (by request start time)")
+    axes[1].bar(edges[:-1], ok_counts / width, width=width, align="edge", color=COLORS[2], label="ok")
+    axes[1].bar(edges[:-1], err_counts / width, width=width, align="edge", bottom=ok_counts / width,
+                color=COLORS[3], label="error")
+    axes[1].set(ylabel="requests / s")
+    axes[1].legend(fontsize=8, loc="upper left")
+    ok = _sample(a.ok, MAX_POINTS)
+    axes[2].scatter(ok["started_at"] - t0, ok["ttft_s"], s=3, alpha=0.3, color=COLORS[0], rasterized=True,
+                    label="TTFT per request")
+    axes[2].axhline(a.slo.ttft_s, color="red", ls="-.", lw=1, label=f"SLO {a.slo.ttft_s:g} s")
+    if len(ok) and ok["ttft_s"].max() / max(ok["ttft_s"].min(), 1e-9) > 50:
+        axes[2].set_yscale("log")
+    axes[2].set(ylabel="TTFT (s)", xlabel="seconds since the first request")
+    axes[2].legend(fontsize=8, loc="upper left", markerscale=4)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    return _save(fig, path)

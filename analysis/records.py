@@ -1,0 +1,180 @@
+"""Load and validate a run directory (SPEC.md "RUN_DIR layout").
+
+Everything downstream assumes a clean frame: numeric timing columns as float,
+`status` as `ok`/`error`, in-flight streams flagged. This module is the one
+place that knows the on-disk contract, so a broken run dir fails here with one
+`ConfigError` line that names the problem instead of a traceback later.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokenload.errors import ConfigError
+
+REQUESTS_FILE = "requests.parquet"
+MANIFEST_FILE = "manifest.json"
+
+# SPEC.md's "at least" columns. All must exist (a missing one is named in the error),
+# but analysis reads only ANALYSIS_COLUMNS to keep memory low on million-row runs.
+REQUIRED_COLUMNS: tuple[str, ...] = (
+    "request_id", "run_id", "worker", "user_id", "step", "active_users", "scheduled_at",
+    "started_at", "protocol", "model", "status", "error_kind", "http_status", "ttfb_s",
+    "ttft_s", "ttft_text_s", "tpot_s", "e2e_s", "input_tokens", "input_tokens_source",
+    "output_tokens", "output_tokens_source", "max_tokens", "chunks", "itl_p50_s",
+    "itl_p99_s", "itl_max_s", "stop_reason",
+)
+FLOAT_COLUMNS: tuple[str, ...] = (
+    "scheduled_at", "started_at", "ttft_s", "tpot_s", "e2e_s", "input_tokens",
+    "output_tokens", "itl_p99_s",
+)
+CATEGORY_COLUMNS: tuple[str, ...] = ("status", "error_kind", "model")
+OPTIONAL_COLUMNS: tuple[str, ...] = ("finished_at", "in_flight", "prompt_tokens_target")
+ANALYSIS_COLUMNS: tuple[str, ...] = (
+    "step", "active_users", *FLOAT_COLUMNS, *CATEGORY_COLUMNS,
+)
+
+
+@dataclass
+class Run:
+    """One loaded run: the cleaned request frame plus what the manifest says."""
+
+    run_dir: Path
+    manifest: dict[str, Any]
+    df: pd.DataFrame
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def started_at(self) -> float | None:
+        """Run start in unix seconds: manifest first, else the first request."""
+        value = _unix(self.manifest.get("started_at"))
+        if value is None and len(self.df):
+            value = float(self.df["started_at"].min())
+        return value
+
+    @property
+    def ended_at(self) -> float | None:
+        """Run end in unix seconds: manifest first, else the last request to finish."""
+        value = _unix(self.manifest.get("ended_at"))
+        if value is None and len(self.df):
+            value = float(self.df["finished_at"].max())
+        return value
+
+    @property
+    def label(self) -> str:
+        """Default label for comparisons: the run's local start time."""
+        start = self.started_at
+        if start is None:
+            return self.run_dir.name
+        return datetime.fromtimestamp(start).strftime("%Y-%m-%d %H:%M")
+
+    @property
+    def ok(self) -> pd.DataFrame:
+        """Successful, completed requests: the only ones fits and percentiles use."""
+        return self.df[self.df["status"].eq("ok") & ~self.df["in_flight"]]
+
+
+def _unix(value: Any) -> float | None:
+    """Accept unix seconds or an ISO-8601 string (naive means UTC)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=timezone.utc)
+        return parsed.timestamp()
+    return None
+
+
+def _read_manifest(run_dir: Path, problems: list[str]) -> dict[str, Any]:
+    path = run_dir / MANIFEST_FILE
+    if not path.exists():
+        problems.append(f"{MANIFEST_FILE} is missing: run metadata (scenario, channel) unknown")
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        problems.append(f"{MANIFEST_FILE} is unreadable ({exc}): run metadata unknown")
+        return {}
+    if not isinstance(data, dict):
+        problems.append(f"{MANIFEST_FILE} is not a JSON object: run metadata unknown")
+        return {}
+    return data
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Read RUN_DIR into a `Run`; raise `ConfigError` for anything that is not a run.
+
+    Missing optional columns are derived (`finished_at` from start + e2e,
+    `in_flight` as False) so the rest of the analysis needs no special cases.
+    """
+    import pyarrow.parquet as pq
+
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise ConfigError(f"{path} is not a directory: pass the run directory that `tokenload run` printed")
+    parquet = path / REQUESTS_FILE
+    if not parquet.exists():
+        raise ConfigError(f"{path} is not a run directory: {REQUESTS_FILE} is missing")
+    try:
+        schema_names = set(pq.read_schema(parquet).names)
+    except Exception as exc:  # pyarrow raises several unrelated types for a bad file
+        raise ConfigError(f"{parquet} is not a readable parquet file: {exc}") from exc
+    missing = [c for c in REQUIRED_COLUMNS if c not in schema_names]
+    if missing:
+        raise ConfigError(f"{parquet} lacks required column(s): {', '.join(missing)}")
+    wanted = [*ANALYSIS_COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in schema_names)]
+    try:
+        df = pq.read_table(parquet, columns=wanted).to_pandas()
+    except Exception as exc:
+        raise ConfigError(f"{parquet} could not be read: {exc}") from exc
+    problems: list[str] = []
+    manifest = _read_manifest(path, problems)
+    return Run(run_dir=path, manifest=manifest, df=_normalise(df), problems=problems)
+
+
+def _normalise(df: pd.DataFrame) -> pd.DataFrame:
+    """Coerce dtypes once so every later step can use plain vectorised numpy."""
+    out = pd.DataFrame(index=pd.RangeIndex(len(df)))
+    out["step"] = pd.to_numeric(df["step"], errors="coerce").fillna(0).astype(np.int64)
+    out["active_users"] = pd.to_numeric(df["active_users"], errors="coerce").fillna(0).astype(np.int64)
+    for col in FLOAT_COLUMNS:
+        out[col] = pd.to_numeric(df[col], errors="coerce").astype(np.float64)
+    status = df["status"].astype("string").str.lower().fillna("error")
+    out["status"] = pd.Categorical(np.where(status.eq("ok"), "ok", "error"), categories=["ok", "error"])
+    is_error = out["status"].eq("error").to_numpy()
+    kind = df["error_kind"].astype("string").fillna("unknown")
+    out["error_kind"] = pd.Categorical(kind.where(is_error, None))
+    out["model"] = df["model"].astype("string").fillna("?").astype("category")
+    if "finished_at" in df:
+        finished = pd.to_numeric(df["finished_at"], errors="coerce").astype(np.float64)
+        out["finished_at"] = finished.fillna(out["started_at"] + out["e2e_s"].fillna(0.0))
+    else:
+        out["finished_at"] = out["started_at"] + out["e2e_s"].fillna(0.0)
+    if "in_flight" in df:
+        out["in_flight"] = df["in_flight"].fillna(False).astype(bool).to_numpy()
+    else:
+        out["in_flight"] = False
+    return out
+
+
+def write_run(run_dir: str | Path, df: pd.DataFrame, manifest: dict[str, Any]) -> Path:
+    """Write a run dir in the on-disk contract (used by the synthetic generator and tests)."""
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    df.to_parquet(path / REQUESTS_FILE, index=False)
+    (path / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    return path

@@ -1,0 +1,159 @@
+"""The verdict (terminal and HTML) and the self-contained HTML page builder.
+
+The verdict rows are computed once from `summary.json`'s dict and rendered
+twice (rich table, HTML table), so the terminal and the report never disagree.
+The HTML inlines every image as base64: the file can be mailed or attached to
+a ticket on its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
+h1{font-size:1.5em} h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.5em 0;font-size:.9em} td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
+th{background:#f3f3f3} td.l,th.l{text-align:left} figure{margin:1.5em 0} img{max-width:100%}
+figcaption{color:#555;font-size:.9em} .bad{color:#b00020;font-weight:600} .good{color:#1b7f2a}
+ul.advice li{margin:.3em 0} .problems{background:#fff4e5;border:1px solid #f0b400;padding:.5em 1em}
+"""
+
+
+def _fmt(x: Any, unit: str = "", digits: int = 3) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return f"{x:.{digits}g}{unit}"
+    return f"{x}{unit}"
+
+
+def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """(topic, finding, ok?) rows; ok is None where the row is information, not a verdict."""
+    run, slo, lat = summary["run"], summary["slo"], summary["latency"]
+    ttft_fit, e2e_fit = summary["fits"]["ttft_vs_input"], summary["fits"]["e2e_vs_output"]
+    formula, diag, bp = summary["formula"], summary["diagnosis"], summary["breakpoint"]
+    rows: list[tuple[str, str, bool | None]] = [
+        ("Requests", f"{run['requests']:,} ({run['ok']:,} ok, {run['errors']:,} errors, "
+                     f"{run['in_flight']:,} still open at the end)", run["errors"] == 0 if run["requests"] else False),
+        ("SLO attainment", f"{_fmt(100 * slo['attainment'] if slo['attainment'] is not None else None, '%')} "
+                           f"within TTFT ≤ {slo['ttft_s']:g} s and e2e ≤ {slo['e2e_s']:g} s "
+                           f"(target {100 * slo['target']:g}%)",
+         None if slo["attainment"] is None else slo["attainment"] >= slo["target"]),
+    ]
+    for metric, unit in (("ttft", " s"), ("tpot", " s/token"), ("e2e", " s")):
+        p = lat[metric]
+        rows.append((metric.upper(), f"p50 {_fmt(p['p50'])} · p95 {_fmt(p['p95'])} · p99 {_fmt(p['p99'])}{unit}", None))
+    if ttft_fit.get("model"):
+        extra = f", exponent {ttft_fit['exponent']:.2f}" if ttft_fit["model"] == "power" else ""
+        rows.append(("TTFT vs input", f"{ttft_fit['model']}: {ttft_fit['slope_s_per_token']:.3g} s/token, "
+                                      f"intercept {ttft_fit['intercept_s']:.3g} s{extra}, R² {ttft_fit['r2']:.3f} "
+                                      f"(n={ttft_fit['n']:,}, steps {_steps(ttft_fit['steps_used'])})", None))
+        rows.append(("Prefill sub-linear?", ttft_fit["sublinear"], None))
+    else:
+        rows.append(("TTFT vs input", ttft_fit.get("note", "not fitted"), False))
+    if e2e_fit.get("slope_s_per_token") is not None:
+        vs = (f"; slope = {e2e_fit['slope_over_tpot_p50']:.3g}x median TPOT"
+              if e2e_fit.get("slope_over_tpot_p50") is not None else "")
+        rows.append(("e2e vs output", f"{e2e_fit['slope_s_per_token']:.3g} s/token, intercept "
+                                      f"{e2e_fit['intercept_s']:.3g} s, R² {e2e_fit['r2']:.3f}{vs}", None))
+    else:
+        rows.append(("e2e vs output", e2e_fit.get("note", "not fitted"), False))
+    if formula.get("mape_simple") is not None:
+        where = formula.get("typical_values_break_at_active_users")
+        tail = (f"; with typical TTFT/TPOT it misses by > {100 * formula['typical_values_tolerance']:.0f}% "
+                f"from {where} users" if where else "")
+        rows.append(("Formula TTFT + TPOT × N", f"MAPE {100 * formula['mape_simple']:.2f}% (N) · "
+                                                f"{100 * formula['mape_exact']:.2f}% (N − 1){tail}", formula["holds"]))
+    rows.append(("Output length drives e2e?", summary["e2e_drivers"]["verdict"], None))
+    if bp:
+        rows.append(("Breakpoint", f"{bp['active_users']} users ({bp['reason']}): {bp['detail']}", False))
+    else:
+        rows.append(("Breakpoint", summary.get("breakpoint_note") or "none", True))
+    share = diag.get("share_ttft")
+    rows.append(("Bound", f"{diag['bound']}" + (f" (TTFT is {100 * share:.0f}% of e2e)" if share is not None else ""),
+                 None))
+    if diag["advice"]:
+        rows.append(("First fix", diag["advice"][0], None))
+    for problem in summary.get("problems", []):
+        rows.append(("Missing", problem, False))
+    return rows
+
+
+def _steps(steps: Sequence[int]) -> str:
+    if not steps:
+        return "none"
+    return f"{steps[0]}–{steps[-1]}" if list(steps) == list(range(steps[0], steps[-1] + 1)) else ", ".join(map(str, steps))
+
+
+def verdict_table(summary: dict[str, Any], title: str | None = None) -> Table:
+    """The rich verdict table printed by `analyze` (and by `demo`)."""
+    table = Table(title=title or f"tokenload verdict: {summary['run'].get('label')}", show_lines=False,
+                  title_justify="left")
+    table.add_column("", style="bold", no_wrap=True)
+    table.add_column("finding", overflow="fold")
+    for topic, finding, good in verdict_rows(summary):
+        style = "" if good is None else ("green" if good else "red")
+        table.add_row(topic, finding, style=style)
+    return table
+
+
+# ----- HTML -----------------------------------------------------------------------------------
+
+def h(text: Any) -> str:
+    """Escape for HTML."""
+    return html.escape(str(text))
+
+
+def html_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], left: int = 1) -> str:
+    """A plain table; the first `left` columns are text (left aligned), the rest numbers."""
+    def cell(tag: str, i: int, value: Any) -> str:
+        cls = ' class="l"' if i < left else ""
+        return f"<{tag}{cls}>{h(value)}</{tag}>"
+    head = "".join(cell("th", i, x) for i, x in enumerate(headers))
+    body = "".join("<tr>" + "".join(cell("td", i, _fmt(x, digits=4)) for i, x in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def verdict_html(summary: dict[str, Any]) -> str:
+    rows = []
+    for topic, finding, good in verdict_rows(summary):
+        cls = "" if good is None else (' class="good"' if good else ' class="bad"')
+        rows.append(f'<tr><th class="l">{h(topic)}</th><td class="l"{cls}>{h(finding)}</td></tr>')
+    return f"<table>{''.join(rows)}</table>"
+
+
+def figure(path: Path, caption: str) -> str:
+    """An inlined PNG with its one-line caption."""
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return (f'<figure><img alt="{h(caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{h(caption)}</figcaption></figure>")
+
+
+def page(title: str, sections: Sequence[tuple[str, str]]) -> str:
+    """A complete HTML document: (heading, html body) per section."""
+    body = "".join(f"<h2>{h(head)}</h2>{content}" if head else content for head, content in sections)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{h(title)}</title>"
+            f"<style>{CSS}</style></head><body><h1>{h(title)}</h1>{body}</body></html>")
+
+
+STEP_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("active_users", "users"), ("requests", "requests"), ("errors", "errors"), ("error_rate", "error rate"),
+    ("rps", "req/s"), ("output_tok_s", "out tok/s"), ("goodput_rps", "goodput req/s"),
+    ("ttft_p50_s", "TTFT p50"), ("ttft_p95_s", "TTFT p95"), ("ttft_p99_s", "TTFT p99"),
+    ("tpot_p50_s", "TPOT p50"), ("tpot_p95_s", "TPOT p95"), ("e2e_p50_s", "e2e p50"),
+    ("e2e_p95_s", "e2e p95"), ("e2e_p99_s", "e2e p99"), ("slo_attainment", "SLO met"),
+    ("formula_mape", "formula MAPE"), ("ttft_slope_s_per_token", "TTFT s/token"),
+)
+
+
+def steps_html(steps: Sequence[dict[str, Any]]) -> str:
+    """The per-step table (times in seconds)."""
+    return html_table(["step", *(name for _, name in STEP_COLUMNS)],
+                      ([s["step"], *(s[key] for key, _ in STEP_COLUMNS)] for s in steps))
