@@ -42,12 +42,20 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
+PLAIN = matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v:g}")
+
+
+def _log_axis(ax: Axes, axis: str, base: float = 10) -> None:
+    """Log scale with plain tick labels (0.5, 1, 10) rather than powers."""
+    getattr(ax, f"set_{axis}scale")("log", base=base)
+    getattr(ax, f"{axis}axis").set_major_formatter(PLAIN)
+
+
 def _users_axis(ax: Axes, views: Sequence[View]) -> None:
     """Log-2 x axis when the ramp spans a wide range of users (1, 2, 4 ... 64)."""
     users = np.concatenate([v.table["active_users"].to_numpy() for _, v in views if len(v.table)] or [np.ones(1)])
     if users.min() > 0 and users.max() / users.min() >= 8:
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        _log_axis(ax, "x", base=2)
     ax.set_xlabel("concurrent users")
 
 
@@ -203,7 +211,7 @@ def plot_cdfs(views: Sequence[View], path: Path, metrics: Sequence[str] = ("ttft
         if limit is not None:
             ax.axvline(limit, color="red", ls="-.", lw=1, label=f"SLO {limit:g} s")
         if wide:
-            ax.set_xscale("log")
+            _log_axis(ax, "x")
         ax.set(xlabel=names[metric], ylabel="% of requests at or below", title=f"{metric.upper()} CDF")
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
@@ -237,7 +245,7 @@ def plot_timeline(views: Sequence[View], path: Path, bins: int = 120) -> Path:
                     label="TTFT per request")
     axes[2].axhline(a.slo.ttft_s, color="red", ls="-.", lw=1, label=f"SLO {a.slo.ttft_s:g} s")
     if len(ok) and ok["ttft_s"].max() / max(ok["ttft_s"].min(), 1e-9) > 50:
-        axes[2].set_yscale("log")
+        _log_axis(axes[2], "y")
     axes[2].set(ylabel="TTFT (s)", xlabel="seconds since the first request")
     axes[2].legend(fontsize=8, loc="upper left", markerscale=4)
     for ax in axes:
