@@ -1,16 +1,56 @@
-"""tokenload sim (being built)."""
+"""Run the built-in channel simulator in the foreground.
+
+The first stdout line is the base URL (prefix included), e.g.
+http://127.0.0.1:43123/api: point ANTHROPIC_BASE_URL at it, or OPENAI_BASE_URL
+at it plus /v1. Logs go to stderr; SIGINT or SIGTERM stops it cleanly.
+Examples:
+  tokenload sim --profile fast --port 0 --truth truth.jsonl
+  tokenload sim --profile peak --api-key sk-test --model sim-7b --model sim-70b
+
+"""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "not yet available"
+import tokenload.sim
+
+__doc__ = (__doc__ or "") + (tokenload.sim.__doc__ or "")
+
+HELP = "run the built-in channel simulator (Anthropic + OpenAI streaming, known behaviour under load)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """No options yet."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
+    parser.add_argument("--profile", default="default", metavar="NAME|FILE",
+                        help=f"built-in profile ({', '.join(tokenload.sim.builtin_profiles())}) or a TOML file")
+    parser.add_argument("--api-key", metavar="K", help="require this key (x-api-key or Authorization: Bearer)")
+    parser.add_argument("--model", action="append", metavar="M",
+                        help="serve this model id; repeat for several (replaces the profile's list)")
+    parser.add_argument("--truth", metavar="FILE", help="write one JSON line of server-side truth per request")
+    parser.add_argument("--prefix", default="/api", help="path prefix of the API (default /api; '' for none)")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="processes sharing the port via SO_REUSEPORT (each runs its own model copy)")
 
 
 def run(args: argparse.Namespace) -> int:
-    print("tokenload sim: not yet available")
-    return 1
+    import sys
+    from pathlib import Path
+
+    from tokenload.errors import ConfigError
+    from tokenload.sim.runner import serve_foreground
+
+    if args.workers < 1:
+        raise ConfigError("--workers must be at least 1")
+    profile = tokenload.sim.load_profile(args.profile)
+    models = args.model or profile.models
+    print(f"tokenload sim: profile {args.profile}, models {', '.join(models)}, slots {profile.slots}"
+          f" x {profile.replicas} replica(s), load {profile.load}, auth {'on' if args.api_key else 'off'}",
+          file=sys.stderr)
+    try:
+        return serve_foreground(profile, host=args.host, port=args.port, api_key=args.api_key, models=args.model,
+                                truth_path=Path(args.truth) if args.truth else None, prefix=args.prefix,
+                                workers=args.workers)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve on {args.host}:{args.port}: {exc.strerror}") from None

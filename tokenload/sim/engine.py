@@ -1,0 +1,266 @@
+"""The behaviour model: continuous batching on replicas, driven by timer callbacks.
+
+Each model has an `Engine` with `replicas` independent `Replica`s of `slots`
+sequences each. An admitted sequence first prefills (prefills on one replica
+run one after another, as chunked prefill shares the GPU) and writes its first
+token when its prefill ends; it then joins the replica's decode batch, where
+every decode step emits one token for each active sequence. A step lasts
+`decode_base_s + decode_per_seq_s * (batch - 1)`, longer while a prefill is in
+progress, all scaled by model size, `load` and noise. Requests beyond the free
+slots wait in one FIFO queue per model; that wait is part of their TTFT.
+
+One timer callback per replica step (not a task per token) is what lets one
+core drive thousands of streams: a step is a plain loop over the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from random import Random
+
+from tokenload.sim.profile import Profile, effective_slots, model_scale
+
+LATENESS_BUCKET_S = 0.0001
+LATENESS_BUCKETS = 1000  # 0.1 ms resolution up to 100 ms; the last bucket is overflow
+
+
+class Stats:
+    """Counters the scheduler updates on the hot path, read by /metrics and benchmarks."""
+
+    def __init__(self) -> None:
+        self.lateness = [0] * (LATENESS_BUCKETS + 1)
+        self.tokens = 0
+        self.steps = 0
+        self.step_seconds = 0.0
+
+    def lateness_quantile(self, q: float) -> float:
+        """Upper bound of the bucket holding quantile q of token-write lateness, seconds."""
+        total = sum(self.lateness)
+        if not total:
+            return 0.0
+        rank, seen = q * total, 0
+        for i, count in enumerate(self.lateness):
+            seen += count
+            if seen >= rank:
+                return (i + 1) * LATENESS_BUCKET_S
+        return (LATENESS_BUCKETS + 1) * LATENESS_BUCKET_S
+
+
+class Sequence:
+    """One admitted request as the scheduler sees it; subclasses write the tokens.
+
+    `emit(i)` writes output token i and returns False when the stream has ended
+    early (client gone, injected disconnect or error event); `finish()` runs after
+    the last token; `drop()` after an early end. Times are time.time() for the
+    truth file.
+    """
+
+    __slots__ = ("n_input", "n_out", "emitted", "stall_at", "stall_s", "resume_at",
+                 "arrival", "admitted", "first_token", "last_token", "replica")
+
+    def __init__(self, n_input: int, n_out: int, stall_at: int = -1, stall_s: float = 0.0) -> None:
+        self.n_input = n_input
+        self.n_out = n_out
+        self.emitted = 0
+        self.stall_at = stall_at
+        self.stall_s = stall_s
+        self.resume_at = 0.0
+        self.arrival = time.time()
+        self.admitted: float | None = None
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.replica = -1
+
+    def emit(self, i: int) -> bool:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        raise NotImplementedError
+
+    def drop(self) -> None:
+        raise NotImplementedError
+
+
+class Replica:
+    """One engine instance: a decode batch of at most `slots` sequences."""
+
+    def __init__(self, engine: Engine, index: int) -> None:
+        self.engine = engine
+        self.index = index
+        self.occupied = 0
+        self.prefilling = 0
+        self.prefill_free_at = 0.0
+        self.batch: list[Sequence] = []
+        self._due = 0.0
+        self._duration = 0.0
+        self._stepping = False
+
+    def admit(self, seq: Sequence) -> None:
+        engine = self.engine
+        now = time.monotonic()
+        self.occupied += 1
+        seq.admitted = time.time()
+        seq.replica = self.index
+        start = max(now, self.prefill_free_at)
+        end = start + engine.prefill_time(seq.n_input)
+        self.prefill_free_at = end
+        self.prefilling += 1
+        engine.loop.call_at(end, self._prefilled, seq, end)
+
+    def _prefilled(self, seq: Sequence, due: float) -> None:
+        """Prefill produces the first token, unless a stall holds it back."""
+        self.prefilling -= 1
+        if seq.stall_at == 0:
+            seq.stall_at = -1
+            seq.resume_at = time.monotonic() + seq.stall_s
+        else:
+            if not seq.emit(0):
+                self._release(seq, finished=False)
+                return
+            self.engine.stats.lateness[min(int((time.monotonic() - due) / LATENESS_BUCKET_S), LATENESS_BUCKETS)] += 1
+            self.engine.stats.tokens += 1
+            seq.emitted = 1
+            if seq.n_out == 1:
+                self._release(seq, finished=True)
+                return
+        self.batch.append(seq)
+        if not self._stepping:
+            self._stepping = True
+            self._schedule(time.monotonic())
+
+    def _schedule(self, now: float) -> None:
+        """Keep the step cadence; after falling a whole step behind, restart it from now."""
+        self._duration = duration = self.engine.step_time(len(self.batch), self.prefilling > 0)
+        due = self._due + duration
+        self._due = due if due > now else now + duration
+        self.engine.loop.call_at(self._due, self._step)
+
+    def _step(self) -> None:
+        stats = self.engine.stats
+        hist = stats.lateness
+        monotonic = time.monotonic
+        now = monotonic()
+        due = self._due
+        keep: list[Sequence] = []
+        emitted = 0
+        for seq in self.batch:
+            if seq.resume_at > now:
+                keep.append(seq)
+                continue
+            i = seq.emitted
+            if i == seq.stall_at:
+                seq.stall_at = -1
+                seq.resume_at = now + seq.stall_s
+                keep.append(seq)
+                continue
+            if not seq.emit(i):
+                self._release(seq, finished=False)
+                continue
+            hist[min(int((monotonic() - due) / LATENESS_BUCKET_S), LATENESS_BUCKETS)] += 1
+            emitted += 1
+            seq.emitted = i + 1
+            if i + 1 == seq.n_out:
+                self._release(seq, finished=True)
+            else:
+                keep.append(seq)
+        self.batch = keep
+        stats.tokens += emitted
+        stats.steps += 1
+        stats.step_seconds += monotonic() - now
+        self.engine.itl_observer(self._duration, emitted)
+        if keep:
+            self._schedule(monotonic())
+        else:
+            self._stepping = False
+
+    def _release(self, seq: Sequence, finished: bool) -> None:
+        self.occupied -= 1
+        if finished:
+            seq.finish()
+        else:
+            seq.drop()
+        self.engine.slot_freed(self)
+
+
+class Engine:
+    """All replicas serving one model, with the model's shared waiting queue."""
+
+    def __init__(self, profile: Profile, model: str, stats: Stats, rng: Random,
+                 itl_observer: Callable[[float, int], None] | None = None) -> None:
+        self.profile = profile
+        self.model = model
+        self.stats = stats
+        self.rng = rng
+        self.loop = asyncio.get_running_loop()
+        self.scale = model_scale(profile, model) * profile.load
+        self.slots = effective_slots(profile)
+        self.replicas = [Replica(self, k) for k in range(profile.replicas)]
+        self.waiting: deque[Sequence] = deque()
+        self.itl_observer = itl_observer or (lambda seconds, count: None)
+
+    def _noise(self) -> float:
+        sigma = self.profile.noise
+        return self.rng.lognormvariate(-sigma * sigma / 2, sigma) if sigma else 1.0
+
+    def prefill_time(self, n_input: int) -> float:
+        p = self.profile
+        return (p.prefill_base_s + p.prefill_per_token_s * n_input ** p.prefill_exponent) * self.scale * self._noise()
+
+    def step_time(self, batch: int, prefilling: bool) -> float:
+        p = self.profile
+        step = (p.decode_base_s + p.decode_per_seq_s * max(batch - 1, 0)) * self.scale * self._noise()
+        return step * (1 + p.prefill_interference) if prefilling else step
+
+    @property
+    def running(self) -> int:
+        return sum(r.occupied for r in self.replicas)
+
+    def submit(self, seq: Sequence) -> bool:
+        """Admit now or queue; False when the queue is full (the caller answers overloaded)."""
+        replica = min(self.replicas, key=lambda r: r.occupied)
+        if replica.occupied < self.slots and not self.waiting:
+            replica.admit(seq)
+            return True
+        if self.profile.max_queue and len(self.waiting) >= self.profile.max_queue:
+            return False
+        self.waiting.append(seq)
+        return True
+
+    def slot_freed(self, replica: Replica) -> None:
+        while self.waiting and replica.occupied < self.slots:
+            replica.admit(self.waiting.popleft())
+
+
+class RateLimiter:
+    """Sliding one-minute windows of requests and tokens; answers a retry-after."""
+
+    def __init__(self, rpm: int, tpm: int) -> None:
+        self.rpm = rpm
+        self.tpm = tpm
+        self._requests: deque[float] = deque()
+        self._tokens: deque[tuple[float, int]] = deque()
+        self._token_sum = 0
+
+    def check(self, tokens: int) -> float | None:
+        """Seconds to wait when over a limit (nothing is counted then), else None and count it."""
+        now = time.monotonic()
+        while self._requests and self._requests[0] <= now - 60:
+            self._requests.popleft()
+        while self._tokens and self._tokens[0][0] <= now - 60:
+            self._token_sum -= self._tokens.popleft()[1]
+        if self.rpm and len(self._requests) >= self.rpm:
+            return self._requests[0] + 60 - now
+        if self.tpm and self._tokens and self._token_sum + tokens > self.tpm:
+            return self._tokens[0][0] + 60 - now
+        self._requests.append(now)
+        self._tokens.append((now, tokens))
+        self._token_sum += tokens
+        return None
+
+
+def retry_after_header(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds)))

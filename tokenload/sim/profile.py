@@ -1,0 +1,180 @@
+"""Simulator profiles: every knob of the behaviour model, with validation.
+
+A profile is a TOML file of top-level keys (one per `Profile` field) plus an
+optional `[faults]` table mapping a fault spec (the same text as a prompt
+marker's body, see `tokenload.sim.faults`) to the probability of injecting it.
+`extends = "NAME"` starts from another profile, so `peak` is `offpeak` plus a
+`load` factor and nothing else. Each field's help text lives in its metadata so
+that `tokenload sim --help` and the package docstring are generated from the
+same place the defaults are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tokenload.errors import ConfigError
+
+EOS_DISTRIBUTIONS = ("uniform", "exponential", "lognormal")
+PREAMBLE_MODES = ("first_token", "arrival")
+
+
+def _knob(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Every knob of the simulated channel; times are for a 7B model at `load` 1."""
+
+    models: list[str] = _knob(["sim-7b", "sim-30b"], "served model ids, the first being the default one clients should pick; `--model` replaces the list")
+    slots: int = _knob(32, "concurrent sequences one replica decodes (continuous batching); more requests wait in the queue", min=1)
+    replicas: int = _knob(1, "independent engine replicas per model behind the channel, each with `slots`; a request goes to the least busy one", min=1)
+    max_queue: int = _knob(0, "waiting requests per model beyond which new ones get 529 overloaded (Anthropic) / 503 (OpenAI); 0 = unbounded", min=0)
+    prefill_base_s: float = _knob(0.05, "prefill time `a` of `a + b * n^k` (n = input tokens)", min=0.0)
+    prefill_per_token_s: float = _knob(0.0004, "prefill coefficient `b` of `a + b * n^k`", min=0.0)
+    prefill_exponent: float = _knob(0.85, "prefill exponent `k`: 1 linear, < 1 sub-linear in input length", min=0.01)
+    prefill_interference: float = _knob(0.15, "decode steps run this fraction slower while a newcomer's prefill is in progress on the replica", min=0.0)
+    decode_base_s: float = _knob(0.02, "time of one decode step with one active sequence (TPOT at batch size 1)", min=0.0)
+    decode_per_seq_s: float = _knob(0.0004, "extra decode-step time per additional active sequence (a batch of 32 steps slower than a batch of 1)", min=0.0)
+    model_size_exponent: float = _knob(0.63, "time scales as (size / 7B)^x, size parsed from the model id (`sim-30b` -> 30): 0.63 makes 30B about 2.5x 7B", min=0.0)
+    load: float = _knob(1.0, "other tenants' load: multiplies prefill and decode times and divides the effective slots (peak > 1)", min=0.1)
+    noise: float = _knob(0.0, "sigma of a mean-1 log-normal factor on every prefill and decode step; 0 = deterministic", min=0.0)
+    seed: int = _knob(0, "seed of every random draw (noise, early stops, fault rates)")
+    default_max_tokens: int = _knob(256, "output tokens when an OpenAI request gives no limit (Anthropic requires max_tokens)", min=1)
+    max_output_tokens: int = _knob(32768, "largest accepted max_tokens; above it -> 400 invalid request", min=1)
+    eos_probability: float = _knob(0.0, "probability that a request stops early (end_turn / stop) instead of at max_tokens; ignore_eos disables it", min=0.0, max=1.0)
+    eos_distribution: str = _knob("lognormal", f"length of an early stop: one of {', '.join(EOS_DISTRIBUTIONS)} (uniform over [min_tokens, max_tokens])", choices=EOS_DISTRIBUTIONS)
+    eos_mean_tokens: float = _knob(120.0, "mean (exponential) or median (lognormal) early-stop length", min=1.0)
+    eos_sigma: float = _knob(0.6, "sigma of the lognormal early-stop length", min=0.0)
+    thinking_tokens: int = _knob(24, "thinking tokens a request gets when it asks for thinking (capped by budget_tokens and max_tokens - 1)", min=0)
+    preamble: str = _knob("first_token", "when message_start / the role chunk / response.created are sent: with the first token (vLLM) or at arrival (Anthropic API); response headers always go at arrival", choices=PREAMBLE_MODES)
+    rate_limit_rpm: int = _knob(0, "requests per minute per channel before 429 + retry-after; 0 = off", min=0)
+    rate_limit_tpm: int = _knob(0, "tokens (input + max_tokens) per minute before 429; 0 = off", min=0)
+    max_concurrency: int = _knob(0, "requests in flight (queued or decoding) before 429; 0 = off", min=0)
+    faults: dict[str, float] = _knob({}, "[faults] table: fault spec (marker body) -> probability per streaming request")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Profile)}
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*b\b", re.IGNORECASE)
+_REFERENCE_SIZE_B = 7.0
+
+
+def knobs_help() -> str:
+    """One line per knob with default and meaning, for docstrings and --help."""
+    lines = []
+    for f in dataclasses.fields(Profile):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        lines.append(f"  {f.name} = {default!r}\n      {f.metadata['help']}")
+    return "\n".join(lines)
+
+
+def model_scale(profile: Profile, model: str) -> float:
+    """Time factor of `model` relative to 7B: (size/7)^exponent, 1 when no size is in the id."""
+    match = _SIZE_RE.search(model)
+    if not match:
+        return 1.0
+    return (float(match.group(1)) / _REFERENCE_SIZE_B) ** profile.model_size_exponent
+
+
+def effective_slots(profile: Profile) -> int:
+    """Slots left to our requests when other tenants load the channel by `load`."""
+    return max(1, math.floor(profile.slots / max(profile.load, 1.0)))
+
+
+def _check(name: str, value: Any, where: str) -> Any:
+    f = _FIELDS.get(name)
+    if f is None:
+        raise ConfigError(f"{where}: unknown profile key {name!r} (known: {', '.join(_FIELDS)})")
+    kind = f.type
+    meta = f.metadata
+    bad = f"{where}: {name}: expected {kind}, got {type(value).__name__} {value!r}"
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(bad)
+    elif kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(bad)
+        value = float(value)
+    elif kind == "str":
+        if not isinstance(value, str):
+            raise ConfigError(bad)
+    elif kind == "list[str]":
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"{where}: {name}: expected a non-empty list of strings, got {value!r}")
+        value = list(value)
+    elif kind == "dict[str, float]":
+        from tokenload.sim.faults import parse_spec
+
+        if not isinstance(value, dict):
+            raise ConfigError(bad)
+        for spec, rate in value.items():
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+                raise ConfigError(f"{where}: faults.{spec}: expected a probability in [0, 1], got {rate!r}")
+            try:
+                parse_spec(spec)
+            except ValueError as exc:
+                raise ConfigError(f"{where}: faults.{spec}: {exc}") from None
+        value = {k: float(v) for k, v in value.items()}
+    if "min" in meta and value < meta["min"]:
+        raise ConfigError(f"{where}: {name}: must be >= {meta['min']}, got {value!r}")
+    if "max" in meta and value > meta["max"]:
+        raise ConfigError(f"{where}: {name}: must be <= {meta['max']}, got {value!r}")
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(f"{where}: {name}: must be one of {', '.join(meta['choices'])}, got {value!r}")
+    return value
+
+
+def with_overrides(profile: Profile, where: str = "overrides", **overrides: Any) -> Profile:
+    """`profile` with validated replacements; unknown keys or wrong types raise ConfigError."""
+    checked = {k: _check(k, v, where) for k, v in overrides.items()}
+    return dataclasses.replace(profile, **checked)
+
+
+def builtin_profiles() -> list[str]:
+    """Names of the profiles shipped in tokenload/sim/profiles/."""
+    root = resources.files("tokenload.sim") / "profiles"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def _read(name_or_path: str, seen: tuple[str, ...]) -> Profile:
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        where = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot read profile: {exc.strerror}") from None
+    else:
+        resource = resources.files("tokenload.sim") / "profiles" / f"{name_or_path}.toml"
+        if not resource.is_file():
+            raise ConfigError(
+                f"unknown profile {name_or_path!r}: give a TOML file or one of {', '.join(builtin_profiles())}"
+            )
+        where = f"profile {name_or_path}"
+        text = resource.read_text(encoding="utf-8")
+    if where in seen:
+        raise ConfigError(f"{where}: extends loops back to itself")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: invalid TOML: {exc}") from None
+    parent = data.pop("extends", None)
+    if parent is not None and not isinstance(parent, str):
+        raise ConfigError(f"{where}: extends: expected a profile name or file, got {parent!r}")
+    base = _read(parent, (*seen, where)) if parent else Profile()
+    return with_overrides(base, where, **data)
+
+
+def load_profile(name_or_path: str | Path | None = None) -> Profile:
+    """A built-in profile by name (`default`, `fast`, ...) or a TOML file; None = `default`."""
+    return _read(str(name_or_path or "default"), ())
