@@ -1,0 +1,480 @@
+"""A scripted HTTP server for tests: exact bytes, exact delays, real sockets.
+
+Each request is answered by a `Script`: a status, headers and a list of
+`(delay_s, bytes)` writes, then an ending (`complete`, `drop` without the last
+chunk, `reset` with a TCP RST, or `hang` until the client gives up). Tests thus
+control framing down to one byte per write and know the true TTFT/TPOT. The
+builders (`anthropic_stream`, `chat_stream`, `responses_stream`) produce streams
+faithful enough for the official SDKs to parse (tests prove it).
+
+The server runs an asyncio loop in a daemon thread on 127.0.0.1, port 0, and
+records every request it received (`requests`), so tests can assert what the
+client sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Write = tuple[float, bytes]
+Ending = Literal["complete", "drop", "reset", "hang"]
+
+
+@dataclass(frozen=True)
+class Script:
+    """How to answer one request. `writes` are (delay before the write, bytes).
+
+    `framing`: `chunked` (each write one HTTP chunk; `drop` then leaves the body
+    incomplete, as a dying proxy does), `close` (no length, the body ends when the
+    connection closes) or `length` (Content-Length of all writes).
+    """
+
+    status: int = 200
+    headers: Sequence[tuple[str, str]] = (("content-type", "text/event-stream"),)
+    writes: Sequence[Write] = ()
+    ending: Ending = "complete"
+    framing: Literal["chunked", "close", "length"] = "chunked"
+    headers_delay_s: float = 0.0
+
+    def body(self) -> bytes:
+        return b"".join(data for _, data in self.writes)
+
+
+@dataclass(frozen=True)
+class Received:
+    """One request as the server saw it."""
+
+    method: str
+    path: str  # without the query string
+    query: str
+    headers: dict[str, str]  # names lowercased
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+Router = Callable[[Received], Script]
+
+# --------------------------------------------------------------------- SSE text
+
+
+def sse(data: Any, event: str | None = None, eol: str = "\n") -> bytes:
+    """One SSE event; `data` is JSON-encoded unless it is already a str."""
+    text = data if isinstance(data, str) else json.dumps(data)
+    lines = ([f"event: {event}"] if event else []) + [f"data: {line}" for line in text.split("\n")]
+    return (eol.join(lines) + eol + eol).encode()
+
+
+def rechunk(writes: Iterable[Write], size: int) -> list[Write]:
+    """The same bytes as `writes`, in writes of at most `size` bytes (delays kept on the first piece)."""
+    out: list[Write] = []
+    for delay, data in writes:
+        for i in range(0, max(len(data), 1), size):
+            out.append((delay if i == 0 else 0.0, data[i : i + size]))
+    return out
+
+
+def _timed(events: Sequence[bytes], token_at: Sequence[int], first_delay: float, per_token: float) -> list[Write]:
+    """Writes for `events`: the events listed in `token_at` are delayed like tokens, others go at once."""
+    writes: list[Write] = []
+    seen_token = False
+    for i, event in enumerate(events):
+        delay = 0.0
+        if i in token_at:
+            delay = per_token if seen_token else first_delay
+            seen_token = True
+        writes.append((delay, event))
+    return writes
+
+
+def anthropic_stream(
+    tokens: Sequence[str],
+    first_delay: float = 0.0,
+    per_token: float = 0.0,
+    *,
+    thinking: Sequence[str] = (),
+    input_tokens: int = 12,
+    output_tokens: int | None = None,
+    usage: bool = True,
+    ping: bool = True,
+    model: str = "claude-test",
+    stop_reason: str = "end_turn",
+) -> list[Write]:
+    """Anthropic Messages stream: message_start, optional thinking block, text block, message_delta, stop.
+
+    Thinking deltas are tokens (timed like text); the signature delta is not.
+    `output_tokens` is the usage count reported in message_delta (default: all deltas).
+    """
+    n_out = len(tokens) + len(thinking) if output_tokens is None else output_tokens
+    start_usage = {"input_tokens": input_tokens, "output_tokens": 1} if usage else {}
+    events = [
+        sse(
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_fake01",
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [],
+                    "model": model,
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": start_usage,
+                },
+            },
+            "message_start",
+        )
+    ]
+    token_at: list[int] = []
+    index = 0
+    if thinking:
+        events.append(
+            sse({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}, "content_block_start")
+        )
+        for piece in thinking:
+            token_at.append(len(events))
+            events.append(
+                sse({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": piece}}, "content_block_delta")
+            )
+        events.append(
+            sse({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "c2lnbmF0dXJl"}}, "content_block_delta")
+        )
+        events.append(sse({"type": "content_block_stop", "index": 0}, "content_block_stop"))
+        index = 1
+    events.append(sse({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}, "content_block_start"))
+    if ping:
+        events.append(sse({"type": "ping"}, "ping"))
+    for piece in tokens:
+        token_at.append(len(events))
+        events.append(
+            sse({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": piece}}, "content_block_delta")
+        )
+    events.append(sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+    events.append(
+        sse(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                "usage": {"output_tokens": n_out} if usage else {},
+            },
+            "message_delta",
+        )
+    )
+    events.append(sse({"type": "message_stop"}, "message_stop"))
+    return _timed(events, token_at, first_delay, per_token)
+
+
+def _chat_chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None, model: str = "gpt-test") -> bytes:
+    return sse(
+        {
+            "id": "chatcmpl-fake01",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": model,
+            "system_fingerprint": None,
+            "choices": choices,
+            "usage": usage,
+        }
+    )
+
+
+def chat_stream(
+    tokens: Sequence[str],
+    first_delay: float = 0.0,
+    per_token: float = 0.0,
+    *,
+    reasoning: Sequence[str] = (),
+    role_chunk: bool = True,
+    include_usage: bool = True,
+    input_tokens: int = 12,
+    output_tokens: int | None = None,
+    model: str = "gpt-test",
+    finish_reason: str = "stop",
+    done: bool = True,
+) -> list[Write]:
+    """OpenAI Chat Completions stream: role-only chunk at once, content chunks, finish chunk, usage chunk, [DONE]."""
+    n_out = len(tokens) + len(reasoning) if output_tokens is None else output_tokens
+
+    def choice(delta: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
+        return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+
+    events: list[bytes] = []
+    if role_chunk:
+        events.append(_chat_chunk(choice({"role": "assistant", "content": ""}), model=model))
+    token_at: list[int] = []
+    for piece in reasoning:
+        token_at.append(len(events))
+        events.append(_chat_chunk(choice({"reasoning_content": piece}), model=model))
+    for piece in tokens:
+        token_at.append(len(events))
+        events.append(_chat_chunk(choice({"content": piece}), model=model))
+    events.append(_chat_chunk(choice({}, finish_reason), model=model))
+    if include_usage:
+        usage = {"prompt_tokens": input_tokens, "completion_tokens": n_out, "total_tokens": input_tokens + n_out}
+        events.append(_chat_chunk([], usage, model=model))
+    if done:
+        events.append(sse("[DONE]"))
+    return _timed(events, token_at, first_delay, per_token)
+
+
+def responses_stream(
+    tokens: Sequence[str],
+    first_delay: float = 0.0,
+    per_token: float = 0.0,
+    *,
+    input_tokens: int = 12,
+    output_tokens: int | None = None,
+    model: str = "gpt-test",
+) -> list[Write]:
+    """OpenAI Responses stream: created, in_progress, item/part added, text deltas, done events, completed."""
+    n_out = len(tokens) if output_tokens is None else output_tokens
+    text = "".join(tokens)
+    seq = iter(range(10_000))
+
+    def response(status: str, output: list[Any], usage: dict[str, Any] | None) -> dict[str, Any]:
+        return {
+            "id": "resp_fake01",
+            "object": "response",
+            "created_at": 1700000000,
+            "status": status,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": None,
+            "max_output_tokens": None,
+            "model": model,
+            "output": output,
+            "parallel_tool_calls": True,
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "temperature": 1.0,
+            "text": {"format": {"type": "text"}},
+            "tool_choice": "auto",
+            "tools": [],
+            "top_p": 1.0,
+            "truncation": "disabled",
+            "usage": usage,
+            "metadata": {},
+        }
+
+    def ev(kind: str, **fields: Any) -> bytes:
+        return sse({"type": kind, "sequence_number": next(seq), **fields}, kind)
+
+    part_done = {"type": "output_text", "text": text, "annotations": []}
+    item = {"id": "msg_fake01", "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+    item_done = {**item, "status": "completed", "content": [part_done]}
+    where = {"item_id": "msg_fake01", "output_index": 0, "content_index": 0}
+    usage = {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": n_out,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input_tokens + n_out,
+    }
+    events = [
+        ev("response.created", response=response("in_progress", [], None)),
+        ev("response.in_progress", response=response("in_progress", [], None)),
+        ev("response.output_item.added", output_index=0, item=item),
+        ev("response.content_part.added", **where, part={"type": "output_text", "text": "", "annotations": []}),
+    ]
+    token_at: list[int] = []
+    for piece in tokens:
+        token_at.append(len(events))
+        events.append(ev("response.output_text.delta", **where, delta=piece, logprobs=[]))
+    events += [
+        ev("response.output_text.done", **where, text=text, logprobs=[]),
+        ev("response.content_part.done", **where, part=part_done),
+        ev("response.output_item.done", output_index=0, item=item_done),
+        ev("response.completed", response=response("completed", [item_done], usage)),
+    ]
+    return _timed(events, token_at, first_delay, per_token)
+
+
+STREAM_BUILDERS: dict[str, Callable[..., list[Write]]] = {
+    "anthropic": anthropic_stream,
+    "openai-chat": chat_stream,
+    "openai-responses": responses_stream,
+}
+
+
+def stream_script(protocol: str, tokens: Sequence[str], first_delay: float = 0.0, per_token: float = 0.0, **kw: Any) -> Script:
+    """A 200 event-stream answer in `protocol`'s wire format."""
+    return Script(writes=STREAM_BUILDERS[protocol](tokens, first_delay, per_token, **kw))
+
+
+def json_script(status: int, obj: Any, headers: Sequence[tuple[str, str]] = ()) -> Script:
+    """A JSON (error) body, as APIs send for HTTP errors."""
+    return Script(status=status, headers=(("content-type", "application/json"), *headers), writes=[(0.0, json.dumps(obj).encode())], framing="length")
+
+
+def body_script(status: int, body: bytes, content_type: str = "text/html; charset=utf-8") -> Script:
+    """Any other body (an HTML page, an empty 500)."""
+    headers = (("content-type", content_type),) if content_type else ()
+    return Script(status=status, headers=headers, writes=[(0.0, body)] if body else [], framing="length")
+
+
+# ----------------------------------------------------------------------- server
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 429: "Too Many Requests",
+            500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable", 529: "Overloaded"}
+
+
+class FakeServer:
+    """Scripted HTTP/1.1 server on 127.0.0.1 in a background thread.
+
+    `play(*scripts)` answers the next requests in order (the last one repeats);
+    `route(fn)` answers each request with `fn(received)`. `requests` lists what
+    arrived. `reset()` clears both and releases any hanging response.
+    """
+
+    def __init__(self) -> None:
+        self.requests: list[Received] = []
+        self._scripts: list[Script] = []
+        self._router: Router | None = None
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._release: asyncio.Event | None = None
+        self._server: asyncio.base_events.Server | None = None
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(started,), name="fakeserver", daemon=True)
+        self._thread.start()
+        if not started.wait(10):
+            raise RuntimeError("fake server did not start")
+        assert self._server is not None
+        self.port: int = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    # ---------------------------------------------------------------- control
+
+    def play(self, *scripts: Script) -> FakeServer:
+        with self._lock:
+            self._scripts = list(scripts)
+            self._router = None
+        return self
+
+    def route(self, router: Router) -> FakeServer:
+        with self._lock:
+            self._router = router
+            self._scripts = []
+        return self
+
+    def reset(self) -> None:
+        with self._lock:
+            self.requests = []
+            self._scripts = []
+            self._router = None
+        self._loop.call_soon_threadsafe(self._new_release)
+
+    def close(self) -> None:
+        def stop() -> None:
+            if self._release is not None:
+                self._release.set()
+            if self._server is not None:
+                self._server.close()
+            self._loop.stop()
+
+        self._loop.call_soon_threadsafe(stop)
+        self._thread.join(5)
+
+    @property
+    def last(self) -> Received:
+        """The most recent request (fails the test if none arrived)."""
+        assert self.requests, "the fake server received no request"
+        return self.requests[-1]
+
+    # --------------------------------------------------------------- internals
+
+    def _new_release(self) -> None:
+        if self._release is not None:
+            self._release.set()
+        self._release = asyncio.Event()
+
+    def _run(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._new_release()
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        started.set()
+        self._loop.run_forever()
+
+    def _script_for(self, received: Received) -> Script:
+        with self._lock:
+            self.requests.append(received)
+            if self._router is not None:
+                return self._router(received)
+            if not self._scripts:
+                return body_script(500, b"fake server: no script", "text/plain")
+            return self._scripts.pop(0) if len(self._scripts) > 1 else self._scripts[0]
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        release = self._release
+        try:
+            received = await self._read_request(reader)
+            if received is None:
+                return
+            script = self._script_for(received)
+            await self._answer(script, reader, writer, release)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if not writer.is_closing():
+                writer.close()
+
+    @staticmethod
+    async def _read_request(reader: asyncio.StreamReader) -> Received | None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, _ = lines[0].split(" ", 2)
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if line:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length") or 0)
+        body = await reader.readexactly(length) if length else b""
+        path, _, query = target.partition("?")
+        return Received(method, path, query, headers, body)
+
+    async def _answer(self, script: Script, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, release: asyncio.Event | None) -> None:
+        if script.headers_delay_s:
+            await asyncio.sleep(script.headers_delay_s)
+        head = [f"HTTP/1.1 {script.status} {_REASONS.get(script.status, 'Status')}"]
+        head += [f"{k}: {v}" for k, v in script.headers]
+        if script.framing == "chunked":
+            head.append("transfer-encoding: chunked")
+        elif script.framing == "length":
+            head.append(f"content-length: {len(script.body())}")
+        head.append("connection: close")
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+        await writer.drain()
+        for delay, data in script.writes:
+            if delay:
+                await asyncio.sleep(delay)
+            if not data:
+                continue
+            writer.write(b"%x\r\n%s\r\n" % (len(data), data) if script.framing == "chunked" else data)
+            await writer.drain()
+        if script.ending == "complete":
+            if script.framing == "chunked":
+                writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        elif script.ending == "reset":
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+        elif script.ending == "hang":
+            # Hold the connection open, silent, until the client leaves or the test ends.
+            waiters = [asyncio.ensure_future(reader.read(1))]
+            if release is not None:
+                waiters.append(asyncio.ensure_future(release.wait()))
+            _, pending = await asyncio.wait(waiters, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+        # "drop": just close, leaving a chunked body without its last chunk.
