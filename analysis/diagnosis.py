@@ -124,8 +124,8 @@ def diagnose(
     if low["ttft"] + low["tpot"] * low["output_tokens"] > slo.e2e_s:
         advice += [("decode", line) for line in _e2e_advice(low["ttft"], low["tpot"], low["output_tokens"], slo)]
     if not advice:
-        advice.append((bound, f"at low load TTFT {_g(low['ttft'])} s, TPOT {_g(low['tpot'])} s and e2e "
-                      f"{_g(low['e2e'])} s meet the SLO (TTFT <= {_g(slo.ttft_s)} s, e2e <= {_g(slo.e2e_s)} s)"))
+        advice.append((bound, f"at low load the medians (TTFT {_g(low['ttft'])} s, TPOT {_g(low['tpot'])} s, "
+                      f"e2e {_g(low['e2e'])} s) meet the SLO (TTFT <= {_g(slo.ttft_s)} s, e2e <= {_g(slo.e2e_s)} s)"))
     advice.sort(key=lambda item: item[0] != bound)
     return {"bound": bound, "share_ttft": round(share_ttft, 4), "share_ttft_low_load": round(share_low, 4),
             "load_share_of_e2e": round(load_share, 4), "error_rate": round(error_rate, 6), "advice": [line for _, line in advice]}

@@ -20,8 +20,8 @@ from tokenload.analysis.records import Run
 from tokenload.analysis.steps import (FORMULA_STEP_TOLERANCE, PERCENTILES, Slo, errors_by_kind,
                                       step_table, steps_records)
 
-# A step counts as low-load while its median TTFT stays within this factor of the lowest-load step's.
-LOW_LOAD_TTFT_RISE = 1.25
+# A step counts as low-load while its median TTFT and TPOT stay within this factor of the lowest-load step's.
+LOW_LOAD_RISE = 1.25
 # The simple formula "holds" when its per-request MAPE is at most this.
 FORMULA_TOLERANCE = 0.10
 
@@ -52,18 +52,21 @@ def low_load_steps(table: pd.DataFrame, max_users: int | None = None) -> tuple[l
     if max_users is not None:
         chosen = usable[usable["active_users"] <= max_users]
         return [int(s) for s in chosen.index], f"steps with at most {max_users} users (--low-load-users)"
-    base = usable["ttft_p50_s"].iloc[0]
+    base_ttft, base_tpot = usable["ttft_p50_s"].iloc[0], usable["tpot_p50_s"].iloc[0]
     chosen: list[int] = []
     count = 0
     for step, row in usable.iterrows():
-        within = row["ttft_p50_s"] <= LOW_LOAD_TTFT_RISE * base
+        # NaN TPOT (single-token outputs) compares False: judge such steps by TTFT alone.
+        within = (row["ttft_p50_s"] <= LOW_LOAD_RISE * base_ttft
+                  and not row["tpot_p50_s"] > LOW_LOAD_RISE * base_tpot)
         if not within and count >= MIN_FIT_POINTS:
             break
         chosen.append(int(step))
         count += int(row["ok"])
     users = usable.loc[chosen, "active_users"]
     return chosen, (f"{len(chosen)} of {len(usable)} steps ({users.min()}-{users.max()} users): median TTFT "
-                    f"within {LOW_LOAD_TTFT_RISE:g}x of the lowest-load step's {base:.3g} s")
+                    f"and TPOT within {LOW_LOAD_RISE:g}x of the lowest-load step's ({base_ttft:.3g} s, "
+                    f"{base_tpot:.3g} s/token)")
 
 
 def _percentiles(values: pd.Series) -> dict[str, float | None]:

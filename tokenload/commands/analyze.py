@@ -9,9 +9,9 @@ and writes into RUN_DIR:
   report.html    self-contained report: verdict, charts, tables
 
 Every percentile comes from the raw per-request records. Fits use successful
-requests of the low-load steps only (steps whose median TTFT is within 1.25x
-of the lowest-load step's, or those up to --low-load-users), so queueing does
-not masquerade as prefill cost.
+requests of the low-load steps only (steps whose median TTFT and TPOT are
+within 1.25x of the lowest-load step's, or those up to --low-load-users), so
+queueing does not masquerade as prefill or decode cost.
 
 Exit codes: 0 the report was written (even when it finds the channel broke:
 read the verdict or summary.json's `breakpoint` and `diagnosis`); 2 bad input
