@@ -95,13 +95,14 @@ def endpoint_url(base_url: str, protocol: str) -> str:
 def parse_headers(text: str) -> dict[str, str]:
     """`ANTHROPIC_CUSTOM_HEADERS` format: one `Name: value` per line."""
     headers: dict[str, str] = {}
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         name, sep, value = line.partition(":")
         if not sep or not name.strip():
+            # The line is not echoed: custom header values are often credentials.
             raise ConfigError(
-                f"custom header line {line.strip()!r} is not 'Name: value'; write one 'Name: value' per line"
+                f"custom header line {number} is not 'Name: value'; write one 'Name: value' per line"
             )
         headers[name.strip()] = value.strip()
     return headers
@@ -214,9 +215,13 @@ class Resolution:
 def _read_settings(path: Path) -> dict[str, str]:
     """Channel fields from one settings.json, in either supported form."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # editors on Windows save a BOM
     except OSError as exc:
         raise ConfigError(f"cannot read settings file {path}: {exc.strerror}; check the path given to --settings")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"settings file {path} is not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8 JSON"
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -303,11 +308,12 @@ def resolve(
     sources: dict[str, str] = {"protocol": proto_source}
     for name in ("base_url", "api_key", "auth_token", "model", "headers"):
         var = names.get(name)
-        if flags.get(name) is not None:
+        # An empty or blank value is unset, as for the SDKs: a lower source still applies.
+        if flags.get(name) is not None and flags[name].strip():  # type: ignore[union-attr]
             raw[name], sources[name] = flags[name], f"flag --{name.replace('_', '-')}"  # type: ignore[assignment]
-        elif var and var in env:
+        elif var and env.get(var, "").strip():
             raw[name], sources[name] = env[var], f"environment {var}"
-        elif var and var in file_fields:
+        elif var and var in file_fields and file_fields[var][0].strip():
             raw[name], sources[name] = file_fields[var][0], f"settings {file_fields[var][1]} ({var})"
     raw.setdefault("base_url", DEFAULT_BASE_URLS[protocol])
     sources.setdefault("base_url", "default")
