@@ -215,7 +215,7 @@ class SimServer:
         self.engines: dict[str, Engine] = {}
         self._server: asyncio.Server | None = None
         self._truth: TextIO | None = None
-        self._connections: set[asyncio.StreamWriter] = set()
+        self._connections: dict[asyncio.StreamWriter, asyncio.Task[None]] = {}
         self.base_url = ""
 
     async def start(self) -> str:
@@ -241,8 +241,10 @@ class SimServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for writer in list(self._connections):
+        for writer, task in list(self._connections.items()):
             writer.transport.abort()
+            task.cancel()
+        await asyncio.gather(*self._connections.values(), return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
         if self._truth is not None:
@@ -252,7 +254,9 @@ class SimServer:
     # -- HTTP plumbing -----------------------------------------------------------------
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._connections.add(writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections[writer] = task
         try:
             while True:
                 request = await self._read_request(reader, writer)
@@ -261,7 +265,7 @@ class SimServer:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
-            self._connections.discard(writer)
+            self._connections.pop(writer, None)
             if not writer.transport.is_closing():
                 writer.close()
 

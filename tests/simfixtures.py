@@ -1,0 +1,172 @@
+"""Helpers for the simulator tests: a raw HTTP/1.1 client that keeps wire detail, and an SSE parser.
+
+The raw client exists because the faults under test (RST vs FIN, missing final
+chunk, one byte per chunk, CR-only line ends) are exactly what higher-level
+clients hide. The SSE parser follows WIRE.md's rules independently of the
+simulator's encoder, so a framing bug cannot cancel itself out.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from tokenload.sim import serve_in_thread
+
+
+@dataclass
+class RawResponse:
+    status: int
+    headers: dict[str, str]
+    t_sent: float
+    t_headers: float
+    chunks: list[tuple[float, bytes]] = field(default_factory=list)
+    ended: str = "complete"  # complete | eof (FIN before the body ended) | reset | timeout
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(data for _, data in self.chunks)
+
+    def token_times(self, marker: bytes = b"text_delta") -> list[float]:
+        """Arrival time of each body chunk holding a token (the simulator writes one token per chunk)."""
+        return [t for t, data in self.chunks for _ in range(data.count(marker))]
+
+    def ttft(self, marker: bytes = b"text_delta") -> float:
+        return self.token_times(marker)[0] - self.t_sent
+
+    def tpot(self, marker: bytes = b"text_delta") -> float:
+        times = self.token_times(marker)
+        return (times[-1] - times[0]) / (len(times) - 1)
+
+    def events(self) -> list[tuple[str | None, str]]:
+        return parse_sse(self.body)
+
+    def json_events(self) -> list[dict[str, Any]]:
+        return [json.loads(data) for _, data in self.events() if data != "[DONE]"]
+
+
+def raw_request(base_url: str, path: str, body: dict[str, Any] | bytes | None = None, *, method: str = "POST",
+                headers: dict[str, str] | None = None, timeout: float = 10.0) -> RawResponse:
+    """Send one request on a fresh connection and record every body chunk with its arrival time."""
+    url = urlsplit(base_url)
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else b""
+    head = [f"{method} {url.path}{path} HTTP/1.1", f"Host: {url.netloc}", f"Content-Length: {len(payload)}",
+            "Content-Type: application/json"] + [f"{k}: {v}" for k, v in (headers or {}).items()]
+    sock = socket.create_connection((url.hostname, url.port), timeout=timeout)
+    reader = _Reader(sock)
+    try:
+        t_sent = time.monotonic()
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+        status_line = reader.line()
+        t_headers = time.monotonic()
+        hdrs: dict[str, str] = {}
+        while (line := reader.line()) != b"":
+            name, _, value = line.decode("latin-1").partition(":")
+            hdrs[name.strip().lower()] = value.strip()
+        response = RawResponse(int(status_line.split()[1]), hdrs, t_sent, t_headers)
+        try:
+            if hdrs.get("transfer-encoding") == "chunked":
+                while True:
+                    size = int(reader.line().split(b";")[0], 16)
+                    if size == 0:
+                        reader.line()
+                        break
+                    data = reader.exact(size)
+                    response.chunks.append((time.monotonic(), data))
+                    reader.exact(2)
+            else:
+                response.chunks.append((time.monotonic(), reader.exact(int(hdrs.get("content-length", "0")))))
+        except EOFError:
+            response.ended = "eof"
+        except ConnectionResetError:
+            response.ended = "reset"
+        except socket.timeout:
+            response.ended = "timeout"
+        return response
+    finally:
+        sock.close()
+
+
+class _Reader:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def _fill(self) -> None:
+        data = self.sock.recv(65536)
+        if not data:
+            raise EOFError
+        self.buf += data
+
+    def line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            self._fill()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def exact(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+
+def parse_sse(raw: bytes) -> list[tuple[str | None, str]]:
+    """(event name, data) per dispatched event: any line ends, BOM, comments, joined data lines."""
+    text = raw.decode("utf-8")
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    events: list[tuple[str | None, str]] = []
+    name: str | None = None
+    data: list[str] = []
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        if line == "":
+            if data:
+                events.append((name, "\n".join(data)))
+            name, data = None, []
+            continue
+        if line.startswith(":"):
+            continue
+        key, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if key == "event":
+            name = value
+        elif key == "data":
+            data.append(value)
+    return events
+
+
+def read_truth(path: Path) -> dict[str, dict[str, Any]]:
+    """Truth lines by request id."""
+    lines = path.read_text().splitlines()
+    return {rec["request_id"]: rec for rec in map(json.loads, lines)}
+
+
+def chat_body(prompt: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+    return {"model": "sim-7b", "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, "messages": [{"role": "user", "content": prompt}], **extra}
+
+
+def anthropic_body(prompt: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+    return {"model": "sim-7b", "max_tokens": max_tokens, "stream": True,
+            "messages": [{"role": "user", "content": prompt}], **extra}
+
+
+def responses_body(prompt: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+    return {"model": "sim-7b", "max_output_tokens": max_tokens, "stream": True, "input": prompt, **extra}
+
+
+@pytest.fixture(scope="module")
+def fast_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One fast-profile simulator with a truth file, shared by a test module."""
+    truth = tmp_path_factory.mktemp("sim") / "truth.jsonl"
+    with serve_in_thread("fast", truth_path=truth) as handle:
+        yield handle
