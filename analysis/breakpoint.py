@@ -29,6 +29,11 @@ KNEE_LATENCY_RISE = 0.20
 RULE_ORDER: tuple[str, ...] = ("error_rate", "slo", "knee")
 
 
+def users(n: float) -> str:
+    """'1 user', '32 users'."""
+    return f"{int(n)} user" + ("" if int(n) == 1 else "s")
+
+
 def _fmt_pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -40,13 +45,13 @@ def _slo_rule(steps: pd.DataFrame, slo: Slo) -> dict[str, Any] | None:
         if np.isnan(att):
             continue
         if att < slo.target:
-            before = (f"{int(last_good['active_users'])} users was the highest that met it "
+            before = (f"{users(last_good['active_users'])} was the highest that met it "
                       f"({_fmt_pct(last_good['slo_attainment'])})" if last_good is not None
                       else "no step met it, not even the lowest load")
             return {"active_users": int(row["active_users"]),
                     "last_good_active_users": None if last_good is None else int(last_good["active_users"]),
                     "detail": (f"SLO (TTFT <= {slo.ttft_s:g} s and e2e <= {slo.e2e_s:g} s) met by "
-                               f"{_fmt_pct(att)} of requests at {int(row['active_users'])} users, below the "
+                               f"{_fmt_pct(att)} of requests at {users(row['active_users'])}, below the "
                                f"{_fmt_pct(slo.target)} target; {before}")}
         last_good = row
     return None
@@ -63,7 +68,7 @@ def _knee_rule(steps: pd.DataFrame) -> dict[str, Any] | None:
         if thr_gain < KNEE_SCALING * user_gain and lat_rise >= KNEE_LATENCY_RISE:
             return {"active_users": int(row["active_users"]),
                     "last_good_active_users": int(prev["active_users"]),
-                    "detail": (f"from {int(prev['active_users'])} to {int(row['active_users'])} users "
+                    "detail": (f"from {int(prev['active_users'])} to {users(row['active_users'])} "
                                f"(+{_fmt_pct(user_gain)}) output throughput changed {thr_gain:+.1%} "
                                f"({prev['output_tok_s']:.0f} -> {row['output_tok_s']:.0f} tok/s) while "
                                f"median e2e rose {lat_rise:+.1%} ({prev['e2e_p50_s']:.2f} -> "
@@ -78,7 +83,7 @@ def _error_rule(steps: pd.DataFrame, limit: float) -> dict[str, Any] | None:
             return {"active_users": int(row["active_users"]),
                     "last_good_active_users": None if last_good is None else int(last_good),
                     "detail": (f"{_fmt_pct(row['load_error_rate'])} of requests at "
-                               f"{int(row['active_users'])} users failed with load errors "
+                               f"{users(row['active_users'])} failed with load errors "
                                f"({int(row['load_errors'])} of {int(row['requests'])}), above the "
                                f"{_fmt_pct(limit)} limit")}
         last_good = row["active_users"]
@@ -101,12 +106,12 @@ def find_breakpoint(steps: pd.DataFrame, slo: Slo, error_limit: float = ERROR_RA
         return {"breakpoint": {"active_users": hit["active_users"], "reason": name, "detail": hit["detail"],
                                "last_good_active_users": hit["last_good_active_users"]},
                 "breakpoint_note": None, "rules": rules}
-    users = steps["active_users"].tolist()
-    if len(users) < 2:
-        note = (f"a single load step ({users[0] if users else 0} users) cannot show a breakpoint: "
+    levels = steps["active_users"].tolist()
+    if len(levels) < 2:
+        note = (f"a single load step ({users(levels[0]) if levels else 'no users'}) cannot show a breakpoint: "
                 "run a ramp to find one")
     else:
-        note = (f"the ramp never broke the channel: from {users[0]} to {users[-1]} users SLO attainment "
+        note = (f"the ramp never broke the channel: from {levels[0]} to {users(levels[-1])} SLO attainment "
                 f"stayed >= {_fmt_pct(slo.target)}, load errors <= {_fmt_pct(error_limit)} and "
                 "throughput kept growing; ramp higher to find the limit")
     return {"breakpoint": None, "breakpoint_note": note, "rules": rules}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tokenload.analysis.breakpoint import ERROR_RATE_LIMIT
+from tokenload.analysis.breakpoint import ERROR_RATE_LIMIT, users
 from tokenload.analysis.steps import Slo
 from tokenload.errors import FIXES
 
@@ -112,11 +112,11 @@ def diagnose(
     if errors_total:
         advice += [("errors", line) for line in _error_advice(requests, errors_by_kind)]
     if load_share >= QUEUE_SHARE:
-        keep = (f"keep concurrency <= {breakpoint['last_good_active_users']} users (the last step before "
+        keep = (f"keep concurrency <= {users(breakpoint['last_good_active_users'])} (the last step before "
                 f"the breakpoint)" if breakpoint and breakpoint.get("last_good_active_users") else
                 "lower the concurrency")
-        advice.append(("queue", f"median e2e grows from {_g(low['e2e'])} s at {low['active_users']:.0f} users to "
-                      f"{_g(high['e2e'])} s at {high['active_users']:.0f} users ({high['e2e'] / low['e2e']:.1f}x; "
+        advice.append(("queue", f"median e2e grows from {_g(low['e2e'])} s at {users(low['active_users'])} to "
+                      f"{_g(high['e2e'])} s at {users(high['active_users'])} ({high['e2e'] / low['e2e']:.1f}x; "
                       f"{100 * load_share:.0f}% of it is load): the channel queues under load; {keep}, or "
                       "send at off-peak times and check with `tokenload compare`"))
     if low["ttft"] > slo.ttft_s:

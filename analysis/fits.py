@@ -11,7 +11,7 @@ line (|k - 1| large enough to matter), so noise never reads as a finding.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
+from tokenload.analysis.breakpoint import users  # noqa: E402
 from tokenload.analysis.summary import Analysis  # noqa: E402
 
 View = tuple[str, Analysis]
@@ -157,7 +158,7 @@ def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], path: Path,
             bp = a.summary.get("breakpoint")
             if bp:
                 ax.axvline(bp["active_users"], color=color, ls=":", lw=1.5,
-                           label=f"{prefix}breakpoint {bp['active_users']} users ({bp['reason']})")
+                           label=f"{prefix}breakpoint {users(bp['active_users'])} ({bp['reason']})")
         if panel.slo is not None:
             ax.axhline(panel.slo, color="red", ls="-.", lw=1, label=f"SLO {panel.slo:g} s")
         _users_axis(ax, views)
@@ -224,7 +225,9 @@ def plot_timeline(views: Sequence[View], path: Path, bins: int = 120) -> Path:
     _, a = views[0]
     df = a.run.df
     t0 = float(df["started_at"].min())
-    t = df["started_at"].to_numpy() - t0
+    # Minutes for long runs, so tick labels stay short.
+    unit, per = ("minutes", 60.0) if float(df["started_at"].max()) - t0 > 1800 else ("seconds", 1.0)
+    t = (df["started_at"].to_numpy() - t0) / per
     edges = np.linspace(0, max(float(t.max()), 1e-9), bins + 1)
     width = edges[1] - edges[0]
     is_err = df["status"].eq("error").to_numpy()
@@ -238,15 +241,15 @@ def plot_timeline(views: Sequence[View], path: Path, bins: int = 120) -> Path:
     axes[1].bar(edges[:-1], ok_counts / width, width=width, align="edge", color=COLORS[2], label="ok")
     axes[1].bar(edges[:-1], err_counts / width, width=width, align="edge", bottom=ok_counts / width,
                 color=COLORS[3], label="error")
-    axes[1].set(ylabel="requests / s")
+    axes[1].set(ylabel=f"requests / {unit[:-1]}")
     axes[1].legend(fontsize=8, loc="upper left")
     ok = _sample(a.ok, MAX_POINTS)
-    axes[2].scatter(ok["started_at"] - t0, ok["ttft_s"], s=3, alpha=0.3, color=COLORS[0], rasterized=True,
+    axes[2].scatter((ok["started_at"] - t0) / per, ok["ttft_s"], s=3, alpha=0.3, color=COLORS[0], rasterized=True,
                     label="TTFT per request")
     axes[2].axhline(a.slo.ttft_s, color="red", ls="-.", lw=1, label=f"SLO {a.slo.ttft_s:g} s")
     if len(ok) and ok["ttft_s"].max() / max(ok["ttft_s"].min(), 1e-9) > 50:
         _log_axis(axes[2], "y")
-    axes[2].set(ylabel="TTFT (s)", xlabel="seconds since the first request")
+    axes[2].set(ylabel="TTFT (s)", xlabel=f"{unit} since the first request")
     axes[2].legend(fontsize=8, loc="upper left", markerscale=4)
     for ax in axes:
         ax.grid(alpha=0.3)
