@@ -56,11 +56,12 @@ class Sequence:
     `emit(i)` writes output token i and returns False when the stream has ended
     early (client gone, injected disconnect or error event); `finish()` runs after
     the last token; `drop()` after an early end. Times are time.time() for the
-    truth file.
+    truth file. `on_end` runs once, before the response's last bytes go out, so
+    the truth line exists by the time a client sees the end.
     """
 
     __slots__ = ("n_input", "n_out", "emitted", "stall_at", "stall_s", "resume_at",
-                 "arrival", "admitted", "first_token", "last_token", "replica")
+                 "arrival", "admitted", "first_token", "last_token", "replica", "on_end")
 
     def __init__(self, n_input: int, n_out: int, stall_at: int = -1, stall_s: float = 0.0) -> None:
         self.n_input = n_input
@@ -74,6 +75,12 @@ class Sequence:
         self.first_token: float | None = None
         self.last_token: float | None = None
         self.replica = -1
+        self.on_end: Callable[[], None] | None = None
+
+    def _ended(self) -> None:
+        hook, self.on_end = self.on_end, None
+        if hook is not None:
+            hook()
 
     def emit(self, i: int) -> bool:
         raise NotImplementedError

@@ -138,6 +138,7 @@ class StreamSequence(Sequence):
     def _cut(self, action: str) -> None:
         """End the stream early the way the fault says: FIN, RST or an in-stream error."""
         self.outcome = action
+        self._ended()
         if action == "error_event":
             self._send(self.framer.error_event())
             self.transport.write(b"0\r\n\r\n")
@@ -152,16 +153,20 @@ class StreamSequence(Sequence):
             self.transport.close()
 
     def finish(self) -> None:
-        self._send(self.framer.end())
-        if self.faults.has("no_final_chunk"):
+        no_final_chunk = self.faults.has("no_final_chunk")
+        if no_final_chunk:
             self.outcome = "no_final_chunk"
             self.keep_alive = False
+        self._ended()
+        self._send(self.framer.end())
+        if no_final_chunk:
             self.transport.close()
         else:
             self.transport.write(b"0\r\n\r\n")
         self.done.set_result(self.keep_alive)
 
     def drop(self) -> None:
+        self._ended()
         if not self.done.done():
             self.done.set_result(self.keep_alive)
 
@@ -187,9 +192,11 @@ class BodySequence(Sequence):
         return True
 
     def finish(self) -> None:
+        self._ended()
         self.done.set_result(True)
 
     def drop(self) -> None:
+        self._ended()
         self.done.set_result(False)
 
 
@@ -306,10 +313,11 @@ class SimServer:
             head.append(("connection", "close"))
         writer.write(_head(status, head + list(headers)) + body)
 
-    def _html(self, writer: asyncio.StreamWriter, status: int, request: Request) -> None:
+    def _html(self, writer: asyncio.StreamWriter, status: int, request: Request,
+              headers: list[tuple[str, str]] = ()) -> None:
         title = "Simulated LLM channel" if status == 200 else "404 Not Found"
         page = _HTML.format(title=title, base=self.base_url).encode()
-        self._plain(writer, status, page, request.keep_alive, "text/html; charset=utf-8")
+        self._plain(writer, status, page, request.keep_alive, "text/html; charset=utf-8", headers)
 
     async def _dispatch(self, request: Request, writer: asyncio.StreamWriter) -> bool:
         """Answer one request; False closes the connection."""
@@ -318,8 +326,8 @@ class SimServer:
             route = _ROUTES.get((request.method, request.path[len(self.prefix):].rstrip("/") or "/"))
         if route is None:
             root = request.path.rstrip("/") in ("", self.prefix)
-            self._html(writer, 200 if root else 404, request)
             self._write_truth(_record(wire.new_request_id(), request, None) | {"status": 200 if root else 404, "error": "html"})
+            self._html(writer, 200 if root else 404, request)
             return True
         if route == "health":
             self._plain(writer, 200, b'{"status":"ok"}', request.keep_alive, "application/json")
@@ -375,11 +383,11 @@ class Generation:
 
     def _error(self, status: int, message: str, *, headers: list[tuple[str, str]] = (), error: str,
                body: bool = True, **extra: str | None) -> bool:
+        self.record.update(status=status, error=error)
+        self.server._write_truth(self.record)
         payload = self.proto.error_body(status, message, self.request_id, **extra) if body else b""
         self.server._plain(self.writer, status, payload, self.request.keep_alive, "application/json",
                            self._id_headers + list(headers))
-        self.record.update(status=status, error=error)
-        self.server._write_truth(self.record)
         return True
 
     def _json(self, payload: dict[str, Any]) -> None:
@@ -418,9 +426,9 @@ class Generation:
         n_in = sum(estimate_tokens(t) for t in parsed.texts)
         self.record["input_tokens"] = n_in
         if self.route == "count_tokens":
-            self._json({"input_tokens": n_in})
             self.record["status"] = 200
             server._write_truth(self.record)
+            self._json({"input_tokens": n_in})
             return True
         profile = server.profile
         if not 1 <= parsed.max_tokens <= profile.max_output_tokens:
@@ -479,9 +487,9 @@ class Generation:
             return self._error(code, "Injected fault", headers=headers, error="fault",
                                body=faults.specs["status"]["body"] == "json")
         if action == "html":
-            self.server._html(writer, int(faults.num("html", "code")), request)
             self.record.update(status=int(faults.num("html", "code")), error="fault")
             server._write_truth(self.record)
+            self.server._html(writer, int(faults.num("html", "code")), request, self._id_headers)
             return True
         if action == "slow_headers" or faults.has("slow_headers"):
             await asyncio.sleep(faults.num("slow_headers", "seconds"))
@@ -497,36 +505,38 @@ class Generation:
         framer = self.proto(plan, sse, no_usage=faults.has("no_usage"))
         self.record["status"] = 200
         if not parsed.stream or action == "json_body":
-            return await self._run_body(engine, framer, faults)
+            return await self._run_body(engine, framer)
         seq = StreamSequence(n_in, n_out, writer.transport, framer, faults)
         writer.write(_head(200, [("content-type", "text/event-stream; charset=utf-8"), ("cache-control", "no-cache"),
                                  ("transfer-encoding", "chunked"), *self._id_headers]))
         if action == "silence":
             await asyncio.sleep(faults.num("silence", "seconds"))
-            writer.transport.close()
             self.record.update(error="fault")
             server._write_truth(self.record)
+            writer.transport.close()
             return False
         if server.profile.preamble == "arrival":
             seq.send_preamble()
-        keep = await self._run(engine, seq, parsed.model)
-        self.record["outcome"] = seq.outcome
-        server._write_truth(self.record)
+        seq.on_end = lambda: self._ended(seq, parsed.model)
+        keep = await self._run(engine, seq)
         return keep and request.keep_alive
 
-    async def _run(self, engine: Engine, seq: Sequence, model: str) -> bool:
-        """Submit to the engine, wait for the end, fill in the truth and metrics."""
+    async def _run(self, engine: Engine, seq: StreamSequence | BodySequence) -> bool:
+        """Submit to the engine and wait for the end; the sequence's on_end hook records it."""
         server = self.server
         server.in_flight += 1
         try:
             engine.submit(seq)
-            keep = await seq.done  # type: ignore[attr-defined]
+            return await seq.done
         finally:
             server.in_flight -= 1
+
+    def _ended(self, seq: StreamSequence | BodySequence, model: str) -> None:
+        """Truth line and metrics of a generation, written before its last bytes go out."""
         self.record.update(admitted=seq.admitted, first_token=seq.first_token, last_token=seq.last_token,
-                           output_tokens=seq.emitted, replica=seq.replica,
+                           output_tokens=seq.emitted, replica=seq.replica, outcome=seq.outcome,
                            queue_s=None if seq.admitted is None else seq.admitted - seq.arrival)
-        metrics = server.metrics
+        metrics = self.server.metrics
         metrics.prompt_tokens[model] += seq.n_input
         metrics.generation_tokens[model] += seq.emitted
         if seq.admitted is not None:
@@ -538,13 +548,16 @@ class Generation:
                 tpot = (seq.last_token - seq.first_token) / (seq.emitted - 1)
                 metrics.observe("vllm:time_per_output_token_seconds", model, tpot)
         metrics.requests[(model, "stop" if seq.emitted == seq.n_out else "abort")] += 1
-        return keep
-
-    async def _run_body(self, engine: Engine, framer: wire.Protocol, faults: FaultPlan) -> bool:
-        seq = BodySequence(framer.plan.input_tokens, framer.plan.n_out, self.writer.transport)
-        keep = await self._run(engine, seq, framer.plan.model)
-        self.record["outcome"] = seq.outcome
-        if keep:
-            self._json(framer.body())
         self.server._write_truth(self.record)
+
+    async def _run_body(self, engine: Engine, framer: wire.Protocol) -> bool:
+        seq = BodySequence(framer.plan.input_tokens, framer.plan.n_out, self.writer.transport)
+
+        def on_end() -> None:
+            self._ended(seq, framer.plan.model)
+            if seq.outcome == "ok":
+                self._json(framer.body())
+
+        seq.on_end = on_end
+        keep = await self._run(engine, seq)
         return keep and self.request.keep_alive
