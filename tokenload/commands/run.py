@@ -1,16 +1,118 @@
-"""tokenload run (being built)."""
+"""Run a load scenario with Locust and record every request.
+
+SCENARIO is a .toml file (see `scenarios/`) or a packaged name: demo, smoke,
+ramp, prompt-sweep, output-sweep, peak-vs-offpeak. Locust runs headless in a
+child process (`--web` for its UI on 127.0.0.1); a live line on stderr shows
+the step, users, request rate, TTFT/TPOT p50/p95 of the current step and errors.
+
+Records are flushed to RUN_DIR at least once a second, so Ctrl-C keeps them
+(a second Ctrl-C kills Locust and may lose the last second). At the end RUN_DIR
+holds requests.parquet (one row per request, SPEC.md columns) and manifest.json;
+RUN_DIR is printed as the last line of stdout, ready for `tokenload analyze`.
+
+Distributed: `--processes N` forks N local workers; across machines start
+`tokenload run SCENARIO --master --expect-workers N --out DIR` and on each
+machine `tokenload run SCENARIO --worker --master-host HOST`, with DIR on a
+filesystem every machine shares (workers write their records into the master's
+run directory; the master waits for each worker's final flush).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-HELP = "not yet available"
+from tokenload.channel import add_channel_arguments
+
+HELP = "run a load scenario with Locust; prints the run directory last"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """No options yet."""
+    parser.add_argument("scenario", metavar="SCENARIO", help="scenario .toml or packaged name (demo, smoke, ramp, ...)")
+    parser.add_argument("--out", metavar="DIR", help="run directory (default results/<scenario>-<timestamp>)")
+    parser.add_argument("--users", type=int, help="cap users: constant load of N, a ramp up to N, or an open-loop pool of N")
+    parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (caps the scenario's plan)")
+    parser.add_argument("--processes", type=int, default=0, metavar="N", help="fork N local Locust worker processes")
+    parser.add_argument("--web", action="store_true", help="show Locust's web UI on 127.0.0.1 instead of running headless")
+    dist = parser.add_argument_group("distributed across machines")
+    dist.add_argument("--master", action="store_true", help="run as Locust master")
+    dist.add_argument("--expect-workers", type=int, default=1, metavar="N", help="master: workers to wait for (default 1)")
+    dist.add_argument("--worker", action="store_true", help="run as Locust worker of --master-host")
+    dist.add_argument("--master-host", default="127.0.0.1", help="worker: the master's address")
+    dist.add_argument("--master-port", type=int, default=5557, help="master port (default 5557)")
+    add_channel_arguments(parser)
+
+
+def _live_line(live: dict) -> str:
+    def ms(key: str) -> str:
+        value = live.get(key)
+        return "-" if value is None else f"{value * 1000:.0f}"
+
+    return (f"step {live['step']} · {live['users']}/{live['target_users']} users · {live['step_rps']:.1f} req/s · "
+            f"TTFT p50/p95 {ms('ttft_p50_s')}/{ms('ttft_p95_s')} ms · TPOT p50/p95 {ms('tpot_p50_s')}/"
+            f"{ms('tpot_p95_s')} ms · {live['requests']} req · {live['errors']} errors · {live['elapsed_s']:.0f} s")
 
 
 def run(args: argparse.Namespace) -> int:
-    print("tokenload run: not yet available")
-    return 1
+    from rich.console import Console
+
+    from tokenload.channel import resolve_from_args
+    from tokenload.errors import ConfigError
+    from tokenload.load.records import REQUESTS_FILE
+    from tokenload.load.runner import Distribution, run_scenario
+    from tokenload.load.scenario import load_scenario
+
+    if args.master and args.worker:
+        raise ConfigError("--master and --worker exclude each other")
+    if args.processes < 0 or (args.processes and (args.master or args.worker)):
+        raise ConfigError("--processes N needs N >= 1 and cannot be combined with --master or --worker")
+    scenario = load_scenario(args.scenario)
+    section = scenario.channel
+    for flag, value in (("protocol", section.protocol), ("base_url", section.base_url)):
+        if getattr(args, flag) is None and value is not None:
+            setattr(args, flag, value)
+    if args.model is None and section.models:
+        args.model = section.models[0]
+    elif args.model is not None:
+        import dataclasses
+
+        scenario = dataclasses.replace(scenario, channel=dataclasses.replace(section, models=(args.model,)))
+    resolution = resolve_from_args(args)
+    err = Console(stderr=True, highlight=False)
+    for warning in resolution.warnings:
+        err.print(f"[yellow]warning:[/] {warning}")
+    err.print(f"[bold]{scenario.name}[/] against {resolution.channel}")
+    distribution = Distribution(processes=args.processes, master=args.master, worker=args.worker,
+                                master_host=args.master_host, master_port=args.master_port,
+                                expect_workers=args.expect_workers)
+    with err.status("starting Locust") as status:
+        run_dir = run_scenario(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
+                               distribution=distribution, web=args.web,
+                               on_live=lambda live: status.update(_live_line(live)))
+    if not args.worker:
+        _print_summary(err, run_dir / REQUESTS_FILE)
+    print(run_dir)
+    sys.stdout.flush()
+    return 0
+
+
+def _print_summary(err: object, path: object) -> None:
+    """Counts and TTFT/TPOT percentiles from the raw records (not Locust's rounded histogram)."""
+    import json
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=["status", "in_flight", "ttft_s", "tpot_s", "e2e_s", "output_tokens"])
+    df = table.to_pandas()
+    done = df[(df.status == "ok") & ~df.in_flight]
+    parts = [f"{len(df)} requests", f"{int((df.status == 'error').sum())} errors", f"{int(df.in_flight.sum())} in flight"]
+    for col in ("ttft_s", "tpot_s", "e2e_s"):
+        vals = done[col].dropna().to_numpy()
+        if len(vals):
+            p50, p95 = np.percentile(vals, (50, 95))
+            parts.append(f"{col[:-2].upper()} p50 {p50:.3f} s p95 {p95:.3f} s")
+    manifest = json.loads((path.parent / "manifest.json").read_text())  # type: ignore[attr-defined]
+    err.print(" · ".join(parts))  # type: ignore[attr-defined]
+    for warning in manifest.get("warnings", []):
+        err.print(f"[bold red]WARNING:[/] {warning}")  # type: ignore[attr-defined]

@@ -1,0 +1,82 @@
+"""Scheduler-lag probe: proof that the load generator itself was not the bottleneck.
+
+All users of a Locust process share one gevent loop. When that loop is busy
+(parsing, recording, too many users for one core), a greenlet whose data has
+arrived waits its turn, and the wait is added to the TTFT and TPOT the user
+measures. The probe sleeps a fixed interval over and over and records how late
+it wakes; the same lateness hits every timestamp taken in that process. Its
+distribution goes into manifest.json, and a high p99 is a loud warning that the
+numbers describe the client, not the channel.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gevent
+import numpy as np
+
+INTERVAL_S = 0.05
+# Above this p99 lag the client adds more error than the TTFT resolution users care about.
+WARN_P99_S = 0.020
+_KEEP = 100_000  # samples kept (about 80 minutes at 50 ms); older ones are dropped
+
+
+class LagProbe:
+    """A greenlet that measures event-loop wake-up lateness."""
+
+    def __init__(self) -> None:
+        self._samples: list[float] = []
+        self._greenlet: gevent.Greenlet | None = None
+        self._cpu0 = time.process_time()
+        self._wall0 = time.monotonic()
+
+    def start(self) -> None:
+        if self._greenlet is None:
+            self._greenlet = gevent.spawn(self._run)
+
+    def stop(self) -> None:
+        if self._greenlet is not None:
+            self._greenlet.kill(block=False)
+            self._greenlet = None
+
+    def _run(self) -> None:
+        samples = self._samples
+        while True:
+            due = time.perf_counter() + INTERVAL_S
+            gevent.sleep(INTERVAL_S)
+            samples.append(max(0.0, time.perf_counter() - due))
+            if len(samples) > _KEEP:
+                del samples[: _KEEP // 10]
+
+    def stats(self) -> dict[str, Any]:
+        """Lag percentiles (seconds) and the process's CPU use, JSON-ready."""
+        wall = max(1e-9, time.monotonic() - self._wall0)
+        cpu = time.process_time() - self._cpu0
+        out: dict[str, Any] = {"samples": len(self._samples), "cpu_s": round(cpu, 3), "cpu_util": round(cpu / wall, 3)}
+        if self._samples:
+            arr = np.asarray(self._samples)
+            p50, p99 = np.percentile(arr, (50, 99))
+            out.update(lag_p50_s=float(p50), lag_p99_s=float(p99), lag_max_s=float(arr.max()))
+        return out
+
+
+def summarise(per_worker: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Combine workers' probe stats for manifest.json, with a warning when the client lagged."""
+    lagged = {w: s for w, s in per_worker.items() if s.get("lag_p99_s", 0.0) > WARN_P99_S}
+    worst = max((s.get("lag_p99_s", 0.0) for s in per_worker.values()), default=0.0)
+    summary: dict[str, Any] = {
+        "interval_s": INTERVAL_S,
+        "warn_p99_s": WARN_P99_S,
+        "worst_p99_s": worst,
+        "client_bound": bool(lagged),
+        "workers": per_worker,
+    }
+    if lagged:
+        summary["warning"] = (
+            f"the load generator was the bottleneck: scheduler lag p99 {worst * 1000:.0f} ms > "
+            f"{WARN_P99_S * 1000:.0f} ms on {', '.join(sorted(lagged))}; latencies include client delay. "
+            "Use --processes N or fewer users per process."
+        )
+    return summary

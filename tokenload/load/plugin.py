@@ -1,0 +1,183 @@
+"""Locust event wiring: options, per-process setup, record flushing, run finalisation.
+
+Importing this module (the locustfile does) registers the listeners once:
+
+- `init_command_line_parser`: `--scenario`, `--run-dir`, `--run-id` (also from
+  `TOKENLOAD_SCENARIO` / `TOKENLOAD_RUN_DIR` / `TOKENLOAD_RUN_ID`).
+- `init`: load the scenario; the master (or local runner) gets the `RunControl`
+  the shape uses, workers follow the master's step messages.
+- `test_start`: every process that runs users builds its `ProcessContext`
+  (channel, one shared transport, prompts, segment writer, lag probe) and a
+  greenlet that flushes records every second.
+- `test_stop` / `quit`: flush what is left; at `quit` mark the process done.
+
+When Locust runs without `tokenload run` (plain `locust -f`), the master or
+local process also finalises the run directory at interpreter exit, after
+Locust has reaped its local workers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import random
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+import gevent
+from locust import events
+from locust.env import Environment
+from locust.runners import MasterRunner, WorkerRunner
+
+from tokenload.channel import resolve
+from tokenload.load import handoff, records
+from tokenload.load.control import LoadState, RunControl, install_step_listener
+from tokenload.load.lag import LagProbe
+from tokenload.load.prompts import PromptSource
+from tokenload.load.scenario import Scenario, load_scenario
+from tokenload.load.transport import Transport
+from tokenload.load.user import Arrivals, ProcessContext
+from tokenload.protocols import adapter_for
+
+FLUSH_INTERVAL_S = 1.0
+MANAGED_ENV = "TOKENLOAD_MANAGED"  # set by `tokenload run`, which finalises the run itself
+_ENVIRONMENT: Environment | None = None
+
+
+@events.init_command_line_parser.add_listener
+def _arguments(parser: Any) -> None:
+    group = parser.add_argument_group("tokenload")
+    group.add_argument("--scenario", default="smoke", env_var="TOKENLOAD_SCENARIO",
+                       help="scenario .toml (or a packaged name: demo, smoke, ramp, ...)")
+    group.add_argument("--run-dir", default="", env_var="TOKENLOAD_RUN_DIR",
+                       help="run directory for records (default results/<scenario>-<timestamp>)")
+    group.add_argument("--run-id", default="", env_var="TOKENLOAD_RUN_ID", help="run id stored in every record")
+
+
+def _scenario(environment: Environment) -> Scenario:
+    return load_scenario(environment.parsed_options.scenario)  # type: ignore[union-attr]
+
+
+@events.init.add_listener
+def _init(environment: Environment, **_: Any) -> None:
+    opts = environment.parsed_options
+    if opts is None:  # a library user built an Environment by hand; nothing to wire
+        return
+    global _ENVIRONMENT
+    _ENVIRONMENT = environment
+    scenario = _scenario(environment)
+    state = LoadState()
+    environment.tokenload_state = state  # type: ignore[attr-defined]
+    if isinstance(environment.runner, WorkerRunner):
+        install_step_listener(environment, state)
+        return
+    from tokenload.load.runner import default_run_dir, new_run_id, write_run_info
+
+    if not opts.run_id:
+        opts.run_id = new_run_id()
+    if not opts.run_dir:
+        opts.run_dir = str(default_run_dir(scenario.name))
+    run_dir = Path(opts.run_dir)
+    if not opts.stop_timeout:
+        environment.stop_timeout = scenario.stop.drain_s
+    environment.tokenload = RunControl(environment, scenario, run_dir, state)  # type: ignore[attr-defined]
+    if not os.environ.get(MANAGED_ENV):
+        write_run_info(run_dir, opts.run_id, scenario, _channel(scenario, environment.host).public())
+        atexit.register(_finalise_standalone, run_dir)
+
+
+def _channel(scenario: Scenario, host: str | None) -> Any:
+    """The channel: handed over by `tokenload run`, else resolved like every tokenload command."""
+    channel = handoff.channel_from_env()
+    if channel is None:
+        section = scenario.channel
+        channel = resolve(protocol=section.protocol, base_url=host or section.base_url,
+                          model=section.models[0] if section.models else None).channel
+    return dataclasses.replace(channel, first_token_timeout_s=scenario.channel.first_token_timeout_s,
+                               idle_timeout_s=scenario.channel.idle_timeout_s)
+
+
+def _worker_id(environment: Environment) -> str:
+    runner = environment.runner
+    raw = runner.client_id if isinstance(runner, WorkerRunner) else "local"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+
+
+@events.test_start.add_listener
+def _test_start(environment: Environment, **_: Any) -> None:
+    opts = environment.parsed_options
+    if opts is None or isinstance(environment.runner, MasterRunner):
+        return
+    if getattr(environment, "tokenload_process", None) is not None:
+        return  # a restarted test in the web UI keeps its context and writer
+    scenario = _scenario(environment)
+    channel = _channel(scenario, environment.host)
+    models = scenario.channel.models or (channel.model,)
+    salt = random.SystemRandom().getrandbits(31)
+    state: LoadState = environment.tokenload_state  # type: ignore[attr-defined]
+    load = scenario.load
+    arrivals = None
+    if load.kind == "poisson":
+        arrivals = Arrivals(state, random.Random(f"{scenario.seed}:arrivals:{salt}"), load.arrival == "poisson")
+    ctx = ProcessContext(
+        run_id=opts.run_id,
+        worker=_worker_id(environment),
+        tag=uuid.uuid4().hex[:8],
+        protocol=channel.protocol,
+        adapters={m: adapter_for(channel.with_model(m)) for m in models},
+        transport=Transport(channel),
+        prompts=PromptSource(scenario, models, salt),
+        writer=records.SegmentWriter(Path(opts.run_dir), _worker_id(environment)),
+        state=state,
+        arrivals=arrivals,
+        extra_body=scenario.output.extra_body(),
+        think_time_s=load.think_time_s,
+    )
+    environment.tokenload_process = ctx  # type: ignore[attr-defined]
+    probe = LagProbe()
+    probe.start()
+    environment.tokenload_probe = probe  # type: ignore[attr-defined]
+    gevent.spawn(_flush_forever, environment)
+
+
+def _flush(environment: Environment, done: bool = False) -> None:
+    ctx: ProcessContext | None = getattr(environment, "tokenload_process", None)
+    if ctx is not None:
+        ctx.writer.flush({"lag": environment.tokenload_probe.stats(), "pid": os.getpid()}, done=done)  # type: ignore[attr-defined]
+
+
+def _flush_forever(environment: Environment) -> None:
+    while True:
+        gevent.sleep(FLUSH_INTERVAL_S)
+        _flush(environment)
+
+
+@events.test_stop.add_listener
+def _test_stop(environment: Environment, **_: Any) -> None:
+    _flush(environment)
+
+
+@events.quitting.add_listener
+def _quitting(environment: Environment, **_: Any) -> None:
+    control: RunControl | None = getattr(environment, "tokenload", None)
+    if control is not None:
+        control.finish("interrupted")
+
+
+@events.quit.add_listener
+def _quit(exit_code: int, **_: Any) -> None:
+    """The last event of a Locust process (it carries no environment, hence `_ENVIRONMENT`)."""
+    if _ENVIRONMENT is not None:
+        _flush(_ENVIRONMENT, done=True)
+        control: RunControl | None = getattr(_ENVIRONMENT, "tokenload", None)
+        if control is not None:
+            control.write_live()
+
+
+def _finalise_standalone(run_dir: Path) -> None:
+    from tokenload.load.runner import finalise
+
+    print(f"tokenload: records in {finalise(run_dir)}")

@@ -1,0 +1,163 @@
+"""Crash-safe request records: per-process Arrow segments, merged into requests.parquet.
+
+Every Locust process that runs users (the local runner, or each worker) appends
+its records to memory and writes them out as a new Arrow IPC segment at least
+once a second (`segments/<worker>-<seq>.arrow`, written to a temporary name
+and renamed, so a segment is either whole or absent). A Ctrl-C or a killed
+worker therefore loses at most the last second. Next to its segments each
+process keeps `<worker>.state.json` (records written so far, scheduler lag,
+CPU) and marks it `done` at exit: the merge uses that to wait for remote
+workers and to prove no record went missing.
+
+Nothing is finalised inside Locust: the master's `test_stop` fires before the
+workers' last records exist (LOCUST-NOTES.md). `merge_segments` runs after all
+Locust processes have exited, in `tokenload run`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+
+from tokenload.errors import ConfigError
+
+SEGMENTS_DIR = "segments"
+REQUESTS_FILE = "requests.parquet"
+
+# SPEC.md's columns first, in SPEC order, then tokenload's extras.
+SCHEMA = pa.schema([
+    ("request_id", pa.string()),
+    ("run_id", pa.string()),
+    ("worker", pa.string()),
+    ("user_id", pa.string()),
+    ("step", pa.int32()),
+    ("active_users", pa.int32()),
+    ("scheduled_at", pa.float64()),
+    ("started_at", pa.float64()),
+    ("protocol", pa.string()),
+    ("model", pa.string()),
+    ("status", pa.string()),
+    ("error_kind", pa.string()),
+    ("http_status", pa.int32()),
+    ("ttfb_s", pa.float64()),
+    ("ttft_s", pa.float64()),
+    ("ttft_text_s", pa.float64()),
+    ("tpot_s", pa.float64()),
+    ("e2e_s", pa.float64()),
+    ("input_tokens", pa.int64()),
+    ("input_tokens_source", pa.string()),
+    ("output_tokens", pa.int64()),
+    ("output_tokens_source", pa.string()),
+    ("max_tokens", pa.int64()),
+    ("chunks", pa.int64()),
+    ("itl_p50_s", pa.float64()),
+    ("itl_p99_s", pa.float64()),
+    ("itl_max_s", pa.float64()),
+    ("stop_reason", pa.string()),
+    # extras
+    ("finished_at", pa.float64()),
+    ("late_s", pa.float64()),
+    ("prompt_tokens_target", pa.int64()),
+    ("in_flight", pa.bool_()),
+    ("server_request_id", pa.string()),
+    ("error_message", pa.string()),
+    ("duration_s", pa.float64()),
+    ("reasoning_tokens", pa.int64()),
+    ("thinking_chunks", pa.int64()),
+    ("malformed_events", pa.int64()),
+])
+COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically: readers never see half a file."""
+    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8"))
+
+
+class SegmentWriter:
+    """Buffers one process's records and writes them as numbered Arrow segments."""
+
+    def __init__(self, run_dir: Path, worker: str) -> None:
+        self.dir = run_dir / SEGMENTS_DIR
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.worker = worker
+        self._rows: list[dict[str, Any]] = []
+        self._seq = 0
+        self.written = 0
+
+    def append(self, record: dict[str, Any]) -> None:
+        self._rows.append(record)
+
+    @property
+    def pending(self) -> int:
+        return len(self._rows)
+
+    def flush(self, state: dict[str, Any], done: bool = False) -> None:
+        """Write buffered rows (if any) as a new segment, then this process's state file."""
+        rows, self._rows = self._rows, []
+        if rows:
+            table = pa.Table.from_pylist(rows, schema=SCHEMA)
+            path = self.dir / f"{self.worker}-{self._seq:06d}.arrow"
+            _atomic_write(path, lambda tmp: feather.write_feather(table, tmp, compression="uncompressed"))
+            self._seq += 1
+            self.written += len(rows)
+        write_json(self.dir / f"{self.worker}.state.json",
+                   {**state, "worker": self.worker, "records": self.written, "done": done, "updated_at": time.time()})
+
+
+def worker_states(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every process's latest state file, by worker id."""
+    states = {}
+    for path in sorted((run_dir / SEGMENTS_DIR).glob("*.state.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # a state file is rewritten atomically; unreadable means not ours
+        states[data.get("worker", path.name[: -len(".state.json")])] = data
+    return states
+
+
+def wait_for_workers(run_dir: Path, expected: list[str], timeout_s: float) -> list[str]:
+    """Wait until every expected worker marked its state done; return those that did not."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = worker_states(run_dir)
+        missing = [w for w in expected if not states.get(w, {}).get("done")]
+        if not missing or time.monotonic() >= deadline:
+            return missing
+        time.sleep(0.2)
+
+
+def merge_segments(run_dir: Path) -> pa.Table:
+    """Concatenate every segment into RUN_DIR/requests.parquet; duplicates are an error.
+
+    Segments are removed only after the Parquet file is safely in place.
+    """
+    seg_dir = run_dir / SEGMENTS_DIR
+    paths = sorted(seg_dir.glob("*.arrow")) if seg_dir.is_dir() else []
+    tables = [feather.read_table(p) for p in paths]
+    table = pa.concat_tables(tables).cast(SCHEMA) if tables else SCHEMA.empty_table()
+    ids = table.column("request_id")
+    if len(ids) != len(pc.unique(ids)):
+        raise ConfigError(f"{run_dir}: duplicate request_id values across segments; the run directory was reused")
+    if len(table):
+        table = table.sort_by([("started_at", "ascending")])
+    _atomic_write(run_dir / REQUESTS_FILE, lambda tmp: pq.write_table(table, tmp))
+    for p in paths:
+        p.unlink()
+    return table

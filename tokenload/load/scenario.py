@@ -1,0 +1,473 @@
+"""Scenario files: what load to send, validated before a single request goes out.
+
+A scenario is a TOML file (`scenarios/*.toml`) with the sections `[channel]`,
+`[prompt]`, `[output]`, `[load]` and `[stop]`. Every value is checked here and a
+mistake becomes one `ConfigError` line that names the file and the field
+(`demo.toml: [load] users: expected ...`), because a typo found after ten
+minutes of paid load is a wasted ten minutes.
+
+The resolved scenario (`Scenario.to_dict()`) has the same shape as the TOML, with
+every shorthand expanded (a number becomes `{dist = "fixed", value = N}`), so it
+round-trips: `tokenload run` writes it to the run directory, the Locust
+processes read it back through the same validation, and `manifest.json` shows
+exactly what ran.
+
+Schema (all sections optional except `[load]`):
+
+    name = "demo"                 # default: file stem
+    description = "..."
+    seed = 0                      # prompt texts, lengths and arrivals are reproducible
+
+    [channel]                     # defaults for the channel; CLI flags win
+    protocol = "anthropic"        # anthropic | openai-chat | openai-responses
+    base_url = "http://..."
+    models = ["sim-7b"]           # or model = "sim-7b"; requests pick uniformly
+    first_token_timeout_s = 120
+    idle_timeout_s = 60
+
+    [prompt]
+    tokens = 500                  # fixed; [128, 512] sweeps round-robin; or a table:
+                                  # {dist="uniform", min, max} | {dist="normal", mean, std, min?, max?}
+                                  # | {dist="lognormal", median, sigma, min?, max?}
+    dataset = "prompts.jsonl"     # instead of tokens: JSONL lines {"prompt": "..."}, replayed in order
+    shared_prefix_tokens = 0      # a prefix common to every request (prompt-cache hits); 0 = all unique
+    calibrate = true              # scale synthetic prompts by the server's reported input tokens
+
+    [output]
+    max_tokens = 128              # same forms as prompt.tokens
+    ignore_eos = false            # sent as "ignore_eos": true (vLLM/SGLang extension)
+    min_tokens = 0                # sent as "min_tokens" when > 0
+
+    [load]
+    kind = "steps"                # steps | constant | poisson
+    users = [1, 2, 4]             # steps: list, or {start=1, factor=2, max=64}; constant: one number
+    step_s = 10                   # steps/poisson: hold time of each level; constant: duration
+    spawn_rate = 100              # users started per second
+    think_time_s = 0              # closed loop: pause between a user's requests
+    rate = 5.0                    # poisson: requests/s, or a list of rates stepped every step_s
+    max_users = 64                # poisson: user pool that sends the scheduled requests
+    arrival = "poisson"           # poisson | constant (evenly spaced)
+
+    [stop]
+    duration_s = 0                # cap on the whole run; 0 = the load plan's length
+    max_requests = 0              # 0 = unlimited
+    max_tokens = 0                # token budget (input + output, all workers); 0 = unlimited
+    drain_s = 30                  # at the end, in-flight streams get this long to finish
+    breakpoint_error_rate = 0     # stop after a whole step above this error rate; 0 = off
+    breakpoint_ttft_p95_s = 0     # stop after a whole step above this TTFT p95; 0 = off
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenload.channel import PROTOCOLS
+from tokenload.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DISTRIBUTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    # name: (required parameters, optional parameters)
+    "fixed": (("value",), ()),
+    "uniform": (("min", "max"), ()),
+    "normal": (("mean", "std"), ("min", "max")),
+    "lognormal": (("median", "sigma"), ("min", "max")),
+    "sweep": (("values",), ()),
+}
+LOAD_KINDS = ("steps", "constant", "poisson")
+ARRIVALS = ("poisson", "constant")
+
+
+class _Ctx:
+    """Where a value came from, for error messages: `demo.toml: [load] users`."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, problem: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {where}: {problem}")
+
+    def table(self, data: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise self.fail(where, f"expected a table, got {_show(data)}")
+        unknown = sorted(set(data) - set(allowed))
+        if unknown:
+            raise self.fail(f"{where} {unknown[0]}", f"unknown key; allowed keys: {', '.join(allowed)}")
+        return data
+
+    def number(self, data: dict[str, Any], key: str, where: str, default: float | None = None, *,
+               integer: bool = False, minimum: float | None = None, above: float | None = None) -> Any:
+        value = data.get(key, default)
+        label = f"{where} {key}".strip()
+        if value is None:
+            raise self.fail(label, "missing; this field is required")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+            raise self.fail(label, f"expected {'an integer' if integer else 'a number'}, got {_show(value)}")
+        if not math.isfinite(value):
+            raise self.fail(label, f"expected a finite number, got {value}")
+        if minimum is not None and value < minimum:
+            raise self.fail(label, f"must be at least {minimum:g}, got {value}")
+        if above is not None and value <= above:
+            raise self.fail(label, f"must be greater than {above:g}, got {value}")
+        return value
+
+    def flag(self, data: dict[str, Any], key: str, where: str, default: bool) -> bool:
+        value = data.get(key, default)
+        if not isinstance(value, bool):
+            raise self.fail(f"{where} {key}", f"expected true or false, got {_show(value)}")
+        return value
+
+    def text(self, data: dict[str, Any], key: str, where: str, default: str | None = None,
+             choices: tuple[str, ...] | None = None) -> str | None:
+        value = data.get(key, default)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(f"{where} {key}", f"expected a non-empty string, got {_show(value)}")
+        if choices and value not in choices:
+            raise self.fail(f"{where} {key}", f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """A distribution of positive integers (prompt tokens, max_tokens); drawn in `prompts.py`."""
+
+    dist: str
+    params: dict[str, Any]
+
+    @classmethod
+    def parse(cls, value: Any, where: str, ctx: _Ctx, *, floor: int = 1) -> Distribution:
+        """Accept `N`, `[a, b, ...]` (a sweep) or `{dist = ..., ...}`; `floor` is the smallest allowed value."""
+        if isinstance(value, list):
+            value = {"dist": "sweep", "values": value}
+        elif not isinstance(value, dict):
+            value = {"dist": "fixed", "value": value}
+        name = ctx.text(value, "dist", where, choices=tuple(DISTRIBUTIONS))
+        if name is None:
+            raise ctx.fail(f"{where} dist", f"missing; one of {', '.join(DISTRIBUTIONS)}")
+        required, optional = DISTRIBUTIONS[name]
+        ctx.table(value, where, ("dist", *required, *optional))
+        params: dict[str, Any] = {}
+        if name == "sweep":
+            values = value.get("values")
+            if not isinstance(values, list) or not values:
+                raise ctx.fail(f"{where} values", f"expected a non-empty list of integers, got {_show(values)}")
+            for v in values:
+                if isinstance(v, bool) or not isinstance(v, int) or v < floor:
+                    raise ctx.fail(f"{where} values", f"every value must be an integer >= {floor}, got {_show(v)}")
+            params["values"] = list(values)
+        elif name == "fixed":
+            params["value"] = ctx.number(value, "value", where, integer=True, minimum=floor)
+        elif name == "uniform":
+            params["min"] = ctx.number(value, "min", where, integer=True, minimum=floor)
+            params["max"] = ctx.number(value, "max", where, integer=True, minimum=params["min"])
+        else:
+            centre, spread = required
+            params[centre] = ctx.number(value, centre, where, above=0)
+            params[spread] = ctx.number(value, spread, where, minimum=0)
+            params["min"] = ctx.number(value, "min", where, floor, integer=True, minimum=floor)
+            if "max" in value:
+                params["max"] = ctx.number(value, "max", where, integer=True, minimum=params["min"])
+        return cls(name, params)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dist": self.dist, **self.params}
+
+    @property
+    def upper(self) -> int | None:
+        """The largest value it can produce, when bounded."""
+        p = self.params
+        if self.dist == "sweep":
+            return max(p["values"])
+        return p.get("value", p.get("max"))
+
+
+@dataclass(frozen=True)
+class ChannelSection:
+    protocol: str | None = None
+    base_url: str | None = None
+    models: tuple[str, ...] = ()
+    first_token_timeout_s: float = 120.0
+    idle_timeout_s: float = 60.0
+
+    @classmethod
+    def parse(cls, data: Any, ctx: _Ctx) -> ChannelSection:
+        w = "[channel]"
+        d = ctx.table(data, w, ("protocol", "base_url", "model", "models", "first_token_timeout_s", "idle_timeout_s"))
+        if "model" in d and "models" in d:
+            raise ctx.fail(f"{w} model", "give either model or models, not both")
+        models: Any = [d["model"]] if "model" in d else d.get("models", [])
+        if not isinstance(models, list) or not all(isinstance(m, str) and m.strip() for m in models):
+            raise ctx.fail(f"{w} models", f"expected a list of model ids, got {_show(models)}")
+        return cls(
+            protocol=ctx.text(d, "protocol", w, choices=PROTOCOLS),
+            base_url=ctx.text(d, "base_url", w),
+            models=tuple(models),
+            first_token_timeout_s=ctx.number(d, "first_token_timeout_s", w, 120.0, above=0),
+            idle_timeout_s=ctx.number(d, "idle_timeout_s", w, 60.0, above=0),
+        )
+
+
+@dataclass(frozen=True)
+class PromptSection:
+    tokens: Distribution | None = None
+    dataset: str | None = None
+    shared_prefix_tokens: int = 0
+    calibrate: bool = True
+
+    @classmethod
+    def parse(cls, data: Any, ctx: _Ctx, base_dir: Path) -> PromptSection:
+        w = "[prompt]"
+        d = ctx.table(data, w, ("tokens", "dataset", "shared_prefix_tokens", "calibrate"))
+        if "tokens" in d and "dataset" in d:
+            raise ctx.fail(f"{w} dataset", "give either tokens or dataset, not both")
+        shared = ctx.number(d, "shared_prefix_tokens", w, 0, integer=True, minimum=0)
+        dataset = ctx.text(d, "dataset", w)
+        tokens = None
+        if dataset is not None:
+            path = (base_dir / dataset).resolve()
+            if not path.is_file():
+                raise ctx.fail(f"{w} dataset", f"file {path} does not exist")
+            dataset = str(path)
+        else:
+            tokens = Distribution.parse(d.get("tokens", 256), f"{w} tokens", ctx, floor=max(1, shared))
+        return cls(tokens, dataset, shared, ctx.flag(d, "calibrate", w, True))
+
+
+@dataclass(frozen=True)
+class OutputSection:
+    max_tokens: Distribution = field(default_factory=lambda: Distribution("fixed", {"value": 128}))
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+    @classmethod
+    def parse(cls, data: Any, ctx: _Ctx) -> OutputSection:
+        w = "[output]"
+        d = ctx.table(data, w, ("max_tokens", "ignore_eos", "min_tokens"))
+        max_tokens = Distribution.parse(d.get("max_tokens", 128), f"{w} max_tokens", ctx)
+        min_tokens = ctx.number(d, "min_tokens", w, 0, integer=True, minimum=0)
+        lowest = max_tokens.params.get("value", max_tokens.params.get("min"))
+        if max_tokens.dist == "sweep":
+            lowest = min(max_tokens.params["values"])
+        if min_tokens and lowest is not None and min_tokens > lowest:
+            raise ctx.fail(f"{w} min_tokens", f"{min_tokens} is above the smallest max_tokens ({lowest})")
+        return cls(max_tokens, ctx.flag(d, "ignore_eos", w, False), min_tokens)
+
+    def extra_body(self) -> dict[str, Any]:
+        """Body fields beyond the protocol's own (vLLM/SGLang extensions)."""
+        extra: dict[str, Any] = {}
+        if self.ignore_eos:
+            extra["ignore_eos"] = True
+        if self.min_tokens:
+            extra["min_tokens"] = self.min_tokens
+        return extra
+
+
+@dataclass(frozen=True)
+class LoadSection:
+    kind: str = "steps"
+    users: tuple[int, ...] = (1,)
+    step_s: float = 10.0
+    spawn_rate: float = 100.0
+    think_time_s: float = 0.0
+    rate: tuple[float, ...] = ()
+    max_users: int = 0
+    arrival: str = "poisson"
+
+    @classmethod
+    def parse(cls, data: Any, ctx: _Ctx) -> LoadSection:
+        w = "[load]"
+        if data is None:
+            raise ctx.fail(w, "missing; every scenario needs a [load] section")
+        d = ctx.table(data, w, ("kind", "users", "step_s", "spawn_rate", "think_time_s", "rate", "max_users", "arrival"))
+        kind = ctx.text(d, "kind", w, "steps", choices=LOAD_KINDS)
+        assert kind is not None
+        allowed = {
+            "steps": {"users", "step_s", "spawn_rate", "think_time_s"},
+            "constant": {"users", "step_s", "spawn_rate", "think_time_s"},
+            "poisson": {"rate", "step_s", "spawn_rate", "max_users", "arrival"},
+        }[kind]
+        extra = sorted(set(d) - allowed - {"kind"})
+        if extra:
+            raise ctx.fail(f"{w} {extra[0]}", f"not used by kind = {kind!r}; its keys: {', '.join(sorted(allowed))}")
+        common = dict(
+            kind=kind,
+            step_s=ctx.number(d, "step_s", w, 10.0, above=0),
+            spawn_rate=ctx.number(d, "spawn_rate", w, 100.0, above=0),
+        )
+        if kind == "poisson":
+            rate = d.get("rate")
+            rates = rate if isinstance(rate, list) else [rate]
+            if rate is None or not rates or any(isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0 for r in rates):
+                raise ctx.fail(f"{w} rate", f"expected requests/s > 0 or a list of them, got {_show(rate)}")
+            return cls(**common, rate=tuple(float(r) for r in rates),
+                       max_users=ctx.number(d, "max_users", w, 64, integer=True, minimum=1),
+                       arrival=ctx.text(d, "arrival", w, "poisson", choices=ARRIVALS) or "poisson")
+        think = ctx.number(d, "think_time_s", w, 0.0, minimum=0)
+        if kind == "constant":
+            users = (ctx.number(d, "users", w, 1, integer=True, minimum=1),)
+        else:
+            users = _user_ladder(d.get("users", [1, 2, 4, 8]), f"{w} users", ctx)
+        return cls(**common, users=users, think_time_s=think)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Only the keys this kind uses, so the dict parses back to the same section."""
+        out: dict[str, Any] = {"kind": self.kind, "step_s": self.step_s, "spawn_rate": self.spawn_rate}
+        if self.kind == "poisson":
+            return {**out, "rate": list(self.rate), "max_users": self.max_users, "arrival": self.arrival}
+        users: Any = self.users[0] if self.kind == "constant" else list(self.users)
+        return {**out, "users": users, "think_time_s": self.think_time_s}
+
+    def limit_users(self, cap: int) -> LoadSection:
+        """`--users N`: constant runs N users, a ramp stops at N, a Poisson pool holds N."""
+        if self.kind == "poisson":
+            return dataclasses.replace(self, max_users=cap)
+        if self.kind == "constant":
+            return dataclasses.replace(self, users=(cap,))
+        ladder = tuple(u for u in self.users if u < cap) + (cap,)
+        return dataclasses.replace(self, users=ladder)
+
+
+def _user_ladder(value: Any, where: str, ctx: _Ctx) -> tuple[int, ...]:
+    if isinstance(value, dict):
+        d = ctx.table(value, where, ("start", "factor", "max"))
+        start = ctx.number(d, "start", where, 1, integer=True, minimum=1)
+        factor = ctx.number(d, "factor", where, 2, above=1)
+        top = ctx.number(d, "max", where, integer=True, minimum=start)
+        ladder = [start]
+        while ladder[-1] < top:
+            ladder.append(min(top, max(ladder[-1] + 1, round(ladder[-1] * factor))))
+        return tuple(ladder)
+    if not isinstance(value, list) or not value:
+        raise ctx.fail(where, f"expected a list of user counts or {{start, factor, max}}, got {_show(value)}")
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ctx.fail(where, f"every user count must be an integer >= 1, got {_show(v)}")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class StopSection:
+    duration_s: float = 0.0
+    max_requests: int = 0
+    max_tokens: int = 0
+    drain_s: float = 30.0
+    breakpoint_error_rate: float = 0.0
+    breakpoint_ttft_p95_s: float = 0.0
+
+    @classmethod
+    def parse(cls, data: Any, ctx: _Ctx) -> StopSection:
+        w = "[stop]"
+        d = ctx.table(data, w, tuple(f.name for f in dataclasses.fields(cls)))
+        error_rate = ctx.number(d, "breakpoint_error_rate", w, 0.0, minimum=0)
+        if error_rate > 1:
+            raise ctx.fail(f"{w} breakpoint_error_rate", f"is a fraction between 0 and 1, got {error_rate}")
+        return cls(
+            duration_s=ctx.number(d, "duration_s", w, 0.0, minimum=0),
+            max_requests=ctx.number(d, "max_requests", w, 0, integer=True, minimum=0),
+            max_tokens=ctx.number(d, "max_tokens", w, 0, integer=True, minimum=0),
+            drain_s=ctx.number(d, "drain_s", w, 30.0, minimum=0),
+            breakpoint_error_rate=error_rate,
+            breakpoint_ttft_p95_s=ctx.number(d, "breakpoint_ttft_p95_s", w, 0.0, minimum=0),
+        )
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario; immutable, JSON round-trippable via `to_dict` / `from_dict`."""
+
+    name: str
+    load: LoadSection
+    description: str = ""
+    seed: int = 0
+    channel: ChannelSection = field(default_factory=ChannelSection)
+    prompt: PromptSection = field(default_factory=PromptSection)
+    output: OutputSection = field(default_factory=OutputSection)
+    stop: StopSection = field(default_factory=StopSection)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str, base_dir: Path, default_name: str) -> Scenario:
+        ctx = _Ctx(source)
+        d = ctx.table(data, "top level", ("name", "description", "seed", "channel", "prompt", "output", "load", "stop"))
+        return cls(
+            name=ctx.text(d, "name", "top level", default_name) or default_name,
+            description=ctx.text(d, "description", "top level") if d.get("description") else "",
+            seed=ctx.number(d, "seed", "top level", 0, integer=True),
+            channel=ChannelSection.parse(d.get("channel"), ctx),
+            prompt=PromptSection.parse(d.get("prompt"), ctx, base_dir),
+            output=OutputSection.parse(d.get("output"), ctx),
+            load=LoadSection.parse(d.get("load"), ctx),
+            stop=StopSection.parse(d.get("stop"), ctx),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved scenario in the TOML's shape (shorthands expanded, `None`s dropped)."""
+
+        def plain(value: Any) -> Any:
+            if isinstance(value, (Distribution, LoadSection)):
+                return value.to_dict()
+            if dataclasses.is_dataclass(value):
+                return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                        if getattr(value, f.name) is not None}
+            if isinstance(value, tuple):
+                return [plain(v) for v in value]
+            return value
+
+        data = plain(self)
+        if not data["channel"]["models"]:
+            del data["channel"]["models"]
+        return data
+
+    def with_overrides(self, *, users: int | None = None, duration_s: float | None = None) -> Scenario:
+        """Apply `tokenload run --users/--duration` (validated like the file's own values)."""
+        scenario = self
+        if users is not None:
+            if users < 1:
+                raise ConfigError(f"--users must be at least 1, got {users}")
+            scenario = dataclasses.replace(scenario, load=scenario.load.limit_users(users))
+        if duration_s is not None:
+            if duration_s <= 0:
+                raise ConfigError(f"--duration must be greater than 0 seconds, got {duration_s:g}")
+            scenario = dataclasses.replace(scenario, stop=dataclasses.replace(scenario.stop, duration_s=duration_s))
+        return scenario
+
+
+def packaged(name: str) -> Path:
+    """The path of a scenario shipped with tokenload (`demo` -> .../scenarios/demo.toml)."""
+    import tokenload.scenarios
+
+    return Path(tokenload.scenarios.__file__).parent / f"{name}.toml"
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario: a TOML file, a resolved `.json`, or a packaged name like `demo`."""
+    p = Path(path)
+    if not p.exists() and p.suffix == "" and packaged(str(path)).is_file():
+        p = packaged(str(path))
+    if not p.is_file():
+        raise ConfigError(f"scenario file {path} does not exist; give a .toml path or a packaged name such as demo")
+    try:
+        text = p.read_text(encoding="utf-8")
+        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{p.name}: not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read scenario file {p}: {exc}") from None
+    return Scenario.from_dict(data, p.name, p.parent, p.stem)

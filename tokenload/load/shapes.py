@@ -1,0 +1,87 @@
+"""Load plans and the Locust `LoadTestShape` that plays them.
+
+Every `[load]` kind compiles to a list of `Phase`s (step number, start, end,
+users, arrival rate), so step ramps, constant load and open-loop Poisson share
+one shape class and one set of stop conditions:
+
+- `steps`: closed loop, users 1, 2, 4, ... each held `step_s`.
+- `constant`: closed loop, one level for `step_s`.
+- `poisson`: open loop; a fixed pool of `max_users` sends requests at scheduled
+  arrival times (rate per phase), so a slow channel cannot slow the arrivals
+  down (no coordinated omission). Users record how late each send was.
+
+The shape runs only on the master (or the local runner). Each tick it checks
+the stop conditions (`[stop]`: duration, request count, token budget, and the
+breakpoint: a whole step over the error-rate or TTFT-p95 limit), and when a new
+phase begins it publishes it to every process through `control.RunControl`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from locust import LoadTestShape
+
+from tokenload.load.scenario import Scenario
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One level of load: closed loop when `rate` is None, else open-loop arrivals/s."""
+
+    step: int
+    start_s: float
+    end_s: float
+    users: int
+    rate: float | None = None
+
+
+def build_plan(scenario: Scenario) -> list[Phase]:
+    """The scenario's phases, cut at `[stop] duration_s` when set."""
+    load = scenario.load
+    if load.kind == "poisson":
+        levels = [(load.max_users, r) for r in load.rate]
+    else:
+        levels = [(u, None) for u in load.users]
+    plan = [Phase(i + 1, i * load.step_s, (i + 1) * load.step_s, users, rate)
+            for i, (users, rate) in enumerate(levels)]
+    cap = scenario.stop.duration_s
+    if cap:
+        plan = [Phase(p.step, p.start_s, min(p.end_s, cap), p.users, p.rate) for p in plan if p.start_s < cap]
+        last = plan[-1]
+        if last.end_s < cap:  # a duration longer than the plan holds the last level
+            plan[-1] = Phase(last.step, last.start_s, cap, last.users, last.rate)
+    return plan
+
+
+def phase_at(plan: list[Phase], elapsed_s: float) -> Phase | None:
+    for phase in plan:
+        if elapsed_s < phase.end_s:
+            return phase
+    return None
+
+
+class ScenarioShape(LoadTestShape):
+    """Plays the scenario's plan; `environment.tokenload` (a RunControl) is set by the plugin."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._phase: Phase | None = None
+
+    def reset_time(self) -> None:
+        super().reset_time()
+        self._phase = None
+
+    def tick(self) -> tuple[int, float] | None:
+        control = self.runner.environment.tokenload  # type: ignore[attr-defined]
+        elapsed = self.get_run_time()
+        phase = phase_at(control.plan, elapsed)
+        reason = control.stop_reason(elapsed, phase, self._phase)
+        if reason is not None or phase is None:
+            control.finish(reason or "plan complete")
+            return None
+        if phase != self._phase:
+            self._phase = phase
+            control.enter(phase)
+        control.write_live()
+        return phase.users, control.scenario.load.spawn_rate

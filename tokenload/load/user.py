@@ -1,0 +1,156 @@
+"""The Locust user: one streaming request per task, measured and recorded in full.
+
+`LLMUser` follows Locust's conventions (a `User` with a `@task` and a
+`wait_time`), so `locust -f locustfiles/llm.py` works without tokenload. Each
+task sends one request through the protocol adapter over the process's shared
+`Transport`, fires the normal request entry plus `TTFT`, `TPOT` and `E2E`
+entries (milliseconds; per token for TPOT) into Locust's stats for the live
+view, and appends the full SPEC.md record to the process's segment writer.
+Reported percentiles come from those records, never from Locust's histogram.
+
+Open-loop runs take their send times from `Arrivals`: one slot at a time, so a
+free user sends at the scheduled time, and when every user is busy the next
+free one sends late and records by how much (`scheduled_at`, `late_s`).
+A 429 or 5xx is a recorded failure; nothing is retried.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from itertools import count
+from typing import Any
+
+import gevent
+from gevent.lock import Semaphore
+from greenlet import GreenletExit
+from locust import User, task
+
+from tokenload import errors as ek
+from tokenload.load.control import E2E, REQUEST_TYPE, TPOT, TTFT, LoadState
+from tokenload.load.prompts import PromptSource
+from tokenload.load.records import SegmentWriter
+from tokenload.load.transport import Transport
+from tokenload.protocols.base import Protocol
+from tokenload.stream import StreamSession
+
+
+class Arrivals:
+    """Open-loop send times for this process: Poisson (or evenly spaced) at the current rate."""
+
+    def __init__(self, state: LoadState, rng: random.Random, poisson: bool) -> None:
+        self._state = state
+        self._rng = rng
+        self._poisson = poisson
+        self._next: float | None = None
+        self._lock = Semaphore()
+
+    def wait(self) -> float:
+        """Block until the next slot is due (one waiter at a time); return its scheduled time."""
+        with self._lock:
+            now = time.time()
+            due = now if self._next is None else self._next
+            if due > now:
+                gevent.sleep(due - now)
+            rate = self._state.rate or 1.0
+            gap = self._rng.expovariate(rate) if self._poisson else 1.0 / rate
+            self._next = due + gap
+            return due
+
+
+class StreamError(Exception):
+    """The request entry's failure in Locust's stats: the error kind and HTTP status only,
+    so the error table groups by kind instead of one row per message."""
+
+
+@dataclass
+class ProcessContext:
+    """Everything the users of one Locust process share (built once per process by the plugin)."""
+
+    run_id: str
+    worker: str
+    tag: str
+    protocol: str
+    adapters: dict[str, Protocol]
+    transport: Transport
+    prompts: PromptSource
+    writer: SegmentWriter
+    state: LoadState
+    arrivals: Arrivals | None
+    extra_body: dict[str, Any]
+    think_time_s: float
+
+    def __post_init__(self) -> None:
+        self._requests = count(1)
+        self._users = count(1)
+
+    def new_user_id(self) -> str:
+        return f"{self.tag}-u{next(self._users)}"
+
+    def new_request_id(self) -> str:
+        return f"{self.tag}-{next(self._requests):07d}"
+
+
+class LLMUser(User):
+    """Sends streaming requests to the scenario's channel, one at a time."""
+
+    def wait_time(self) -> float:
+        return self.ctx.think_time_s if self.ctx.arrivals is None else 0.0
+
+    def on_start(self) -> None:
+        self.ctx: ProcessContext = self.environment.tokenload_process  # type: ignore[attr-defined]
+        self.user_id = self.ctx.new_user_id()
+
+    @task
+    def stream(self) -> None:
+        ctx = self.ctx
+        scheduled = ctx.arrivals.wait() if ctx.arrivals is not None else time.time()
+        self.send(scheduled)
+
+    def send(self, scheduled_at: float) -> None:
+        ctx = self.ctx
+        plan = ctx.prompts.next()
+        adapter = ctx.adapters[plan.model]
+        step, users = ctx.state.step, ctx.state.users
+        session = StreamSession(adapter, time.perf_counter(), estimated_input_tokens=plan.estimated_input_tokens)
+        in_flight = False
+        try:
+            request = adapter.prepare(plan.prompt, plan.max_tokens, ctx.extra_body)
+            session.timeline.t0 = time.perf_counter()
+            session.timeline.started_at = time.time()
+            ctx.transport.stream(request, session)
+        except GreenletExit:
+            in_flight = True  # the run ended with this stream open: keep what it got
+            raise
+        except Exception as exc:  # a bug of ours: recorded as client_error, never hidden
+            session.timeline.fail(ek.CLIENT_ERROR, f"{type(exc).__name__}: {exc}")
+        finally:
+            record = session.record()
+            duration = record["duration_s"]
+            record.update(
+                request_id=ctx.new_request_id(), run_id=ctx.run_id, worker=ctx.worker, user_id=self.user_id,
+                step=step, active_users=users, scheduled_at=scheduled_at,
+                late_s=max(0.0, record["started_at"] - scheduled_at), protocol=ctx.protocol, model=plan.model,
+                max_tokens=plan.max_tokens, prompt_tokens_target=plan.prompt_tokens_target, in_flight=in_flight,
+                finished_at=None if duration is None else record["started_at"] + duration,
+            )
+            ctx.writer.append(record)
+            if not in_flight:
+                ctx.prompts.observe(record, plan)
+                self._fire(record)
+
+    def _fire(self, r: dict[str, Any]) -> None:
+        fire = self.environment.events.request.fire
+        model = r["model"]
+        ok = r["status"] == "ok"
+        exc = None if ok else StreamError(f"{r['error_kind']} (HTTP {r['http_status']})")
+        tokens = (r["input_tokens"] or 0) + (r["output_tokens"] or 0)
+        fire(request_type=REQUEST_TYPE, name=model, response_time=(r["duration_s"] or 0.0) * 1000,
+             response_length=tokens, exception=exc, context={})
+        if not ok:
+            return
+        for kind, value in ((TTFT, r["ttft_s"]), (TPOT, r["tpot_s"]), (E2E, r["e2e_s"])):
+            if value is not None:
+                fire(request_type=kind, name=model, response_time=value * 1000, response_length=0,
+                     exception=None, context={})
