@@ -99,6 +99,9 @@ class SegmentWriter:
         self._rows: list[dict[str, Any]] = []
         self._seq = 0
         self.written = 0
+        # The first conversion loads pyarrow's kernels (~0.2 s): pay it now, before
+        # any user runs, not in the middle of a stream where it would delay timestamps.
+        pa.Table.from_pylist([{"request_id": "warm-up"}], schema=SCHEMA)
 
     def append(self, record: dict[str, Any]) -> None:
         self._rows.append(record)
