@@ -1,11 +1,11 @@
 """The load generator's hot-path HTTP client: geventhttpclient, one pool per process.
 
-Chosen by measurement (`benchmarks/client_overhead.py`, table in the README):
-it is the only candidate above the 60k tokens per client CPU-second target, and
-it reads with one `recv` per call, so each SSE event is stamped when its bytes
-arrive. Locust's FastHttpUser (also geventhttpclient) iterates in fixed blocks,
-which holds small events back until a block fills and inflates TTFT; requests
-and httpx cost two to five times more CPU per token.
+To be confirmed by `benchmarks/client_overhead.py` (not written yet): LOCUST-NOTES.md
+measured requests at about 48k tokens per client CPU-second and httpx far lower,
+both under the 60k target. This client reads with one `recv` per call, so each
+SSE event is stamped when its bytes arrive; Locust's FastHttpUser (also
+geventhttpclient) iterates in fixed blocks, which holds small events back until
+a block fills and inflates TTFT.
 
 One `Transport` (one connection pool, one SSL context) serves every user of a
 process, so spawning a user costs nothing here. POST requests are never retried
