@@ -95,14 +95,14 @@ class Sequence:
 class Replica:
     """One engine instance: a decode batch of at most `slots` sequences."""
 
-    def __init__(self, engine: Engine, index: int) -> None:
+    def __init__(self, engine: Engine, index: int, phase_s: float) -> None:
         self.engine = engine
         self.index = index
         self.occupied = 0
         self.prefilling = 0
         self.prefill_free_at = 0.0
         self.batch: list[Sequence] = []
-        self._due = 0.0
+        self._due = engine.loop.time() + phase_s
         self._duration = 0.0
         self._stepping = False
 
@@ -140,11 +140,19 @@ class Replica:
             self._schedule(time.monotonic())
 
     def _schedule(self, now: float) -> None:
-        """Keep the step cadence; after falling a whole step behind, restart it from now."""
+        """Next step one duration after the last; from idle (or a step behind), the next tick of its grid.
+
+        A replica's steps stay on a grid even while idle, the way a running
+        batch's steps do not wait for a newcomer, and the replicas' grids start
+        evenly offset. Without the offsets every replica would step at the same
+        instant and their token writes would queue behind each other.
+        """
         self._duration = duration = self.engine.step_time(len(self.batch), self.prefilling > 0)
         due = self._due + duration
-        self._due = due if due > now else now + duration
-        self.engine.loop.call_at(self._due, self._step)
+        if due <= now:
+            due = self._due + duration * math.ceil((now - self._due) / duration) if duration > 0 else now
+        self._due = due
+        self.engine.loop.call_at(due, self._step)
 
     def _step(self) -> None:
         stats = self.engine.stats
@@ -205,7 +213,8 @@ class Engine:
         self.loop = asyncio.get_running_loop()
         self.scale = model_scale(profile, model) * profile.load
         self.slots = effective_slots(profile)
-        self.replicas = [Replica(self, k) for k in range(profile.replicas)]
+        base_step_s = profile.decode_base_s * self.scale
+        self.replicas = [Replica(self, k, base_step_s * k / profile.replicas) for k in range(profile.replicas)]
         self.waiting: deque[Sequence] = deque()
         self.itl_observer = itl_observer or (lambda seconds, count: None)
 

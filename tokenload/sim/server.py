@@ -271,6 +271,10 @@ class SimServer:
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # close() cancels open connections; ending quietly keeps asyncio's
+            # start_server callback from logging every one of them as an error.
+            pass
         finally:
             self._connections.pop(writer, None)
             if not writer.transport.is_closing():
