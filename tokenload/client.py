@@ -14,6 +14,7 @@ import httpx
 
 from tokenload import errors as ek
 from tokenload.channel import Channel
+from tokenload.measure import Timeline
 from tokenload.protocols import adapter_for
 from tokenload.stream import StreamSession
 from tokenload.tokens import estimate_tokens
@@ -39,6 +40,19 @@ def stream_once(
     client: httpx.Client | None = None,
 ) -> dict[str, Any]:
     """Send one streaming request and return its SPEC.md record (never raises for HTTP trouble)."""
+    return stream_exchange(channel, prompt, max_tokens, extra_body=extra_body, on_text=on_text, client=client)[0]
+
+
+def stream_exchange(
+    channel: Channel,
+    prompt: str,
+    max_tokens: int,
+    *,
+    extra_body: Mapping[str, Any] | None = None,
+    on_text: Callable[[str, str], None] | None = None,
+    client: httpx.Client | None = None,
+) -> tuple[dict[str, Any], Timeline]:
+    """`stream_once`, plus the raw timeline: `doctor` reads its chunk arrival times to spot buffering proxies."""
     adapter = adapter_for(channel)
     request = adapter.prepare(prompt, max_tokens, extra_body)
     own = client is None
@@ -71,4 +85,4 @@ def stream_once(
             http.close()
     record = session.record()
     record.update(protocol=channel.protocol, model=channel.model, max_tokens=max_tokens)
-    return record
+    return record, session.timeline

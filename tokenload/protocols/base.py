@@ -30,8 +30,9 @@ class PreparedRequest:
     body: bytes
 
 
+# `^model: NAME` is the Anthropic API's own 404 message for an unknown model id.
 _MODEL_MISSING = re.compile(r"model.*(not[ _]found|does not exist|unknown|invalid|not supported|no such)|"
-                            r"(unknown|invalid|unsupported) model|model_not_found", re.I)
+                            r"(unknown|invalid|unsupported) model|model_not_found|^model: \S", re.I)
 _TITLE = re.compile(rb"<title[^>]*>(.*?)</title>", re.I | re.S)
 
 
@@ -70,8 +71,15 @@ def error_message(obj: Any) -> str | None:
 
 
 def error_type(obj: Any) -> str:
-    """The type/code of an Anthropic or OpenAI error object ('' when absent)."""
+    """The type/code of an Anthropic or OpenAI error object ('' when absent).
+
+    Responses' `response.failed` nests the error under `response.error`; its code
+    (e.g. `rate_limit_exceeded`) says more than the event type.
+    """
     if isinstance(obj, dict):
+        response = obj.get("response")
+        if "error" not in obj and isinstance(response, dict) and isinstance(response.get("error"), dict):
+            return error_type(response)
         err = obj.get("error", obj)
         if isinstance(err, dict):
             return " ".join(str(err.get(k) or "") for k in ("type", "code")).strip()
@@ -96,10 +104,18 @@ def classify_error_type(type_text: str, message: str) -> str:
     return ek.OVERLOADED if not t else ek.SERVER_ERROR
 
 
+def _body_error_type(body: bytes) -> str:
+    try:
+        return error_type(json.loads(body))
+    except ValueError:
+        return ""
+
+
 def classify_http(status: int, content_type: str, body: bytes) -> tuple[str, str]:
     """(error_kind, message) for a response that did not open a stream."""
     message = body_message(body, content_type)
     html = looks_like_html(content_type, body)
+    model_missing = bool(_MODEL_MISSING.search(message)) or "model_not_found" in _body_error_type(body)
     if status in (401, 403):
         return ek.AUTH, message
     if status == 429:
@@ -110,7 +126,7 @@ def classify_http(status: int, content_type: str, body: bytes) -> tuple[str, str
         return ek.SERVER_ERROR, message
     if html or 300 <= status < 400:
         return ek.BAD_BASE_URL, message
-    if status in (400, 404, 422) and _MODEL_MISSING.search(message):
+    if status in (400, 404, 422) and model_missing:
         return ek.NOT_FOUND_MODEL, message
     if status == 404:
         return ek.BAD_BASE_URL, message
@@ -141,7 +157,7 @@ class Protocol(ABC):
 
     def handle(self, event: SSEEvent, t: float, tl: Timeline) -> None:
         """Apply one SSE event to the timeline; malformed JSON is counted, not fatal."""
-        if event.data == "[DONE]":
+        if event.data.strip() == "[DONE]":
             self.on_done(tl)
             return
         try:
@@ -152,7 +168,11 @@ class Protocol(ABC):
         if not isinstance(obj, dict):
             tl.malformed += 1
             return
-        self.on_json(event.event, obj, t, tl)
+        try:
+            self.on_json(event.event, obj, t, tl)
+        except (AttributeError, TypeError, KeyError, IndexError):
+            # Valid JSON of the wrong shape (a string where an object belongs): a bad event, not our crash.
+            tl.malformed += 1
 
     def on_done(self, tl: Timeline) -> None:
         """`data: [DONE]`: only OpenAI Chat sends it; elsewhere it is ignored."""
@@ -167,8 +187,10 @@ class Protocol(ABC):
 
     def finish(self, tl: Timeline) -> None:
         """The body ended: decide whether the stream was complete."""
-        if tl.error_kind is None and not tl.complete:
-            if tl.t_first_token is None and tl.malformed:
-                tl.fail(ek.MALFORMED_STREAM, f"{tl.malformed} malformed events and no token")
-            else:
-                tl.fail(ek.DISCONNECTED, "stream ended before its final event")
+        if tl.error_kind is not None:
+            return
+        if tl.t_first_token is None and tl.malformed:
+            # Even when a final event (`[DONE]`) came: nothing but malformed events is no answer.
+            tl.fail(ek.MALFORMED_STREAM, f"{tl.malformed} malformed events and no token")
+        elif not tl.complete:
+            tl.fail(ek.DISCONNECTED, "stream ended before its final event")

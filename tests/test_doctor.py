@@ -1,0 +1,476 @@
+"""`tokenload doctor`: every check fails exactly when it should, with the right fix, over real loopback HTTP.
+
+Channels are the simulator (tokenload.sim, healthy or configured to exhibit a
+mistake) and the scripted server (tests/fakeserver.py) for what the simulator
+does not do on purpose: a dashboard answering 200 HTML, redirects, a buffering
+proxy, a stream without its final event, a server echoing the key. Checks run
+in-process through `diagnose`; exit codes, `--json` and secrecy run the real
+console entry point in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakeserver import Received, Script, body_script, json_script, stream_script
+
+from tokenload.channel import fingerprint, resolve
+from tokenload.doctor import CHECKS, FAIL, OK, SKIP, CheckResult, Doctor, Limits, base_variants, check_config, check_key, diagnose, is_local
+from tokenload.sim import serve_in_thread
+
+KEY = "sk-doctor-7QxWv2LmZr9Tq4Hn"  # distinctive: must never appear in any output
+FAST = Limits(prompt_tokens=100, probe_tokens=8, timeout_s=5.0)
+NAMES = [c.name for c in CHECKS]
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[str]:
+    """A healthy simulated channel (fast profile) that requires KEY; its base URL ends in /api."""
+    with serve_in_thread("fast", api_key=KEY) as handle:
+        yield handle.base_url
+
+
+def run_doctor(tmp_path: Path, env: dict[str, str] | None = None, limits: Limits = FAST, **flags: str | None) -> dict[str, CheckResult]:
+    """Diagnose with an isolated environment, cwd and home; results by check name."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    full = {k: flags.get(k) for k in ("protocol", "base_url", "api_key", "auth_token", "model", "settings")}
+    results, _ = diagnose(flags=full, env=env or {}, cwd=tmp_path, home=home, limits=limits)
+    assert [r.name for r in results] == NAMES
+    return {r.name: r for r in results}
+
+
+def statuses(results: dict[str, CheckResult]) -> dict[str, str]:
+    return {name: r.status for name, r in results.items()}
+
+
+def offline(tmp_path: Path, env: dict[str, str], **flags: str) -> Doctor:
+    """A Doctor for the offline checks (configuration, key hygiene)."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    return Doctor(resolve(env=env, cwd=tmp_path, home=home, **flags), env, tmp_path, home, FAST)
+
+
+def write_settings(path: Path, data: dict[str, Any] | str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(data if isinstance(data, str) else json.dumps(data, indent=2))
+    return path
+
+
+# ------------------------------------------------------------------ healthy
+
+
+@pytest.mark.parametrize("protocol", ["anthropic", "openai-chat", "openai-responses"])
+def test_healthy_channel_passes_every_check(sim: str, tmp_path: Path, protocol: str) -> None:
+    results = run_doctor(tmp_path, base_url=sim, auth_token=KEY, model="sim-7b", protocol=protocol)
+    assert statuses(results) == dict.fromkeys(NAMES, OK), {n: r.saw for n, r in results.items()}
+    assert all(r.fix is None for r in results.values())
+    assert "base URL from flag --base-url" in results["config"].saw
+    assert results["latency"].details["ttft_s"] < 1.0
+    assert results["streaming"].details["chunks"] == FAST.probe_tokens
+
+
+# ------------------------------------------------------------ configuration
+
+
+def test_config_names_each_source(tmp_path: Path) -> None:
+    settings = write_settings(tmp_path / ".claude/settings.json", {"env": {"ANTHROPIC_AUTH_TOKEN": KEY}})
+    env = {"ANTHROPIC_BASE_URL": "http://127.0.0.1:9/api"}
+    result = check_config(offline(tmp_path, env, model="sim-7b"))
+    assert result.status == OK
+    assert result.details["sources"] == {
+        "base_url": "environment ANTHROPIC_BASE_URL",
+        "auth_token": f"settings {settings} (ANTHROPIC_AUTH_TOKEN)",
+        "model": "flag --model",
+        "protocol": "default",
+    }
+
+
+def test_invalid_json_gives_line_and_column_and_skips_the_rest(tmp_path: Path) -> None:
+    bad = write_settings(tmp_path / "s.json", '{\n  "env": {\n    "ANTHROPIC_BASE_URL": "http://x/api",,\n  }\n}\n')
+    results, channel = diagnose(flags={"settings": str(bad)}, env={}, cwd=tmp_path, home=tmp_path)
+    assert channel is None
+    assert results[0].status == FAIL and "line 3 column 42" in results[0].saw
+    assert [r.status for r in results[1:]] == [SKIP] * (len(NAMES) - 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "real"),
+    [
+        ("ANTHROPIC_BASEURL", "ANTHROPIC_BASE_URL"),
+        ("ANTROPIC_AUTH_TOKEN", "ANTHROPIC_AUTH_TOKEN"),
+        ("ANTHROPIC_AUTH_KEY", "ANTHROPIC_AUTH_TOKEN"),
+        ("anthropic_base_url", "ANTHROPIC_BASE_URL"),
+        ("OPENAI_API_BASE", "OPENAI_BASE_URL"),
+    ],
+)
+def test_misspelt_environment_variable(tmp_path: Path, name: str, real: str) -> None:
+    env = {name: "http://127.0.0.1:9/api", "ANTHROPIC_MODEL": "sim-7b"}
+    result = check_config(offline(tmp_path, env))
+    assert result.status == FAIL
+    assert f"environment {name} is not a variable tokenload reads (did you mean {real}?)" in result.saw
+    assert f"rename it to {real}" in (result.fix or "")
+
+
+def test_misspelt_variable_in_settings_env_block_blocks_the_network_checks(tmp_path: Path) -> None:
+    settings = write_settings(tmp_path / ".claude/settings.json",
+                              {"env": {"ANTHROPIC_BASEURL": "http://127.0.0.1:9/api", "ANTHROPIC_AUTH_TOKEN": KEY}})
+    results = run_doctor(tmp_path)
+    assert results["config"].status == FAIL
+    assert f"{settings} ANTHROPIC_BASEURL is not a variable tokenload reads" in results["config"].saw
+    assert results["base_url"].status == SKIP and "configuration" in results["base_url"].saw
+
+
+def test_variables_of_neighbouring_tools_are_not_misspellings(tmp_path: Path) -> None:
+    env = {"ANTHROPIC_BASE_URL": "http://127.0.0.1:9/api", "ANTHROPIC_SMALL_FAST_MODEL": "m", "ANTHROPIC_VERTEX_BASE_URL": "x",
+           "OPENAI_ORG_ID": "o", "PATH": "/bin", "HOME": "/h", "ANTHROPIC_BETAS": "b"}
+    result = check_config(offline(tmp_path, env))
+    assert result.status == OK, result.saw
+    assert result.details["misspelt"] == {}
+
+
+def test_settings_shadowed_by_environment_fails_but_does_not_block(tmp_path: Path) -> None:
+    settings = write_settings(tmp_path / ".claude/settings.json", {"env": {"ANTHROPIC_BASE_URL": "http://127.0.0.1:8/api"}})
+    env = {"ANTHROPIC_BASE_URL": "http://127.0.0.1:9/api"}
+    result = check_config(offline(tmp_path, env))
+    assert result.status == FAIL and not result.blocks
+    assert f"ANTHROPIC_BASE_URL in {settings} is shadowed by a different value in the environment" in result.saw
+    assert "unset ANTHROPIC_BASE_URL" in (result.fix or "")
+    same = check_config(offline(tmp_path, {"ANTHROPIC_BASE_URL": "http://127.0.0.1:8/api"}))
+    assert same.status == OK
+
+
+def test_nothing_configured_fails_and_points_at_a_near_miss_settings_file(tmp_path: Path) -> None:
+    write_settings(tmp_path / ".claude/setting.json", {"env": {}})
+    results = run_doctor(tmp_path)
+    config = results["config"]
+    assert config.status == FAIL and "nothing is configured" in config.saw
+    assert "export ANTHROPIC_BASE_URL" in (config.fix or "") and "setting.json" in (config.fix or "")
+    assert statuses(results)["base_url"] == SKIP
+
+
+# -------------------------------------------------------------- key hygiene
+
+
+@pytest.mark.parametrize(("raw", "what"), [(KEY + "\n", "a newline"), (f"  {KEY} ", "whitespace")])
+def test_key_with_whitespace(tmp_path: Path, raw: str, what: str) -> None:
+    result = check_key(offline(tmp_path, {"ANTHROPIC_AUTH_TOKEN": raw, "ANTHROPIC_BASE_URL": "http://127.0.0.1:9/api"}))
+    assert result.status == FAIL
+    assert f"the auth token from environment ANTHROPIC_AUTH_TOKEN contains {what}" in result.saw
+    assert f"remove the {what.removeprefix('a ')} from ANTHROPIC_AUTH_TOKEN" in (result.fix or "")
+
+
+@pytest.mark.parametrize("placeholder", ["YOUR_API_KEY", "sk-xxx", "<key>", "changeme", "${ANTHROPIC_API_KEY}", "sk-ant-..."])
+def test_placeholder_key(tmp_path: Path, placeholder: str) -> None:
+    result = check_key(offline(tmp_path, {"ANTHROPIC_API_KEY": placeholder, "ANTHROPIC_BASE_URL": "https://relay.example/api"}))
+    assert result.status == FAIL and "is a placeholder, not a key" in result.saw
+    assert "put the key you created into ANTHROPIC_API_KEY" in (result.fix or "")
+
+
+def test_two_different_keys_fail_and_equal_ones_pass(tmp_path: Path) -> None:
+    base = {"ANTHROPIC_BASE_URL": "https://relay.example/api", "ANTHROPIC_AUTH_TOKEN": KEY}
+    result = check_key(offline(tmp_path, {**base, "ANTHROPIC_API_KEY": KEY + "2"}))
+    assert result.status == FAIL and "both set, to different values" in result.saw
+    assert "keep one" in (result.fix or "")
+    assert check_key(offline(tmp_path, {**base, "ANTHROPIC_API_KEY": KEY})).status == OK
+
+
+def test_no_key_fails_for_a_remote_channel_only(tmp_path: Path) -> None:
+    remote = check_key(offline(tmp_path, {"ANTHROPIC_BASE_URL": "https://relay.example/api"}))
+    assert remote.status == FAIL and "no key is configured for relay.example" in remote.saw
+    assert "ANTHROPIC_API_KEY or ANTHROPIC_AUTH_TOKEN" in (remote.fix or "")
+    assert check_key(offline(tmp_path, {"ANTHROPIC_BASE_URL": "http://127.0.0.1:9/api"})).status == OK
+
+
+# ----------------------------------------------------------------- base URL
+
+
+@pytest.mark.parametrize(
+    ("protocol", "suffix", "suggested"),
+    [("anthropic", "", "/api"), ("anthropic", "/api/v1", "/api"), ("openai-chat", "", "/api/v1")],
+)
+def test_wrong_base_path_suggests_the_variant_that_answers(sim: str, tmp_path: Path, protocol: str, suffix: str, suggested: str) -> None:
+    root = sim.removesuffix("/api")
+    results = run_doctor(tmp_path, base_url=root + suffix, auth_token=KEY, model="sim-7b", protocol=protocol)
+    base = results["base_url"]
+    assert base.status == FAIL and "with an HTML page" in base.saw
+    assert base.fix == f"set --base-url to {root}{suggested}"
+    assert [results[n].status for n in NAMES[3:]] == [SKIP] * 4
+
+
+def _dashboard(received: Received) -> Script:
+    """A site whose API lives under /api and whose every other page is a 200 dashboard."""
+    if received.method == "POST" and received.path == "/api/v1/messages":
+        return json_script(400, {"type": "error", "error": {"type": "invalid_request_error", "message": "messages: required"}})
+    return body_script(200, b"<!doctype html><html><head><title>Relay Dashboard</title></head><body>hi</body></html>")
+
+
+def test_dashboard_html_page_instead_of_api(fake_server: Any, tmp_path: Path) -> None:
+    fake_server.route(_dashboard)
+    results = run_doctor(tmp_path, env={"ANTHROPIC_BASE_URL": fake_server.url + "/dashboard"}, auth_token=KEY)
+    base = results["base_url"]
+    assert base.status == FAIL
+    assert "answered HTTP 200 with an HTML page ('Relay Dashboard')" in base.saw
+    assert base.fix == f"set ANTHROPIC_BASE_URL to {fake_server.url}/api"
+
+
+def test_no_variant_answers(fake_server: Any, tmp_path: Path) -> None:
+    fake_server.play(body_script(404, b"<html><title>Not here</title></html>"))
+    base = run_doctor(tmp_path, base_url=fake_server.url + "/x", auth_token=KEY)["base_url"]
+    assert base.status == FAIL and "no common variant" in base.saw
+    assert "copy the API base URL" in (base.fix or "")
+
+
+def test_redirect_is_reported_with_its_location(fake_server: Any, tmp_path: Path) -> None:
+    target = "https://relay.example/api/v1/messages"
+    fake_server.play(Script(status=308, headers=(("location", target), ("content-length", "0"))))
+    base = run_doctor(tmp_path, base_url=fake_server.url + "/api", auth_token=KEY)["base_url"]
+    assert base.status == FAIL and f"redirected (HTTP 308) to {target}" in base.saw
+    assert base.fix == "set --base-url to https://relay.example/api"
+
+
+def test_connection_refused(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = run_doctor(tmp_path, base_url=f"http://127.0.0.1:{port}/api", auth_token=KEY)["base_url"]
+    assert base.status == FAIL and "refused the connection" in base.saw
+
+
+def test_https_to_a_plain_http_server(fake_server: Any, tmp_path: Path) -> None:
+    url = fake_server.url.replace("http://", "https://") + "/api"
+    base = run_doctor(tmp_path, base_url=url, auth_token=KEY, limits=Limits(timeout_s=1.0))["base_url"]
+    assert base.status == FAIL and "TLS handshake" in base.saw and "plain http" in base.saw
+    assert base.fix == f"use {fake_server.url}/api in --base-url"
+
+
+def test_dns_failure(tmp_path: Path) -> None:
+    base = run_doctor(tmp_path, base_url="http://doctor-test.invalid/api", auth_token=KEY)["base_url"]
+    assert base.status == FAIL and "DNS lookup of doctor-test.invalid failed" in base.saw
+
+
+def test_silent_server_times_out(tmp_path: Path) -> None:
+    with socket.socket() as listener:  # accepts (backlog) but never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/api"
+        base = run_doctor(tmp_path, base_url=url, auth_token=KEY, limits=Limits(timeout_s=0.5))["base_url"]
+    assert base.status == FAIL and "sent no response within 0.5 s" in base.saw
+
+
+def test_base_variants_and_locality() -> None:
+    assert base_variants("https://r.example/api/v1") == ["https://r.example/api", "https://r.example"]
+    assert base_variants("https://r.example") == ["https://r.example/api"]
+    assert base_variants("https://r.example/console/x")[:2] == ["https://r.example/console/x/api", "https://r.example/console"]
+    assert is_local("http://127.0.0.1:1/api") and is_local("http://localhost/") and is_local("http://10.0.0.2/")
+    assert not is_local("http://relay.example/api") and not is_local("http://8.8.8.8/")
+
+
+# --------------------------------------------------------------------- auth
+
+
+def test_wrong_key_fails_auth_with_the_servers_message(sim: str, tmp_path: Path) -> None:
+    results = run_doctor(tmp_path, base_url=sim, auth_token="sk-wrong-0123456789abcdef", model="sim-7b")
+    auth = results["auth"]
+    assert auth.status == FAIL and auth.saw.startswith("HTTP 401: ")
+    assert "no stray space or newline" in (auth.fix or "") and "ANTHROPIC_API_KEY (x-api-key)" in (auth.fix or "")
+    assert [results[n].status for n in ("model", "latency", "streaming")] == [SKIP] * 3
+
+
+def test_missing_key_on_a_channel_that_needs_one(sim: str, tmp_path: Path) -> None:
+    results = run_doctor(tmp_path, base_url=sim, model="sim-7b")
+    assert results["key"].status == OK  # loopback: no key is plausible...
+    assert results["auth"].status == FAIL  # ...but this one needs it
+    assert "this channel needs a key: set ANTHROPIC_API_KEY or ANTHROPIC_AUTH_TOKEN" in (results["auth"].fix or "")
+
+
+def test_forbidden_key(fake_server: Any, tmp_path: Path) -> None:
+    fake_server.play(json_script(403, {"type": "error", "error": {"type": "permission_error", "message": "key not allowed for this group"}}))
+    auth = run_doctor(tmp_path, base_url=fake_server.url + "/api", api_key=KEY)["auth"]
+    assert auth.status == FAIL and "HTTP 403: key not allowed for this group" in auth.saw
+    assert "valid but not allowed" in (auth.fix or "")
+
+
+# -------------------------------------------------------------------- model
+
+
+def test_unknown_model_lists_models_and_the_closest(sim: str, tmp_path: Path) -> None:
+    model = run_doctor(tmp_path, base_url=sim, auth_token=KEY, model="sim-30B-instruct")["model"]
+    assert model.status == FAIL and "sim-30B-instruct is not served" in model.saw
+    assert model.details["models"] == ["sim-7b", "sim-30b"]
+    assert model.fix == "set --model to sim-30b (the closest match)"
+
+
+def test_unknown_model_without_a_model_list(fake_server: Any, tmp_path: Path) -> None:
+    def router(received: Received) -> Script:
+        if received.path.endswith("/models"):
+            return body_script(404, b"<html><title>404</title></html>")
+        return json_script(404, {"error": {"message": "The model `gpt-9` does not exist", "type": "invalid_request_error"}})
+
+    fake_server.route(router)
+    model = run_doctor(tmp_path, base_url=fake_server.url + "/v1", api_key=KEY, model="gpt-9", protocol="openai-chat")["model"]
+    assert model.status == FAIL and "offers no model list" in model.saw
+    assert "ask the channel's operator for the exact model id" in (model.fix or "")
+
+
+# ------------------------------------------------------------------ latency
+
+
+def test_slow_prefill_for_any_prompt_points_at_model_or_load(tmp_path: Path) -> None:
+    with serve_in_thread("fast", api_key=KEY, prefill_base_s=0.5) as handle:
+        latency = run_doctor(tmp_path, base_url=handle.base_url, auth_token=KEY, model="sim-7b",
+                             limits=Limits(ttft_s=0.3, prompt_tokens=100, probe_tokens=4))["latency"]
+    assert latency.status == FAIL and "TTFT above 0.3 s" in latency.saw
+    assert latency.details["ttft_short_prompt_s"] > 0.3
+    assert "model size or channel load" in (latency.fix or "") and "off-peak" in (latency.fix or "")
+
+
+def test_slow_prefill_for_a_long_prompt_points_at_the_prompt(tmp_path: Path) -> None:
+    with serve_in_thread("fast", api_key=KEY, prefill_per_token_s=0.001, prefill_exponent=1.0) as handle:
+        latency = run_doctor(tmp_path, base_url=handle.base_url, auth_token=KEY, model="sim-7b",
+                             limits=Limits(ttft_s=0.3, prompt_tokens=500, probe_tokens=4))["latency"]
+    assert latency.status == FAIL and "TTFT above 0.3 s" in latency.saw
+    assert latency.details["ttft_short_prompt_s"] < 0.1
+    assert "the prompt length drives TTFT" in (latency.fix or "")
+
+
+def test_high_tpot_suggests_a_smaller_model(tmp_path: Path) -> None:
+    with serve_in_thread("fast", api_key=KEY, decode_base_s=0.06) as handle:  # sim-30b: about 2.5x, 0.15 s/token
+        latency = run_doctor(tmp_path, base_url=handle.base_url, auth_token=KEY, model="sim-30b",
+                             limits=Limits(prompt_tokens=50, probe_tokens=4))["latency"]
+    assert latency.status == FAIL and "TPOT above 0.1 s/token" in latency.saw
+    assert "a smaller model (this channel serves sim-7b) may meet the need" in (latency.fix or "")
+
+
+def test_long_output_suggests_capping_max_tokens(sim: str, tmp_path: Path) -> None:
+    limits = Limits(e2e_s=0.2, expected_output_tokens=1000, prompt_tokens=50, probe_tokens=8)
+    latency = run_doctor(tmp_path, base_url=sim, auth_token=KEY, model="sim-7b", limits=limits)["latency"]
+    assert latency.status == FAIL and "the output is long" in latency.saw
+    ttft, tpot = latency.details["ttft_s"], latency.details["tpot_s"]
+    assert f"cap max tokens at about {int((0.2 - ttft) / tpot)} " in (latency.fix or "")
+
+
+# ---------------------------------------------------------------- streaming
+
+
+def _one_burst(received: Received) -> Script:
+    """A buffering proxy: the whole stream in one write, after the generation time."""
+    tokens = [f"w{i} " for i in range(12)]
+    events = stream_script("anthropic", tokens).body()
+    return Script(writes=[(0.3, events)])
+
+
+def test_buffering_proxy_is_detected(fake_server: Any, tmp_path: Path) -> None:
+    fake_server.route(_one_burst)
+    results = run_doctor(tmp_path, base_url=fake_server.url + "/api", auth_token=KEY)
+    streaming = results["streaming"]
+    assert streaming.status == FAIL and "all 12 token chunks arrived within" in streaming.saw
+    assert "proxy_buffering off" in (streaming.fix or "")
+
+
+@pytest.mark.parametrize("first_delay", [0.0, 0.2])
+def test_incremental_stream_is_not_a_burst(fake_server: Any, tmp_path: Path, first_delay: float) -> None:
+    fake_server.route(lambda r: stream_script("anthropic", [f"w{i} " for i in range(12)], first_delay, 0.02))
+    streaming = run_doctor(tmp_path, base_url=fake_server.url + "/api", auth_token=KEY)["streaming"]
+    assert streaming.status == OK and "ended cleanly" in streaming.saw
+
+
+def test_instant_local_stream_is_not_a_burst(fake_server: Any, tmp_path: Path) -> None:
+    fake_server.route(lambda r: stream_script("anthropic", [f"w{i} " for i in range(12)]))
+    assert run_doctor(tmp_path, base_url=fake_server.url + "/api", auth_token=KEY)["streaming"].status == OK
+
+
+def test_stream_without_its_final_event(fake_server: Any, tmp_path: Path) -> None:
+    def router(received: Received) -> Script:
+        writes = stream_script("anthropic", [f"w{i} " for i in range(6)], 0.0, 0.01).writes
+        return Script(writes=writes[:-1])  # no message_stop
+
+    fake_server.route(router)
+    streaming = run_doctor(tmp_path, base_url=fake_server.url + "/api", auth_token=KEY)["streaming"]
+    assert streaming.status == FAIL and "stream ended before its final event" in streaming.saw
+    assert "dropped it" in (streaming.fix or "")
+
+
+def test_json_body_instead_of_a_stream(fake_server: Any, tmp_path: Path) -> None:
+    fake_server.play(json_script(200, {"type": "message", "content": [{"type": "text", "text": "hi"}]}))
+    results = run_doctor(tmp_path, base_url=fake_server.url + "/api", auth_token=KEY)
+    assert results["latency"].status == SKIP
+    assert results["streaming"].status == FAIL and "not an event stream" in results["streaming"].saw
+
+
+# ----------------------------------------------------------------------- CLI
+
+
+def cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m tokenload doctor ARGS` with only the given environment, in an empty cwd and home."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    full_env = {"PATH": os.environ["PATH"], "HOME": str(home), "COLUMNS": "80", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "tokenload", "doctor", *args], capture_output=True, text=True,
+                          env=full_env, cwd=tmp_path, timeout=60)
+
+
+def test_cli_healthy_json_exit_0(sim: str, tmp_path: Path) -> None:
+    proc = cli(tmp_path, "--json", "--model", "sim-7b", env={"ANTHROPIC_BASE_URL": sim, "ANTHROPIC_AUTH_TOKEN": KEY})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = json.loads(proc.stdout)
+    assert [c["name"] for c in checks] == NAMES
+    assert all(set(c) == {"name", "title", "status", "saw", "fix", "details"} and c["status"] == "ok" for c in checks)
+
+
+def test_cli_failure_one_line_per_check_exit_1(sim: str, tmp_path: Path) -> None:
+    proc = cli(tmp_path, "--base-url", sim, "--model", "sim-7b", env={"ANTHROPIC_AUTH_TOKEN": "sk-wrong-0123456789abcdef"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()[1:]
+    assert [line.split()[:2] for line in lines] == [
+        ["1", "ok"], ["2", "ok"], ["3", "ok"], ["4", "FAIL"], ["5", "skip"], ["6", "skip"], ["7", "skip"]]
+    assert "fix: check the key" in lines[3]
+
+
+def test_cli_unreadable_configuration_exit_2(tmp_path: Path) -> None:
+    bad = write_settings(tmp_path / "settings.json", '{"env": {"ANTHROPIC_BASE_URL": "http://x"}')
+    proc = cli(tmp_path, "--settings", str(bad))
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "not valid JSON" in proc.stderr and "line 1 column" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "1 FAIL configuration" in proc.stdout
+
+
+def _echo(received: Received) -> Script:
+    """A server that echoes whatever credentials it got, in a 401 body and in its HTML 404 pages."""
+    presented = received.headers.get("authorization", "") + " " + received.headers.get("x-api-key", "")
+    if received.path != "/api/v1/messages":
+        return body_script(404, f"<html><title>no route for {presented}</title></html>".encode())
+    return json_script(401, {"type": "error", "error": {"type": "authentication_error", "message": f"invalid key {presented}"}})
+
+
+LEAKS = [
+    ("sim", ["--base-url", "{sim}", "--model", "sim-7b"], {"ANTHROPIC_AUTH_TOKEN": f"  {KEY}\n"}),
+    ("sim", ["--base-url", "{sim}", "--model", "sim-7b", "--json"], {"ANTHROPIC_API_KEY": KEY + "\r\n"}),
+    ("echo", ["--base-url", "{echo}/api"], {"ANTHROPIC_AUTH_TOKEN": KEY, "ANTHROPIC_API_KEY": KEY + "x"}),
+    ("echo", ["--base-url", "{echo}", "--json"], {"ANTHROPIC_AUTH_TOKEN": f"{KEY}\n"}),
+    ("sim", ["--base-url", "{sim}"], {"ANTHROPIC_AUTH_KEY": KEY}),
+]
+
+
+@pytest.mark.parametrize(("server", "args", "env"), LEAKS)
+def test_no_key_in_any_output(sim: str, fake_server: Any, tmp_path: Path, server: str, args: list[str], env: dict[str, str]) -> None:
+    fake_server.route(_echo)
+    proc = cli(tmp_path, *[a.format(sim=sim, echo=fake_server.url) for a in args], env=env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode in (0, 1), output
+    if "--json" in args:  # read the JSON as text, with its \u escapes undone
+        output = json.dumps(json.loads(proc.stdout), ensure_ascii=False) + proc.stderr
+    assert KEY not in output and KEY[3:15] not in output
+    if "ANTHROPIC_AUTH_KEY" not in env:  # a misspelt variable's value is never shown at all
+        assert fingerprint(next(iter(env.values()))).split(" ")[0] in output
+    if server == "echo":
+        assert fake_server.requests, "the echo server was asked"

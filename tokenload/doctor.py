@@ -1,0 +1,696 @@
+"""The checks behind `tokenload doctor`: the seven common channel mistakes, diagnosed in order.
+
+Each check is one function taking the shared `Doctor` context and returning a
+`CheckResult` (name, ok/fail/skip, what it saw, the exact fix). The order is
+BRIEF.md's list adjusted to what each check needs before it can say anything
+true:
+
+1. configuration read (BRIEF #7): nothing else means anything until we know
+   what was read, from where;
+2. key hygiene (the offline half of BRIEF #1): whitespace, placeholders,
+   conflicting keys, no key, all without a request;
+3. base URL (BRIEF #2): a 401 from a home page or a 404 from a wrong path
+   says nothing about the key, so the URL is settled first;
+4. auth (the online half of BRIEF #1);
+5. model (BRIEF #3);
+6. latency (BRIEF #4, #5, #6): TTFT, TPOT, long outputs;
+7. streaming end to end: incremental arrival and a clean end.
+
+Checks that need an earlier one are skipped with the reason when it failed, so
+a broken channel gets at most a handful of cheap requests. All network access
+goes through `Doctor`, which caches the two real requests (a one-token request
+for auth and model, the latency probe reused by the streaming check). Every
+string a result carries is redacted against every key doctor has seen.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import re
+import ssl
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin, urlsplit, urlunsplit
+
+import httpx
+
+from tokenload import errors as ek
+from tokenload.channel import (
+    ENV_VARS,
+    KNOWN_ENV_VARS,
+    SECRET_FIELDS,
+    SETTINGS_CANDIDATES,
+    Channel,
+    Resolution,
+    endpoint_url,
+    family,
+    fingerprint,
+    redact_keylike,
+    resolve,
+)
+from tokenload.client import stream_exchange
+from tokenload.errors import ConfigError
+from tokenload.measure import Timeline
+from tokenload.protocols.base import body_message, classify_http, looks_like_html
+from tokenload.tokens import synth_prompt
+
+OK, FAIL, SKIP = "ok", "fail", "skip"
+
+# Real variables of neighbouring tools (Claude Code, the OpenAI SDK) that look
+# like tokenload's but are not misspellings of them.
+OTHER_TOOLS_VARS: frozenset[str] = frozenset({
+    "ANTHROPIC_BEDROCK_BASE_URL", "ANTHROPIC_VERTEX_BASE_URL", "ANTHROPIC_VERTEX_PROJECT_ID",
+    "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_SMALL_FAST_MODEL_AWS_REGION", "ANTHROPIC_DEFAULT_OPUS_MODEL",
+    "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL", "ANTHROPIC_BETAS", "ANTHROPIC_LOG",
+    "OPENAI_ORG_ID", "OPENAI_PROJECT_ID", "OPENAI_ORGANIZATION", "OPENAI_API_VERSION", "OPENAI_API_TYPE",
+    "OPENAI_LOG",
+})
+# Names users carry over from older tools; similarity alone would guess wrong.
+ALIASES: dict[str, str] = {"OPENAI_API_BASE": "OPENAI_BASE_URL", "ANTHROPIC_API_URL": "ANTHROPIC_BASE_URL"}
+NAME_SIMILARITY = 0.8
+
+_PLACEHOLDER = re.compile(
+    r"^(<.*>|\[.*\]|\{.*\}|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|(sk-(ant-)?)?(x{3,}|\.{3,}|\*{3,})|"
+    r"(your|my)[-_ ]?(api[-_ ]?|auth[-_ ]?|anthropic[-_ ]?|openai[-_ ]?)?(key|token|secret).*|"
+    r".*(changeme|change[-_]me|placeholder|replace[-_]?me|insert[-_ ].*key|paste[-_ ].*key).*|"
+    r"(none|null|undefined|todo|tbd|test|dummy|api[-_]?key|token|key|secret))$",
+    re.IGNORECASE,
+)
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*b\b", re.IGNORECASE)
+_SHORT_PROMPT = "Say hi."
+_PROBE_PREFIX = "Count from 1 to 100, one number per word. Ignore the filler text that follows."
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Thresholds and budgets; every one is a command-line flag."""
+
+    ttft_s: float = 1.0  # BRIEF.md: above about 1 s reads as "nothing happened"
+    tpot_s: float = 0.1  # s/token: 10 tokens/s is slower than people read
+    e2e_s: float = 10.0  # total for an answer of `expected_output_tokens`
+    expected_output_tokens: int = 256
+    burst_s: float = 0.010  # every token inside this window = one buffered burst
+    timeout_s: float = 20.0  # connect, first token and stall timeout of every request
+    prompt_tokens: int = 1000  # the latency probe's prompt; the comparison probe is a few tokens
+    probe_tokens: int = 32  # output tokens the latency probe asks for
+
+
+@dataclass
+class CheckResult:
+    """One line of the report: ok / fail / skip, what was seen, the exact fix."""
+
+    name: str
+    title: str
+    status: str
+    saw: str
+    fix: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    blocking: bool = True  # a fail that leaves nothing sound to check after it
+
+    @property
+    def blocks(self) -> bool:
+        return self.status != OK and self.blocking
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "status": self.status, "saw": self.saw,
+                "fix": self.fix, "details": self.details}
+
+
+@dataclass
+class Doctor:
+    """What the checks share: the resolution, the environment, limits, and cached requests."""
+
+    resolution: Resolution
+    env: Mapping[str, str]
+    cwd: Path
+    home: Path
+    limits: Limits = field(default_factory=Limits)
+    channel: Channel = field(init=False)
+    _tiny: dict[str, Any] | None = None
+    _probe: tuple[dict[str, Any], Timeline] | None = None
+    _models: list[str] | None = None
+    _models_fetched: bool = False
+
+    def __post_init__(self) -> None:
+        # doctor waits `timeout_s` at most, not a load test's minutes, for anything
+        t = self.limits.timeout_s
+        self.channel = replace(self.resolution.channel, connect_timeout_s=min(t, 10.0), first_token_timeout_s=t,
+                               idle_timeout_s=t)
+
+    def where(self, name: str) -> str:
+        """How the user changes a field, in the terms of the source that set it."""
+        source = self.resolution.sources.get(name, "default")
+        var = ENV_VARS[family(self.channel.protocol)].get(name, "")
+        in_settings = re.fullmatch(r"settings (.+) \((\w+)\)", source)
+        if source.startswith("flag"):
+            return f"--{name.replace('_', '-')}"
+        if in_settings:
+            return f"{in_settings.group(2)} in {in_settings.group(1)}"
+        return var or f"--{name.replace('_', '-')}"
+
+    def client(self) -> httpx.Client:
+        t = self.limits.timeout_s
+        return httpx.Client(timeout=httpx.Timeout(t, connect=min(t, 10.0)), follow_redirects=False)
+
+    def tiny(self) -> dict[str, Any]:
+        """A one-token streaming request: the cheapest request that proves key and model."""
+        if self._tiny is None:
+            self._tiny = stream_exchange(self.channel, "Reply with OK.", 1)[0]
+        return self._tiny
+
+    def probe(self) -> tuple[dict[str, Any], Timeline]:
+        """The latency probe, shared with the streaming check."""
+        if self._probe is None:
+            prompt = synth_prompt(self.limits.prompt_tokens, prefix=_PROBE_PREFIX)
+            self._probe = stream_exchange(self.channel, prompt, self.limits.probe_tokens)
+        return self._probe
+
+    def models(self) -> list[str] | None:
+        """The channel's model ids from `/v1/models`, or None when it offers no list."""
+        if not self._models_fetched:
+            self._models_fetched = True
+            url = models_url(self.channel.base_url, self.channel.protocol)
+            try:
+                with self.client() as http:
+                    response = http.get(url, headers=self.channel.headers())
+                data = response.json().get("data") if response.status_code == 200 else None
+            except (httpx.HTTPError, ValueError, AttributeError):
+                data = None
+            if isinstance(data, list):
+                self._models = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        return self._models
+
+    def redact(self, text: str) -> str:
+        return redact(text, [self.resolution.raw.get(name, "") for name in SECRET_FIELDS], self.env)
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def redact(text: str, secrets: list[str], env: Mapping[str, str]) -> str:
+    """`text` with the given secrets, every key-like variable's value (misspelt ones too) and key shapes masked."""
+    values = secrets + [v for k, v in env.items() if re.search(r"KEY|TOKEN|SECRET", k, re.I)]
+    for secret in sorted((v for v in values if v and v.strip()), key=len, reverse=True):
+        for form in (secret, secret.strip()):
+            text = text.replace(form, fingerprint(secret))
+    return redact_keylike(text)
+
+
+def models_url(base_url: str, protocol: str) -> str:
+    """`GET` URL of the model list: beside the chat endpoint, under `/v1`."""
+    base = base_url.rstrip("/")
+    return (base if base.endswith("/v1") else base + "/v1") + "/models"
+
+
+def is_local(url: str) -> bool:
+    """Loopback or private address: plain http and no key are normal there."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_private
+
+
+def misspellings(names: list[str]) -> dict[str, str]:
+    """Unknown variable names that are near-misses of the ones tokenload reads -> the real name."""
+    found: dict[str, str] = {}
+    known = sorted(KNOWN_ENV_VARS)
+    for name in names:
+        if name in KNOWN_ENV_VARS or name in OTHER_TOOLS_VARS:
+            continue
+        upper = name.upper()
+        if upper in ALIASES:
+            found[name] = ALIASES[upper]
+        elif upper in KNOWN_ENV_VARS:
+            found[name] = upper
+        else:
+            close = difflib.get_close_matches(upper, known, n=1, cutoff=NAME_SIMILARITY)
+            if close:
+                found[name] = close[0]
+    return found
+
+
+def is_placeholder(key: str) -> bool:
+    return bool(_PLACEHOLDER.match(key.strip()))
+
+
+def transport_failure(exc: httpx.HTTPError, url: str, timeout_s: float) -> str:
+    """Name a transport failure the way a person would: DNS, refused, TLS, timeout."""
+    host = urlsplit(url).netloc
+    chain = " ".join(str(e) for e in _causes(exc)).lower()
+    if isinstance(exc, httpx.ConnectTimeout) and "handshake" in chain:
+        return f"TLS handshake with {host} got no answer within {timeout_s:g} s: the server may speak plain http, not https"
+    if isinstance(exc, httpx.ConnectTimeout):
+        return f"connecting to {host} timed out after {timeout_s:g} s (host down, or a firewall drops the packets)"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"{host} accepted the connection but sent no response within {timeout_s:g} s"
+    if any(isinstance(e, ssl.SSLError) for e in _causes(exc)) or "ssl" in chain or "certificate" in chain:
+        if "wrong version number" in chain or "record layer failure" in chain or "packet length too long" in chain:
+            return f"TLS handshake with {host} failed: the server speaks plain http, not https"
+        return f"TLS handshake with {host} failed: {exc}"
+    if any(s in chain for s in ("name or service not known", "nodename nor servname", "name resolution",
+                                "getaddrinfo", "no address associated")):
+        return f"DNS lookup of {urlsplit(url).hostname} failed: no such host"
+    if "refused" in chain:
+        return f"{host} refused the connection: nothing listens on that port"
+    return f"cannot reach {host}: {type(exc).__name__}: {exc}"
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def base_variants(base_url: str) -> list[str]:
+    """The bases users most often meant: `/v1` removed, `/api` added, trailing path parts dropped."""
+    parts = urlsplit(base_url)
+    segments = [s for s in parts.path.split("/") if s]
+    prefixes = [segments[:i] for i in range(len(segments), -1, -1)]
+    paths: list[str] = []
+    for prefix in prefixes:
+        trimmed = prefix[:-1] if prefix and prefix[-1] == "v1" else prefix
+        for candidate in (trimmed, trimmed + ["api"] if "api" not in trimmed else trimmed):
+            path = "/" + "/".join(candidate) if candidate else ""
+            if path not in paths:
+                paths.append(path)
+    original = "/" + "/".join(segments) if segments else ""
+    return [urlunsplit((parts.scheme, parts.netloc, p, "", "")) for p in paths if p != original]
+
+
+def answer_kind(response: httpx.Response) -> str:
+    """`api`, `html`, `redirect` or `not_found`: how a cheap request to an endpoint was answered."""
+    if 300 <= response.status_code < 400:
+        return "redirect"
+    if looks_like_html(response.headers.get("content-type", ""), response.content):
+        return "html"
+    if response.status_code in (404, 405):
+        kind, _ = classify_http(response.status_code, response.headers.get("content-type", ""), response.content)
+        return "api" if kind == ek.NOT_FOUND_MODEL else "not_found"
+    return "api"
+
+
+def knock(ctx: Doctor, http: httpx.Client, base_url: str) -> httpx.Response:
+    """A cheap request at a base: POST an empty JSON body to its endpoint (an API answers 4xx JSON)."""
+    channel = ctx.channel
+    return http.post(endpoint_url(base_url, channel.protocol), headers=channel.headers(), content=b"{}")
+
+
+def model_size(model: str) -> float | None:
+    match = _SIZE.search(model)
+    return float(match.group(1)) if match else None
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} s"
+
+
+# --- the checks ------------------------------------------------------------------------
+
+
+def check_config(ctx: Doctor) -> CheckResult:
+    """Where each field came from; misspelt, shadowed or absent configuration (BRIEF #7)."""
+    res = ctx.resolution
+    labels = {"base_url": "base URL", "api_key": "API key", "auth_token": "auth token", "model": "model",
+              "protocol": "protocol"}
+    sources = {name: res.sources[name] for name in labels if name in res.sources}
+    saw = "; ".join(f"{labels[n]} from {s}" for n, s in sources.items())
+    details: dict[str, Any] = {"sources": sources, "settings_files": [str(p) for p in res.settings_files]}
+    problems: list[str] = []
+    fixes: list[str] = []
+    blocking = False
+
+    settings_names = _settings_names(res.settings_files)
+    typos = {f"environment {n}": real for n, real in misspellings(sorted(ctx.env)).items()}
+    for path, names in settings_names.items():
+        typos.update({f"{path} {n}": real for n, real in misspellings(names).items()})
+    own = {var: name for name, var in ENV_VARS[family(res.channel.protocol)].items()}
+    for where, real in typos.items():
+        problems.append(f"{where} is not a variable tokenload reads (did you mean {real}?)")
+        fixes.append(f"rename it to {real}")
+        if real in own and res.sources.get(own[real], "default") == "default":
+            blocking = True  # the field it was meant to set is unset or fell back to its default
+    details["misspelt"] = typos
+
+    shadowed = []
+    for path, names in settings_names.items():
+        for var in names:
+            value = _settings_value(path, var)
+            if var in ctx.env and value is not None and value.strip() != ctx.env[var].strip():
+                shadowed.append(var)
+                problems.append(f"{var} in {path} is shadowed by a different value in the environment")
+                fixes.append(f"unset {var} in the shell (or make both agree) so the settings file takes effect")
+    details["shadowed"] = shadowed
+
+    for warning in res.warnings:
+        if not any(warning.startswith(labels[n].lower()) for n in SECRET_FIELDS):  # keys: key hygiene's job
+            problems.append(warning)
+
+    near = _near_miss_settings(ctx) if not res.settings_files else []
+    if not any(s != "default" for n, s in res.sources.items() if n != "protocol"):
+        blocking = True
+        problems.insert(0, "nothing is configured: every field is a default")
+        hint = f" (found {', '.join(map(str, near))}: rename it to settings.json?)" if near else ""
+        fixes.insert(0, "export ANTHROPIC_BASE_URL and ANTHROPIC_AUTH_TOKEN (a variable set without `export` is "
+                        "not seen), or put them under \"env\" in .claude/settings.json, or pass --base-url and "
+                        f"--auth-token{hint}")
+    if problems:
+        return CheckResult("config", "configuration", FAIL, "; ".join(problems) + f" [{saw}]",
+                           "; ".join(fixes) or "fix the values where they are set", details, blocking=blocking)
+    return CheckResult("config", "configuration", OK, saw, details=details)
+
+
+def _settings_names(files: list[Path]) -> dict[Path, list[str]]:
+    """Variable-like names in each settings file: the `env` block and the section form's keys as variables."""
+    names: dict[Path, list[str]] = {}
+    for path in files:
+        data = json.loads(path.read_text(encoding="utf-8"))  # resolve() already proved it parses
+        found = [k for k in (data.get("env") or {}) if isinstance(k, str)]
+        for section in ("anthropic", "openai"):
+            block = data.get(section)
+            if isinstance(block, dict):
+                fields = ENV_VARS[section]
+                for key in block:
+                    known = fields.get(key)
+                    found.append(known or f"{section.upper()}_{key.upper().replace('-', '_')}")
+        names[path] = found
+    return names
+
+
+def _settings_value(path: Path, var: str) -> str | None:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    value = (data.get("env") or {}).get(var)
+    for section, fields in ENV_VARS.items():
+        block = data.get(section)
+        for name, known in fields.items():
+            if known == var and isinstance(block, dict) and isinstance(block.get(name), str):
+                value = block[name]
+    return value if isinstance(value, str) else None
+
+
+def _near_miss_settings(ctx: Doctor) -> list[Path]:
+    """Files next to where settings are looked for whose names are close to the expected ones."""
+    found = []
+    for candidate in SETTINGS_CANDIDATES:
+        expected = ctx.home / candidate[2:] if candidate.startswith("~/") else ctx.cwd / candidate
+        folder = expected.parent
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            if path.name != expected.name and difflib.SequenceMatcher(None, path.name, expected.name).ratio() > 0.8:
+                if path not in found:
+                    found.append(path)
+    return found
+
+
+def check_key(ctx: Doctor) -> CheckResult:
+    """Whitespace, placeholders, two different keys, or none at all (offline half of BRIEF #1)."""
+    channel, res = ctx.channel, ctx.resolution
+    problems: list[str] = []
+    fixes: list[str] = []
+    shown: list[str] = []
+    for name in SECRET_FIELDS:
+        raw = res.raw.get(name)
+        if raw is None:
+            continue
+        label = "API key" if name == "api_key" else "auth token"
+        shown.append(f"{label} {fingerprint(raw)} from {res.sources[name]}")
+        if raw != raw.strip() or any(c.isspace() for c in raw.strip()):
+            what = "a newline" if ("\n" in raw or "\r" in raw) else "whitespace"
+            problems.append(f"the {label} from {res.sources[name]} contains {what}")
+            fixes.append(f"remove the {what.removeprefix('a ')} from {ctx.where(name)} (tokenload strips it; your app may not)")
+        if raw.strip() and is_placeholder(raw):
+            problems.append(f"the {label} from {res.sources[name]} is a placeholder, not a key")
+            fixes.append(f"put the key you created into {ctx.where(name)}")
+    if channel.protocol == "anthropic" and channel.api_key and channel.auth_token and channel.api_key != channel.auth_token:
+        problems.append("ANTHROPIC_API_KEY and ANTHROPIC_AUTH_TOKEN are both set, to different values; both are sent")
+        fixes.append("keep one: ANTHROPIC_AUTH_TOKEN (Bearer) for relays, ANTHROPIC_API_KEY (x-api-key) for api.anthropic.com")
+    if not channel.secrets and not is_local(channel.base_url):
+        names = ENV_VARS[family(channel.protocol)]
+        wanted = " or ".join(names[n] for n in SECRET_FIELDS if n in names)
+        problems.append(f"no key is configured for {urlsplit(channel.base_url).netloc}")
+        fixes.append(f"set {wanted} (exported) or pass --auth-token / --api-key")
+    saw = "; ".join(shown) or "no key (a local channel needs none)"
+    details = {"keys": shown}
+    if problems:
+        return CheckResult("key", "key hygiene", FAIL, "; ".join(problems), "; ".join(fixes), details)
+    return CheckResult("key", "key hygiene", OK, saw, details=details)
+
+
+def check_base_url(ctx: Doctor) -> CheckResult:
+    """Reachable, answers like an API (not HTML, not 404), no redirect, https off the local network (BRIEF #2)."""
+    channel = ctx.channel
+    url = channel.url
+    details: dict[str, Any] = {"url": url}
+
+    def fail(saw: str, fix: str) -> CheckResult:
+        return CheckResult("base_url", "base URL", FAIL, saw, fix, details)
+
+    with ctx.client() as http:
+        try:
+            response = knock(ctx, http, channel.base_url)
+        except httpx.HTTPError as exc:
+            saw = transport_failure(exc, url, ctx.limits.timeout_s)
+            fix = (f"use {urlunsplit(('http',) + urlsplit(channel.base_url)[1:])} in {ctx.where('base_url')}"
+                   if "plain http" in saw else f"check the host and port in {ctx.where('base_url')} and that the channel is up")
+            return fail(saw, fix)
+        kind = answer_kind(response)
+        details.update(status=response.status_code, answer=kind)
+        if kind == "redirect":
+            location = urljoin(url, response.headers.get("location", ""))
+            details["location"] = location
+            suffix = url[len(channel.base_url.rstrip("/")):]  # the API path the client appended
+            suggested = location[: -len(suffix)] if location.endswith(suffix) else location
+            return fail(f"POST {url} is redirected (HTTP {response.status_code}) to {location}; clients do not follow it",
+                        f"set {ctx.where('base_url')} to {suggested}")
+        if kind != "api":
+            what = (f"an HTML page ({body_message(response.content, response.headers.get('content-type', ''))[11:]!r})"
+                    if kind == "html" else "404 not found")
+            saw = f"POST {url} answered HTTP {response.status_code} with {what}, not an API response"
+            answered = next((b for b in base_variants(channel.base_url) if _answers(ctx, http, b)), None)
+            if answered and channel.protocol != "anthropic":
+                answered += "/v1"  # the form OpenAI SDKs expect in OPENAI_BASE_URL
+            details["suggested_base_url"] = answered
+            if answered:
+                return fail(f"{saw}; {answered} answers like an API", f"set {ctx.where('base_url')} to {answered}")
+            return fail(saw + "; no common variant (/api added, /v1 removed, path dropped) answers like an API",
+                        ek.FIXES[ek.BAD_BASE_URL] + "; copy the API base URL from the channel's documentation")
+    if urlsplit(url).scheme == "http" and not is_local(url):
+        return fail(f"{url} is plain http on a public host: the key travels unencrypted",
+                    f"use https:// in {ctx.where('base_url')}")
+    return CheckResult("base_url", "base URL", OK,
+                       f"POST {url} answered like an API (HTTP {response.status_code})", details=details)
+
+
+def _answers(ctx: Doctor, http: httpx.Client, base: str) -> bool:
+    try:
+        return answer_kind(knock(ctx, http, base)) == "api"
+    except httpx.HTTPError:
+        return False
+
+
+def check_auth(ctx: Doctor) -> CheckResult:
+    """A one-token request: 401/403 with the server's message and the fix (BRIEF #1)."""
+    record = ctx.tiny()
+    channel = ctx.channel
+    if record["error_kind"] != ek.AUTH:
+        sent = _sent_as(ctx) or "no key"
+        return CheckResult("auth", "auth", OK, f"the channel accepted {sent}", details={"http_status": record["http_status"]})
+    status = record["http_status"]
+    saw = f"HTTP {status}: {record['error_message']}"
+    if not channel.secrets:
+        names = ENV_VARS[family(channel.protocol)]
+        fix = f"this channel needs a key: set {' or '.join(names[n] for n in SECRET_FIELDS if n in names)}"
+    elif status == 403:
+        fix = "the key is valid but not allowed here: check its permissions, group or quota with the channel's operator"
+    else:
+        fix = f"{ek.FIXES[ek.AUTH]} (sent {_sent_as(ctx)})"
+        if channel.protocol == "anthropic" and not (channel.api_key and channel.auth_token):
+            other = "ANTHROPIC_AUTH_TOKEN (Bearer)" if channel.api_key else "ANTHROPIC_API_KEY (x-api-key)"
+            fix += f"; if the channel expects the other header, set {other} instead"
+    return CheckResult("auth", "auth", FAIL, saw, fix, {"http_status": status})
+
+
+def _sent_as(ctx: Doctor) -> str:
+    channel = ctx.channel
+    headers = channel.auth_headers()
+    parts = []
+    if "x-api-key" in headers and channel.api_key:
+        parts.append(f"x-api-key {fingerprint(channel.api_key)}")
+    if "authorization" in headers:
+        token = channel.auth_token if channel.protocol == "anthropic" else (channel.api_key or channel.auth_token)
+        parts.append(f"Bearer {fingerprint(token or '')}")
+    return " and ".join(parts)
+
+
+def check_model(ctx: Doctor) -> CheckResult:
+    """Unknown model id -> the channel's models and the closest match (BRIEF #3)."""
+    record = ctx.tiny()
+    model = ctx.channel.model
+    if record["error_kind"] != ek.NOT_FOUND_MODEL:
+        return CheckResult("model", "model", OK, f"{model} is served by this channel")
+    models = ctx.models()
+    saw = f"{model} is not served: HTTP {record['http_status']}: {record['error_message']}"
+    details: dict[str, Any] = {"models": models}
+    if not models:
+        return CheckResult("model", "model", FAIL, saw + "; the channel offers no model list at /v1/models",
+                           f"ask the channel's operator for the exact model id and set it in {ctx.where('model')}", details)
+    close = difflib.get_close_matches(model, models, n=1, cutoff=0.0)
+    details["closest"] = close[0]
+    return CheckResult("model", "model", FAIL, f"{saw}; the channel serves {', '.join(models)}",
+                       f"set {ctx.where('model')} to {close[0]} (the closest match)", details)
+
+
+def check_latency(ctx: Doctor) -> CheckResult:
+    """TTFT, TPOT and the projected total against the limits; a short prompt to tell prompt from load (BRIEF #4-6)."""
+    lim = ctx.limits
+    record, _ = ctx.probe()
+    ttft, tpot, n = record["ttft_s"], record["tpot_s"], record["output_tokens"]
+    details: dict[str, Any] = {"ttft_s": ttft, "tpot_s": tpot, "output_tokens": n, "input_tokens": record["input_tokens"]}
+    if ttft is None:
+        kind = record["error_kind"] or ek.MALFORMED_STREAM
+        saw = f"the probe got no token: {kind} (HTTP {record['http_status']}): {record['error_message']}"
+        if kind in STREAM_KINDS:
+            return CheckResult("latency", "latency", SKIP, saw + "; see the streaming check", details=details)
+        return CheckResult("latency", "latency", FAIL, saw, ek.FIXES[kind], details)
+    parts = [f"TTFT {_s(ttft)} with a {record['input_tokens']}-token prompt"]
+    problems, fixes = [], []
+    if ttft > lim.ttft_s:
+        short = stream_exchange(ctx.channel, _SHORT_PROMPT, 1)[0]["ttft_s"]
+        details["ttft_short_prompt_s"] = short
+        parts.append(f"{_s(short)} with a short prompt")
+        problems.append(f"TTFT above {lim.ttft_s:g} s")
+        if short is not None and short <= lim.ttft_s and short < 0.5 * ttft:
+            fixes.append("the prompt length drives TTFT here: shorten the input (or keep a stable, cacheable prefix)")
+        else:
+            fixes.append("a short prompt is slow too, so it is the model size or channel load: try a smaller model, "
+                         "or compare at off-peak times (tokenload run at both, then tokenload compare)")
+    if tpot is not None:
+        parts.append(f"TPOT {tpot:.4f} s/token over {n} tokens")
+        if tpot > lim.tpot_s:
+            problems.append(f"TPOT above {lim.tpot_s:g} s/token")
+            fixes.append("decode speed is set by model size and the channel's hardware: a smaller model"
+                         f"{_smaller_models(ctx)} may meet the need")
+    if tpot is not None and not problems:
+        total = ttft + tpot * lim.expected_output_tokens
+        details["projected_e2e_s"] = total
+        parts.append(f"{lim.expected_output_tokens} tokens would take {total:.1f} s")
+        if total > lim.e2e_s:
+            cap = max(1, int((lim.e2e_s - ttft) / tpot))
+            problems.append(f"total above {lim.e2e_s:g} s although TTFT and TPOT are normal: the output is long")
+            fixes.append(f"cap max tokens at about {cap} (TTFT + TPOT x {cap} = {lim.e2e_s:g} s)")
+    saw = ", ".join(parts)
+    if problems:
+        return CheckResult("latency", "latency", FAIL, f"{'; '.join(problems)}: {saw}", "; ".join(fixes), details)
+    return CheckResult("latency", "latency", OK, saw, details=details)
+
+
+def _smaller_models(ctx: Doctor) -> str:
+    size = model_size(ctx.channel.model)
+    models = ctx.models() or []
+    smaller = [m for m in models if size is not None and (model_size(m) or size) < size]
+    return f" (this channel serves {', '.join(smaller)})" if smaller else ""
+
+
+STREAM_KINDS = frozenset({ek.DISCONNECTED, ek.MALFORMED_STREAM, ek.TIMEOUT_STALL})
+
+
+def check_streaming(ctx: Doctor) -> CheckResult:
+    """Tokens arrive one by one (no buffering proxy) and the stream ends with its final event."""
+    lim = ctx.limits
+    record, timeline = ctx.probe()
+    times = timeline.chunk_times
+    details: dict[str, Any] = {"chunks": len(times), "stop_reason": record["stop_reason"]}
+    kind = record["error_kind"]
+    if (kind is not None and times) or kind in STREAM_KINDS:
+        saw = f"{kind} after {len(times)} token chunks: {record['error_message']}"
+        return CheckResult("streaming", "streaming", FAIL, saw, ek.FIXES[kind], details)
+    if kind is not None:
+        return CheckResult("streaming", "streaming", SKIP, f"the probe failed before any token ({kind}); see latency",
+                           details=details)
+    span = times[-1] - times[0] if times else 0.0
+    details["token_span_s"] = span
+    ttft = record["ttft_s"] or 0.0
+    if len(times) >= 4 and span <= lim.burst_s and ttft >= 5 * lim.burst_s:
+        saw = (f"all {len(times)} token chunks arrived within {span * 1000:.1f} ms, {ttft:.2f} s after the request: "
+               "something between you and the model buffers the stream")
+        fix = ("turn off response buffering on the relay or reverse proxy (nginx: proxy_buffering off, or the "
+               "X-Accel-Buffering: no header), or connect to the channel directly")
+        return CheckResult("streaming", "streaming", FAIL, saw, fix, details)
+    return CheckResult("streaming", "streaming", OK,
+                       f"{len(times)} token chunks over {span:.2f} s, ended cleanly (stop reason {record['stop_reason']})",
+                       details=details)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    title: str
+    run: Callable[[Doctor], CheckResult]
+    requires: tuple[str, ...] = ()
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("config", "configuration", check_config),
+    Check("key", "key hygiene", check_key),
+    Check("base_url", "base URL", check_base_url, ("config",)),
+    Check("auth", "auth", check_auth, ("base_url",)),
+    Check("model", "model", check_model, ("auth",)),
+    Check("latency", "latency", check_latency, ("model",)),
+    Check("streaming", "streaming", check_streaming, ("model",)),
+)
+
+
+def run_checks(ctx: Doctor) -> list[CheckResult]:
+    """Every check in order; one whose prerequisite failed is skipped with the reason."""
+    results: dict[str, CheckResult] = {}
+    for check in CHECKS:
+        blocker = next((results[r] for r in check.requires if results[r].blocks), None)
+        if blocker is not None:
+            result = CheckResult(check.name, check.title, SKIP, f"needs the {blocker.title} check to pass first")
+        else:
+            result = check.run(ctx)
+        results[check.name] = _redacted(ctx, result)
+    return list(results.values())
+
+
+def _redacted(ctx: Doctor, result: CheckResult) -> CheckResult:
+    """The result with every key doctor knows of masked, in every string it carries."""
+    as_text = json.dumps(result.details)
+    return replace(result, saw=ctx.redact(result.saw), fix=ctx.redact(result.fix) if result.fix else None,
+                   details=json.loads(ctx.redact(as_text)))
+
+
+def unreadable(error: ConfigError, env: Mapping[str, str]) -> list[CheckResult]:
+    """The report when the configuration could not be read at all (exit 2)."""
+    first = CheckResult("config", "configuration", FAIL, redact(f"the configuration cannot be read: {error}", [], env),
+                        "fix the file or value named above; nothing else can be checked until it reads")
+    rest = [CheckResult(c.name, c.title, SKIP, "needs a configuration that can be read") for c in CHECKS[1:]]
+    return [first, *rest]
+
+
+def diagnose(
+    *,
+    flags: Mapping[str, str | None],
+    env: Mapping[str, str],
+    cwd: Path,
+    home: Path,
+    limits: Limits | None = None,
+) -> tuple[list[CheckResult], Channel | None]:
+    """Resolve and check a channel; `(results, None)` when the configuration could not be read."""
+    try:
+        resolution = resolve(env=env, cwd=cwd, home=home, **flags)  # type: ignore[arg-type]
+    except ConfigError as exc:
+        return unreadable(exc, env), None
+    ctx = Doctor(resolution, env, cwd, home, limits or Limits())
+    return run_checks(ctx), ctx.channel
