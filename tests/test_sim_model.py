@@ -17,6 +17,7 @@ from simfixtures import fast_sim  # noqa: F401  (fixture)
 from simfixtures import RawResponse, anthropic_body, chat_body, parse_sse, raw_request, read_truth, responses_body
 
 from tokenload.sim import load_profile, serve_in_thread
+from tokenload.sim.profile import effective_slots
 from tokenload.tokens import synth_prompt
 
 MESSAGES = "/v1/messages"
@@ -152,3 +153,15 @@ def test_metrics_use_vllm_names(fast_sim: Any) -> None:
                  "vllm:num_requests_running{model_name=\"sim-7b\"} 0", "vllm:num_requests_waiting",
                  "sim_token_write_lateness_seconds_count"):
         assert name in text
+
+
+def test_preamble_at_arrival_comes_before_a_late_first_token() -> None:
+    with serve_in_thread("fast", preamble="arrival", prefill_base_s=0.3) as sim:
+        response = raw_request(sim.base_url, MESSAGES, anthropic_body("early preamble", 2))
+    first_chunk_t, first_chunk = response.chunks[0]
+    assert b"message_start" in first_chunk and b"text_delta" not in first_chunk
+    assert first_chunk_t - response.t_sent < 0.15 and response.ttft() >= 0.28
+
+
+def test_peak_load_leaves_fewer_slots() -> None:
+    assert effective_slots(load_profile("peak")) < effective_slots(load_profile("offpeak")) == load_profile("offpeak").slots

@@ -37,18 +37,6 @@ class Stats:
         self.steps = 0
         self.step_seconds = 0.0
 
-    def lateness_quantile(self, q: float) -> float:
-        """Upper bound of the bucket holding quantile q of token-write lateness, seconds."""
-        total = sum(self.lateness)
-        if not total:
-            return 0.0
-        rank, seen = q * total, 0
-        for i, count in enumerate(self.lateness):
-            seen += count
-            if seen >= rank:
-                return (i + 1) * LATENESS_BUCKET_S
-        return (LATENESS_BUCKETS + 1) * LATENESS_BUCKET_S
-
 
 class Sequence:
     """One admitted request as the scheduler sees it; subclasses write the tokens.

@@ -16,6 +16,7 @@ import secrets
 import socket
 import struct
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from random import Random
@@ -303,7 +304,11 @@ class SimServer:
         if "chunked" in headers.get("transfer-encoding", "").lower():
             self._plain(writer, 411, b"send a Content-Length request body\n", keep=False)
             return None
-        length = int(headers.get("content-length", "0") or 0)
+        try:
+            length = int(headers.get("content-length", "0") or 0)
+        except ValueError:
+            self._plain(writer, 400, b"bad Content-Length\n", keep=False)
+            return None
         if length > MAX_BODY:
             self._plain(writer, 413, b"request body too large\n", keep=False)
             return None
@@ -311,14 +316,14 @@ class SimServer:
         return Request(method.upper(), target.split("?", 1)[0], version, headers, body, arrival)
 
     def _plain(self, writer: asyncio.StreamWriter, status: int, body: bytes, keep: bool = True,
-               content_type: str = "text/plain; charset=utf-8", headers: list[tuple[str, str]] = ()) -> None:
+               content_type: str = "text/plain; charset=utf-8", headers: Iterable[tuple[str, str]] = ()) -> None:
         head = [("content-type", content_type), ("content-length", str(len(body)))]
         if not keep:
             head.append(("connection", "close"))
         writer.write(_head(status, head + list(headers)) + body)
 
     def _html(self, writer: asyncio.StreamWriter, status: int, request: Request,
-              headers: list[tuple[str, str]] = ()) -> None:
+              headers: Iterable[tuple[str, str]] = ()) -> None:
         title = "Simulated LLM channel" if status == 200 else "404 Not Found"
         page = _HTML.format(title=title, base=self.base_url).encode()
         self._plain(writer, status, page, request.keep_alive, "text/html; charset=utf-8", headers)
@@ -385,7 +390,7 @@ class Generation:
     def _id_headers(self) -> list[tuple[str, str]]:
         return [("x-request-id", self.request_id), ("request-id", self.request_id)]
 
-    def _error(self, status: int, message: str, *, headers: list[tuple[str, str]] = (), error: str,
+    def _error(self, status: int, message: str, *, headers: Iterable[tuple[str, str]] = (), error: str,
                body: bool = True, **extra: str | None) -> bool:
         self.record.update(status=status, error=error)
         self.server._write_truth(self.record)
@@ -495,7 +500,7 @@ class Generation:
             server._write_truth(self.record)
             self.server._html(writer, int(faults.num("html", "code")), request, self._id_headers)
             return True
-        if action == "slow_headers" or faults.has("slow_headers"):
+        if faults.has("slow_headers"):
             await asyncio.sleep(faults.num("slow_headers", "seconds"))
         engine = server.engines[parsed.model]
         if engine.profile.max_queue and len(engine.waiting) >= engine.profile.max_queue:

@@ -59,10 +59,6 @@ class Plan:
         table = _UNICODE_WORDS if self.unicode else _WORDS
         return " ".join(table[(self.offset + i) % len(table)] for i in range(start, stop))
 
-    @property
-    def n_text(self) -> int:
-        return self.n_out - self.n_think
-
 
 @dataclass
 class Parsed:
