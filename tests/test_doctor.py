@@ -116,7 +116,7 @@ def test_misspelt_environment_variable(tmp_path: Path, name: str, real: str) -> 
     env = {name: "http://127.0.0.1:9/api", "ANTHROPIC_MODEL": "sim-7b"}
     result = check_config(offline(tmp_path, env))
     assert result.status == FAIL
-    assert f"environment {name} is not a variable tokenload reads (did you mean {real}?)" in result.saw
+    assert f"environment {name} is not read by tokenload (did you mean {real}?)" in result.saw
     assert f"rename it to {real}" in (result.fix or "")
 
 
@@ -125,13 +125,27 @@ def test_misspelt_variable_in_settings_env_block_blocks_the_network_checks(tmp_p
                               {"env": {"ANTHROPIC_BASEURL": "http://127.0.0.1:9/api", "ANTHROPIC_AUTH_TOKEN": KEY}})
     results = run_doctor(tmp_path)
     assert results["config"].status == FAIL
-    assert f"{settings} ANTHROPIC_BASEURL is not a variable tokenload reads" in results["config"].saw
+    assert f"{settings} env.ANTHROPIC_BASEURL is not read by tokenload (did you mean ANTHROPIC_BASE_URL?)" in results["config"].saw
     assert results["base_url"].status == SKIP and "configuration" in results["base_url"].saw
+
+
+def test_misspelt_key_in_the_section_form(tmp_path: Path) -> None:
+    settings = write_settings(tmp_path / ".claude/settings.json",
+                              {"anthropic": {"base_url": "http://127.0.0.1:9/api", "auth-tokn": KEY}})
+    result = check_config(offline(tmp_path, {}))
+    assert result.status == FAIL
+    assert f"{settings} anthropic.auth-tokn is not read by tokenload (did you mean anthropic.auth_token?)" in result.saw
+
+
+def test_model_with_a_newline_fails_configuration(tmp_path: Path) -> None:
+    result = check_config(offline(tmp_path, {"ANTHROPIC_BASE_URL": "http://127.0.0.1:9/api", "ANTHROPIC_MODEL": "sim-7b\n"}))
+    assert result.status == FAIL and "model from environment ANTHROPIC_MODEL has a newline" in result.saw
 
 
 def test_variables_of_neighbouring_tools_are_not_misspellings(tmp_path: Path) -> None:
     env = {"ANTHROPIC_BASE_URL": "http://127.0.0.1:9/api", "ANTHROPIC_SMALL_FAST_MODEL": "m", "ANTHROPIC_VERTEX_BASE_URL": "x",
-           "OPENAI_ORG_ID": "o", "PATH": "/bin", "HOME": "/h", "ANTHROPIC_BETAS": "b"}
+           "OPENAI_ORG_ID": "o", "PATH": "/bin", "HOME": "/h", "ANTHROPIC_BETAS": "b", "MY_ANTHROPIC_API_KEY": "k",
+           "OPENAI_API_KEY_OLD": "k"}
     result = check_config(offline(tmp_path, env))
     assert result.status == OK, result.saw
     assert result.details["misspelt"] == {}
@@ -142,7 +156,7 @@ def test_settings_shadowed_by_environment_fails_but_does_not_block(tmp_path: Pat
     env = {"ANTHROPIC_BASE_URL": "http://127.0.0.1:9/api"}
     result = check_config(offline(tmp_path, env))
     assert result.status == FAIL and not result.blocks
-    assert f"ANTHROPIC_BASE_URL in {settings} is shadowed by a different value in the environment" in result.saw
+    assert f"env.ANTHROPIC_BASE_URL in {settings} is shadowed by a different value of ANTHROPIC_BASE_URL in the environment" in result.saw
     assert "unset ANTHROPIC_BASE_URL" in (result.fix or "")
     same = check_config(offline(tmp_path, {"ANTHROPIC_BASE_URL": "http://127.0.0.1:8/api"}))
     assert same.status == OK
@@ -227,6 +241,14 @@ def test_no_variant_answers(fake_server: Any, tmp_path: Path) -> None:
     base = run_doctor(tmp_path, base_url=fake_server.url + "/x", auth_token=KEY)["base_url"]
     assert base.status == FAIL and "no common variant" in base.saw
     assert "copy the API base URL" in (base.fix or "")
+
+
+def test_gateway_error_page_is_not_a_wrong_path(fake_server: Any, tmp_path: Path) -> None:
+    fake_server.play(body_script(502, b"<html><head><title>502 Bad Gateway</title></head></html>"))
+    base = run_doctor(tmp_path, base_url=fake_server.url + "/api", auth_token=KEY)["base_url"]
+    assert base.status == FAIL and "HTTP 502 with a proxy's error page" in base.saw and "502 Bad Gateway" in base.saw
+    assert "retry later" in (base.fix or "")
+    assert len(fake_server.requests) == 1  # no variants tried: the path is not the problem
 
 
 def test_redirect_is_reported_with_its_location(fake_server: Any, tmp_path: Path) -> None:

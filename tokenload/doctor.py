@@ -72,6 +72,7 @@ OTHER_TOOLS_VARS: frozenset[str] = frozenset({
 # Names users carry over from older tools; similarity alone would guess wrong.
 ALIASES: dict[str, str] = {"OPENAI_API_BASE": "OPENAI_BASE_URL", "ANTHROPIC_API_URL": "ANTHROPIC_BASE_URL"}
 NAME_SIMILARITY = 0.8
+FIELD_OF: dict[str, str] = {var: name for names in ENV_VARS.values() for name, var in names.items()}
 
 _PLACEHOLDER = re.compile(
     r"^(<.*>|\[.*\]|\{.*\}|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|(sk-(ant-)?)?(x{3,}|\.{3,}|\*{3,})|"
@@ -173,7 +174,7 @@ class Doctor:
         """The channel's model ids from `/v1/models`, or None when it offers no list."""
         if not self._models_fetched:
             self._models_fetched = True
-            url = models_url(self.channel.base_url, self.channel.protocol)
+            url = models_url(self.channel.base_url)
             try:
                 with self.client() as http:
                     response = http.get(url, headers=self.channel.headers())
@@ -193,14 +194,14 @@ class Doctor:
 
 def redact(text: str, secrets: list[str], env: Mapping[str, str]) -> str:
     """`text` with the given secrets, every key-like variable's value (misspelt ones too) and key shapes masked."""
-    values = secrets + [v for k, v in env.items() if re.search(r"KEY|TOKEN|SECRET", k, re.I)]
+    values = secrets + [v for k, v in env.items() if re.search(r"KEY|TOKEN|SECRET", k, re.I) and len(v.strip()) >= 8]
     for secret in sorted((v for v in values if v and v.strip()), key=len, reverse=True):
         for form in (secret, secret.strip()):
             text = text.replace(form, fingerprint(secret))
     return redact_keylike(text)
 
 
-def models_url(base_url: str, protocol: str) -> str:
+def models_url(base_url: str) -> str:
     """`GET` URL of the model list: beside the chat endpoint, under `/v1`."""
     base = base_url.rstrip("/")
     return (base if base.endswith("/v1") else base + "/v1") + "/models"
@@ -223,9 +224,9 @@ def misspellings(names: list[str]) -> dict[str, str]:
     found: dict[str, str] = {}
     known = sorted(KNOWN_ENV_VARS)
     for name in names:
-        if name in KNOWN_ENV_VARS or name in OTHER_TOOLS_VARS:
-            continue
         upper = name.upper()
+        if name in KNOWN_ENV_VARS or name in OTHER_TOOLS_VARS or any(k in upper and k != upper for k in known):
+            continue  # a real name, or a deliberate variant of one (MY_ANTHROPIC_API_KEY, OPENAI_API_KEY_OLD)
         if upper in ALIASES:
             found[name] = ALIASES[upper]
         elif upper in KNOWN_ENV_VARS:
@@ -289,11 +290,11 @@ def base_variants(base_url: str) -> list[str]:
 
 
 def answer_kind(response: httpx.Response) -> str:
-    """`api`, `html`, `redirect` or `not_found`: how a cheap request to an endpoint was answered."""
+    """`api`, `html`, `gateway`, `redirect` or `not_found`: how a cheap request to an endpoint was answered."""
     if 300 <= response.status_code < 400:
         return "redirect"
     if looks_like_html(response.headers.get("content-type", ""), response.content):
-        return "html"
+        return "gateway" if response.status_code >= 500 else "html"  # a proxy's error page: the API behind it is down
     if response.status_code in (404, 405):
         kind, _ = classify_http(response.status_code, response.headers.get("content-type", ""), response.content)
         return "api" if kind == ek.NOT_FOUND_MODEL else "not_found"
@@ -330,25 +331,27 @@ def check_config(ctx: Doctor) -> CheckResult:
     fixes: list[str] = []
     blocking = False
 
-    settings_names = _settings_names(res.settings_files)
-    typos = {f"environment {n}": real for n, real in misspellings(sorted(ctx.env)).items()}
-    for path, names in settings_names.items():
-        typos.update({f"{path} {n}": real for n, real in misspellings(names).items()})
+    entries = {path: _settings_entries(path) for path in res.settings_files}
+    typos = {f"environment {n}": (real, real) for n, real in misspellings(sorted(ctx.env)).items()}
+    for path, found in entries.items():
+        for var, real in misspellings(list(found)).items():
+            written = found[var][0]
+            section = written.partition(".")[0]
+            typos[f"{path} {written}"] = (real if section == "env" else f"{section}.{FIELD_OF[real]}", real)
     own = {var: name for name, var in ENV_VARS[family(res.channel.protocol)].items()}
-    for where, real in typos.items():
-        problems.append(f"{where} is not a variable tokenload reads (did you mean {real}?)")
-        fixes.append(f"rename it to {real}")
+    for where, (suggestion, real) in typos.items():
+        problems.append(f"{where} is not read by tokenload (did you mean {suggestion}?)")
+        fixes.append(f"rename it to {suggestion}")
         if real in own and res.sources.get(own[real], "default") == "default":
             blocking = True  # the field it was meant to set is unset or fell back to its default
-    details["misspelt"] = typos
+    details["misspelt"] = {where: suggestion for where, (suggestion, _) in typos.items()}
 
     shadowed = []
-    for path, names in settings_names.items():
-        for var in names:
-            value = _settings_value(path, var)
-            if var in ctx.env and value is not None and value.strip() != ctx.env[var].strip():
+    for path, found in entries.items():
+        for var, (written, value) in found.items():
+            if var in KNOWN_ENV_VARS and var in ctx.env and value is not None and value.strip() != ctx.env[var].strip():
                 shadowed.append(var)
-                problems.append(f"{var} in {path} is shadowed by a different value in the environment")
+                problems.append(f"{written} in {path} is shadowed by a different value of {var} in the environment")
                 fixes.append(f"unset {var} in the shell (or make both agree) so the settings file takes effect")
     details["shadowed"] = shadowed
 
@@ -370,32 +373,26 @@ def check_config(ctx: Doctor) -> CheckResult:
     return CheckResult("config", "configuration", OK, saw, details=details)
 
 
-def _settings_names(files: list[Path]) -> dict[Path, list[str]]:
-    """Variable-like names in each settings file: the `env` block and the section form's keys as variables."""
-    names: dict[Path, list[str]] = {}
-    for path in files:
-        data = json.loads(path.read_text(encoding="utf-8"))  # resolve() already proved it parses
-        found = [k for k in (data.get("env") or {}) if isinstance(k, str)]
-        for section in ("anthropic", "openai"):
-            block = data.get(section)
-            if isinstance(block, dict):
-                fields = ENV_VARS[section]
-                for key in block:
-                    known = fields.get(key)
-                    found.append(known or f"{section.upper()}_{key.upper().replace('-', '_')}")
-        names[path] = found
-    return names
+def _settings_entries(path: Path) -> dict[str, tuple[str, str | None]]:
+    """Every variable a settings file sets, as {variable-like name: (as written, value)}.
 
-
-def _settings_value(path: Path, var: str) -> str | None:
-    data = json.loads(path.read_text(encoding="utf-8"))
-    value = (data.get("env") or {}).get(var)
+    Claude Code's `env` block holds variable names; tokenload's section form
+    (`{"anthropic": {"base_url": ...}}`) is mapped to the variable each key stands
+    for, so one similarity test covers both spellings.
+    """
+    data = json.loads(path.read_text(encoding="utf-8"))  # resolve() already proved it parses
+    found: dict[str, tuple[str, str | None]] = {}
+    env_block = data.get("env")
+    if isinstance(env_block, dict):
+        for key, value in env_block.items():
+            found[key] = (f"env.{key}", value if isinstance(value, str) else None)
     for section, fields in ENV_VARS.items():
         block = data.get(section)
-        for name, known in fields.items():
-            if known == var and isinstance(block, dict) and isinstance(block.get(name), str):
-                value = block[name]
-    return value if isinstance(value, str) else None
+        if isinstance(block, dict):
+            for key, value in block.items():
+                var = fields.get(key) or f"{section.upper()}_{key.upper().replace('-', '_')}"
+                found[var] = (f"{section}.{key}", value if isinstance(value, str) else None)
+    return found
 
 
 def _near_miss_settings(ctx: Doctor) -> list[Path]:
@@ -473,6 +470,11 @@ def check_base_url(ctx: Doctor) -> CheckResult:
             suggested = location[: -len(suffix)] if location.endswith(suffix) else location
             return fail(f"POST {url} is redirected (HTTP {response.status_code}) to {location}; clients do not follow it",
                         f"set {ctx.where('base_url')} to {suggested}")
+        if kind == "gateway":
+            page = body_message(response.content, response.headers.get("content-type", ""))
+            return fail(f"POST {url} answered HTTP {response.status_code} with a proxy's error page ({page}): "
+                        "the channel behind it is down or unreachable",
+                        "retry later, or tell the channel's operator; the base URL itself reached a server")
         if kind != "api":
             what = (f"an HTML page ({body_message(response.content, response.headers.get('content-type', ''))[11:]!r})"
                     if kind == "html" else "404 not found")
