@@ -184,14 +184,16 @@ def _write_html(comparison: dict[str, Any], views: list[tuple[str, Analysis]], f
 
 
 def comparison_table(comparison: dict[str, Any]) -> Table:
-    """Rich table of the deltas, for the terminal."""
-    table = Table(title=f"tokenload compare (baseline {comparison['baseline']})", title_justify="left")
-    for head in ("run", "metric", "base p50 s", "p50 s", "Δ s", "ratio", "p", "P(slower)", "verdict"):
-        table.add_column(head, justify="left" if head in ("run", "metric", "verdict") else "right",
-                         overflow="fold")
+    """Rich table of the deltas, sized for an 80-column terminal (the HTML has the p95 columns)."""
+    table = Table(title=f"tokenload compare (baseline {comparison['baseline']}, seconds)", title_justify="left")
+    for head in ("run", "metric", "base p50", "p50", "Δ p50", "ratio", "p", "P(slower)", "verdict"):
+        table.add_column(head, justify="left" if head in ("run", "metric", "verdict") else "right")
     for d in comparison["deltas"]:
         row = _delta_row(d)
-        del row[6:8]  # the p95 columns: the HTML has room for them, an 80-column terminal has not
+        del row[6:8]
+        p_value = d["mann_whitney"]["p_value"]
+        row[6] = "<0.001" if p_value is not None and p_value < 0.001 else p_value
+        row[8] = "same" if not d["significant"] else d["verdict"]
         style = "" if not d["significant"] else ("red" if d["verdict"] == "slower" else "green")
         table.add_row(*("n/a" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v)) for v in row),
                       style=style)

@@ -1,16 +1,89 @@
-"""tokenload demo (being built)."""
+"""See everything tokenload does in about two minutes, with no key and no network.
+
+The demo starts the built-in channel simulator on a free loopback port with its
+`offpeak` profile, runs the packaged `demo` scenario against it (a short ramp
+of 1, 2, 4, 8 and 16 users with prompt and output lengths that vary), analyses
+the run and prints the verdict table. Then it does the same against the
+simulator's `peak` profile (other tenants slow every step and take slots) and
+compares the two runs, as you would compare a channel at night and at noon.
+
+Everything lands under one directory (default results/demo-<time>/):
+offpeak/ and peak/ are ordinary run directories (requests.parquet,
+manifest.json, summary.json, report.html, plots/), comparison/ holds
+comparison.html. Point your own channel at `tokenload doctor`, `tokenload probe`
+and `tokenload run` next.
+"""
 
 from __future__ import annotations
 
 import argparse
+from datetime import datetime
+from pathlib import Path
 
-HELP = "not yet available"
+from tokenload.channel import PROTOCOLS
+
+HELP = "run the whole pipeline against the built-in simulator: off-peak and peak runs, reports, comparison"
+
+# (label, simulator profile, run directory name)
+PHASES: tuple[tuple[str, str, str], ...] = (("off-peak", "offpeak", "offpeak"), ("peak", "peak", "peak"))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """No options yet."""
+    parser.add_argument("--out", metavar="DIR", help="where the runs go (default results/demo-<time>)")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="anthropic",
+                        help="wire protocol the simulator is spoken to with (default anthropic)")
+    parser.add_argument("--duration", type=float, metavar="S",
+                        help="cap each run at S seconds (default: the scenario's ~35 s)")
+    parser.add_argument("--offpeak-only", action="store_true", help="skip the peak run and the comparison")
 
 
 def run(args: argparse.Namespace) -> int:
-    print("tokenload demo: not yet available")
-    return 1
+    from rich.console import Console
+    from rich.rule import Rule
+
+    from tokenload.analysis import analyze_run, compare_runs, comparison_table, print_verdict
+    from tokenload.channel import Channel
+    from tokenload.errors import ConfigError
+    from tokenload.load.runner import run_scenario
+    from tokenload.load.scenario import load_scenario
+    from tokenload.sim import launch
+
+    if args.duration is not None and args.duration <= 0:
+        raise ConfigError(f"--duration must be positive, got {args.duration:g}")
+    console = Console(stderr=True, highlight=False)
+    root = Path(args.out) if args.out else Path("results") / f"demo-{datetime.now():%Y%m%d-%H%M%S}"
+    if root.exists() and any(root.iterdir()):
+        raise ConfigError(f"{root} is not empty; pass another --out")
+    root.mkdir(parents=True, exist_ok=True)
+    scenario = load_scenario("demo")
+    phases = PHASES[:1] if args.offpeak_only else PHASES
+    run_dirs: list[Path] = []
+    for label, profile, name in phases:
+        console.print(Rule(f"{label}: simulator profile '{profile}', scenario '{scenario.name}'"))
+        with launch(["--profile", profile, "--truth", str(root / f"{name}-truth.jsonl")]) as sim:
+            channel = Channel(base_url=sim.base_url, protocol=args.protocol, model="sim-7b")
+            console.print(f"simulator at {sim.base_url}; {scenario.description}")
+            with console.status("starting Locust") as status:
+                run_dir = run_scenario(scenario, channel, root / name, duration_s=args.duration,
+                                       on_live=lambda live: status.update(_live(label, live)))
+        summary = analyze_run(run_dir, console=console)
+        print_verdict(summary, console)
+        console.print(f"report: {run_dir / 'report.html'}")
+        run_dirs.append(run_dir)
+    if len(run_dirs) > 1:
+        console.print(Rule("off-peak vs peak"))
+        comparison = compare_runs(run_dirs, [label for label, _, _ in phases], root / "comparison", console=console)
+        console.print(comparison_table(comparison))
+        console.print(f"comparison: {root / 'comparison' / 'comparison.html'}")
+    for run_dir in run_dirs:
+        print(run_dir / "report.html")
+    if len(run_dirs) > 1:
+        print(root / "comparison" / "comparison.html")
+    return 0
+
+
+def _live(label: str, live: dict) -> str:
+    ttft = live.get("ttft_p50_s")
+    return (f"{label}: step {live['step']} · {live['users']} users · {live['step_rps']:.1f} req/s · "
+            f"TTFT p50 {'-' if ttft is None else f'{ttft * 1000:.0f} ms'} · {live['requests']} requests · "
+            f"{live['elapsed_s']:.0f} s")

@@ -1,0 +1,36 @@
+"""`tokenload demo` end to end: simulator, two real Locust runs, analysis, comparison."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SUMMARY_KEYS = {"fits", "formula", "steps", "breakpoint", "diagnosis"}
+STEP_KEYS = {"step", "active_users", "requests", "errors", "error_rate", "rps", "output_tok_s", "ttft_p50_s",
+             "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "slo_attainment", "formula_mape"}
+
+
+def test_demo_writes_reports_and_comparison(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "tokenload", "demo", "--out", str(out), "--duration", "10"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    printed = [Path(line) for line in proc.stdout.split()]
+    assert printed == [out / "offpeak" / "report.html", out / "peak" / "report.html",
+                       out / "comparison" / "comparison.html"]
+    for path in printed:
+        assert path.stat().st_size > 10_000, path
+    for phase in ("offpeak", "peak"):
+        summary = json.loads((out / phase / "summary.json").read_text())
+        assert SUMMARY_KEYS <= summary.keys()
+        assert summary["steps"] and STEP_KEYS <= summary["steps"][0].keys()
+        assert summary["fits"]["e2e_vs_output"]["n"] > 5
+        assert summary["errors_by_kind"].get("client_error", 0) == 0
+        assert len(list((out / phase / "plots").glob("*.png"))) >= 6
+    comparison = json.loads((out / "comparison" / "comparison.json").read_text())
+    tpot = next(d for d in comparison["deltas"] if d["metric"] == "tpot")
+    # The peak profile slows every decode step by 1.8x: the comparison must see it.
+    assert tpot["verdict"] == "slower" and tpot["ratio_p50"] > 1.3
