@@ -236,6 +236,18 @@ def test_dashboard_html_page_instead_of_api(fake_server: Any, tmp_path: Path) ->
     assert base.fix == f"set ANTHROPIC_BASE_URL to {fake_server.url}/api"
 
 
+def test_json_404_route_is_a_wrong_path(fake_server: Any, tmp_path: Path) -> None:
+    def router(received: Received) -> Script:
+        if received.path == "/api/v1/messages":
+            return json_script(400, {"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}})
+        return json_script(404, {"detail": "Not Found"})
+
+    fake_server.route(router)
+    base = run_doctor(tmp_path, base_url=fake_server.url, auth_token=KEY)["base_url"]
+    assert base.status == FAIL and "answered HTTP 404 with '{\"detail\": \"Not Found\"}'" in base.saw
+    assert base.fix == f"set --base-url to {fake_server.url}/api"
+
+
 def test_no_variant_answers(fake_server: Any, tmp_path: Path) -> None:
     fake_server.play(body_script(404, b"<html><title>Not here</title></html>"))
     base = run_doctor(tmp_path, base_url=fake_server.url + "/x", auth_token=KEY)["base_url"]

@@ -82,6 +82,8 @@ _PLACEHOLDER = re.compile(
     re.IGNORECASE,
 )
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*b\b", re.IGNORECASE)
+# Errors that mean the stream itself broke: the streaming check reports them, not latency.
+STREAM_KINDS = frozenset({ek.DISCONNECTED, ek.MALFORMED_STREAM, ek.TIMEOUT_STALL})
 _SHORT_PROMPT = "Say hi."
 _PROBE_PREFIX = "Count from 1 to 100, one number per word. Ignore the filler text that follows."
 
@@ -476,8 +478,8 @@ def check_base_url(ctx: Doctor) -> CheckResult:
                         "the channel behind it is down or unreachable",
                         "retry later, or tell the channel's operator; the base URL itself reached a server")
         if kind != "api":
-            what = (f"an HTML page ({body_message(response.content, response.headers.get('content-type', ''))[11:]!r})"
-                    if kind == "html" else "404 not found")
+            message = body_message(response.content, response.headers.get("content-type", ""))
+            what = f"an HTML page ({message.removeprefix('HTML page: ')!r})" if kind == "html" else repr(message)
             saw = f"POST {url} answered HTTP {response.status_code} with {what}, not an API response"
             answered = next((b for b in base_variants(channel.base_url) if _answers(ctx, http, b)), None)
             if answered and channel.protocol != "anthropic":
@@ -602,9 +604,6 @@ def _smaller_models(ctx: Doctor) -> str:
     models = ctx.models() or []
     smaller = [m for m in models if size is not None and (model_size(m) or size) < size]
     return f" (this channel serves {', '.join(smaller)})" if smaller else ""
-
-
-STREAM_KINDS = frozenset({ek.DISCONNECTED, ek.MALFORMED_STREAM, ek.TIMEOUT_STALL})
 
 
 def check_streaming(ctx: Doctor) -> CheckResult:
