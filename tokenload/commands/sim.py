@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ConfigError("--workers must be at least 1")
     profile = tokenload.sim.load_profile(args.profile)
+    if args.truth and not Path(args.truth).resolve().parent.is_dir():
+        raise ConfigError(f"--truth {args.truth}: its directory does not exist; create it or pick another path")
     models = args.model or profile.models
     print(f"tokenload sim: profile {args.profile}, models {', '.join(models)}, slots {profile.slots}"
           f" x {profile.replicas} replica(s), load {profile.load}, auth {'on' if args.api_key else 'off'}",
