@@ -373,15 +373,8 @@ class FakeServer:
         self._loop.call_soon_threadsafe(self._new_release)
 
     def close(self) -> None:
-        def stop() -> None:
-            if self._release is not None:
-                self._release.set()
-            if self._server is not None:
-                self._server.close()
-            self._loop.stop()
-
-        self._loop.call_soon_threadsafe(stop)
-        self._thread.join(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
 
     @property
     def last(self) -> Received:
@@ -402,6 +395,13 @@ class FakeServer:
         self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
         started.set()
         self._loop.run_forever()
+        # Stopped: end the open exchanges (hanging or sleeping ones) before closing the loop.
+        self._server.close()
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self._loop.close()
 
     def _script_for(self, received: Received) -> Script:
         with self._lock:
@@ -420,8 +420,8 @@ class FakeServer:
                 return
             script = self._script_for(received)
             await self._answer(script, reader, writer, release)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            pass  # the client left or sent garbage: nothing to answer
         finally:
             if not writer.is_closing():
                 writer.close()

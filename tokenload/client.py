@@ -6,6 +6,9 @@ clarity and excellent errors matter more than CPU per token, so httpx it is.
 
 from __future__ import annotations
 
+import _socket
+import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,13 +24,74 @@ from tokenload.tokens import estimate_tokens
 
 
 def timeouts(channel: Channel) -> httpx.Timeout:
-    """Read timeout covers the wait for the first token; stalls are checked per chunk."""
+    """httpx's per-read timeout: only a safety net behind `_Deadline`, which enforces the real ones."""
     return httpx.Timeout(
         connect=channel.connect_timeout_s,
-        read=max(channel.first_token_timeout_s, channel.idle_timeout_s),
+        read=max(channel.first_token_timeout_s, channel.idle_timeout_s) + 1.0,
         write=channel.connect_timeout_s,
         pool=channel.connect_timeout_s,
     )
+
+
+class _Deadline:
+    """The two stream deadlines httpx cannot express with its one per-read timeout.
+
+    Until the first token: `t0 + first_token_timeout_s` (headers, a preamble and
+    pings do not reset it). After it: `idle_timeout_s` past the last chunk. A
+    helper thread shuts the socket down when the deadline passes, which ends the
+    blocked read at once; `fired` then tells the reader it was a timeout. The
+    socket comes from httpcore's `trace` extension (connect / TLS), or from the
+    response's `network_stream` on a reused connection.
+    """
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.fired = False
+        self._stream: Any = None
+        self._done = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._watch, name="tokenload-deadline", daemon=True)
+        self._thread.start()
+
+    def trace(self, name: str, info: Mapping[str, Any]) -> None:
+        """httpcore trace hook: remember the newest network stream of this request."""
+        if name.endswith(("connect_tcp.complete", "start_tls.complete")) and info.get("return_value") is not None:
+            self.attach(info["return_value"])
+
+    def attach(self, stream: Any) -> None:
+        with self._cond:
+            self._stream = stream
+
+    def move(self, deadline: float) -> None:
+        with self._cond:
+            self.deadline = deadline
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._done = True
+            self._cond.notify()
+        self._thread.join(1.0)
+
+    def _watch(self) -> None:
+        with self._cond:
+            while not self._done:
+                left = self.deadline - time.perf_counter()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self.fired = True
+                self._abort()
+                return
+
+    def _abort(self) -> None:
+        try:
+            sock = self._stream.get_extra_info("socket") if self._stream is not None else None
+            if sock is not None:
+                # The plain socket call, also for an SSLSocket: the SSL layer then reads a clean EOF.
+                _socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        except (OSError, AttributeError, ValueError):
+            pass  # already closed: the read is over anyway
 
 
 def stream_once(
@@ -57,30 +121,55 @@ def stream_exchange(
     request = adapter.prepare(prompt, max_tokens, extra_body)
     own = client is None
     http = client or httpx.Client(timeout=timeouts(channel), follow_redirects=False)
-    session = StreamSession(adapter, time.perf_counter(), estimated_input_tokens=estimate_tokens(prompt), on_text=on_text)
+    t0 = time.perf_counter()
+    session = StreamSession(adapter, t0, estimated_input_tokens=estimate_tokens(prompt), on_text=on_text)
+    tl = session.timeline
+    deadline = _Deadline(t0 + channel.first_token_timeout_s)
+
+    def timed_out(now: float) -> None:
+        if tl.t_first_token is None:
+            session.on_failure(now, ek.TIMEOUT_FIRST_TOKEN, f"no token within {channel.first_token_timeout_s:g} s")
+        else:
+            session.on_failure(now, ek.TIMEOUT_STALL, f"no data for {channel.idle_timeout_s:g} s after a token")
+
     try:
-        with http.stream("POST", request.url, headers=request.headers, content=request.body) as response:
+        with http.stream(
+            "POST",
+            request.url,
+            headers=request.headers,
+            content=request.body,
+            timeout=timeouts(channel),
+            extensions={"trace": deadline.trace},
+        ) as response:
             session.on_headers(time.perf_counter(), response.status_code, response.headers)
-            last = time.perf_counter()
-            for chunk in response.iter_raw():
+            if response.extensions.get("network_stream") is not None:
+                deadline.attach(response.extensions["network_stream"])
+            # iter_bytes, not iter_raw: relays may gzip the event stream.
+            for chunk in response.iter_bytes():
                 now = time.perf_counter()
-                if session.timeline.t_first_token is not None and now - last > channel.idle_timeout_s:
-                    session.on_failure(now, ek.TIMEOUT_STALL, f"no data for {now - last:.1f} s")
+                if deadline.fired:
                     break
                 session.on_data(now, chunk)
-                last = now
+                if tl.t_first_token is not None:
+                    deadline.move(now + channel.idle_timeout_s)
+            if deadline.fired:
+                timed_out(time.perf_counter())
             else:
                 session.on_end(time.perf_counter())
-    except httpx.TimeoutException as exc:
-        kind = ek.TIMEOUT_FIRST_TOKEN if isinstance(exc, httpx.ReadTimeout) else ek.BAD_BASE_URL
-        session.on_failure(time.perf_counter(), kind, f"{type(exc).__name__}: no answer within the timeout")
-    except httpx.ConnectError as exc:
-        session.on_failure(time.perf_counter(), ek.BAD_BASE_URL, f"cannot connect to {channel.base_url}: {exc}")
-    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-        session.on_failure(time.perf_counter(), ek.DISCONNECTED, f"{type(exc).__name__}: {exc}")
     except httpx.HTTPError as exc:
-        session.on_failure(time.perf_counter(), ek.CLIENT_ERROR, f"{type(exc).__name__}: {exc}")
+        now = time.perf_counter()
+        if deadline.fired or isinstance(exc, httpx.ReadTimeout):
+            timed_out(now)
+        elif isinstance(exc, httpx.TimeoutException):
+            session.on_failure(now, ek.BAD_BASE_URL, f"{type(exc).__name__}: cannot reach {channel.base_url} in time")
+        elif isinstance(exc, httpx.ConnectError):
+            session.on_failure(now, ek.BAD_BASE_URL, f"cannot connect to {channel.base_url}: {exc}")
+        elif isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.DecodingError)):
+            session.on_failure(now, ek.DISCONNECTED, f"{type(exc).__name__}: {exc}")
+        else:
+            session.on_failure(now, ek.CLIENT_ERROR, f"{type(exc).__name__}: {exc}")
     finally:
+        deadline.stop()
         if own:
             http.close()
     record = session.record()

@@ -45,6 +45,7 @@ class StreamSession:
         tl = self.timeline
         tl.t_headers = t
         tl.http_status = status
+        headers = {k.lower(): v for k, v in headers.items()}  # clients differ in header-name case
         self._content_type = headers.get("content-type", "")
         tl.request_id = headers.get("request-id") or headers.get("x-request-id")
         self._streaming = status == 200 and not looks_like_html(self._content_type, b"") and (
@@ -90,5 +91,8 @@ class StreamSession:
         return self.timeline.error_kind is not None
 
     def record(self) -> dict[str, Any]:
-        """SPEC.md's per-request fields for this exchange."""
-        return measure(self.timeline, self._estimate)
+        """SPEC.md's per-request fields for this exchange (error messages redacted: servers echo keys)."""
+        record = measure(self.timeline, self._estimate)
+        if record["error_message"]:
+            record["error_message"] = self.adapter.channel.redact(record["error_message"])
+        return record

@@ -36,8 +36,9 @@ class AnthropicMessages(Protocol):
         if kind == "content_block_delta":
             delta = obj.get("delta") or {}
             field_kind = _DELTA_KINDS.get(delta.get("type"))
-            if field_kind and delta.get(field_kind[0]):
-                tl.token(t, field_kind[1], delta[field_kind[0]])
+            text = delta.get(field_kind[0]) if field_kind else None
+            if field_kind and text and isinstance(text, str):
+                tl.token(t, field_kind[1], text)
         elif kind == "message_start":
             usage = (obj.get("message") or {}).get("usage") or {}
             if isinstance(usage.get("input_tokens"), int):

@@ -37,10 +37,10 @@ class OpenAIChat(Protocol):
         for choice in obj.get("choices") or ():
             delta = choice.get("delta") or {}
             text = delta.get("content")
-            if text:
+            if text and isinstance(text, str):
                 tl.token(t, TOKEN_TEXT, text)
             thinking = delta.get("reasoning_content") or delta.get("reasoning")
-            if thinking:
+            if thinking and isinstance(thinking, str):
                 tl.token(t, TOKEN_THINKING, thinking)
             if delta.get("tool_calls"):
                 tl.token(t, TOKEN_OTHER)

@@ -37,8 +37,9 @@ class OpenAIResponses(Protocol):
         kind = obj.get("type", event)
         token_kind = _DELTA_KINDS.get(kind)
         if token_kind is not None:
-            if obj.get("delta"):
-                tl.token(t, token_kind, obj["delta"])
+            delta = obj.get("delta")
+            if delta and isinstance(delta, str):
+                tl.token(t, token_kind, delta)
         elif kind in ("response.completed", "response.incomplete"):
             response = obj.get("response") or {}
             usage = response.get("usage") or {}
