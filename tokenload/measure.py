@@ -56,9 +56,7 @@ class Timeline:
     on_text: Callable[[str, str], None] | None = None  # (text, kind), for live display
 
     def token(self, t: float, kind: str, text: str = "") -> None:
-        """One content delta arrived at `t`."""
-        if self.on_text is not None:
-            self.on_text(text, kind)
+        """One content delta arrived at `t` (counted before any display callback runs)."""
         if self.t_first_token is None:
             self.t_first_token = t
         if kind == TOKEN_TEXT:
@@ -71,6 +69,8 @@ class Timeline:
             self.other_chunks += 1
         self.t_last_token = t
         self.chunk_times.append(t)
+        if self.on_text is not None:
+            self.on_text(text, kind)
 
     def fail(self, kind: str, message: str) -> None:
         """Record the first error only: later ones are consequences of it."""

@@ -28,6 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from tokenload.channel import resolve_from_args
     from tokenload.client import stream_once
@@ -42,14 +43,15 @@ def run(args: argparse.Namespace) -> int:
     channel = resolution.channel
     err = Console(stderr=True)
     for warning in resolution.warnings:
-        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     out = Console(highlight=False)
 
     def show(text: str, kind: str) -> None:
-        out.print(text, end="", style="dim italic" if kind == "thinking" else None, soft_wrap=True)
+        # Model text is data, never rich markup: "[/x]" in an answer must print as is.
+        out.print(text, end="", style="dim italic" if kind == "thinking" else None, soft_wrap=True, markup=False)
 
     if not args.json:
-        out.print(f"[bold]{channel}[/]")
+        out.print(f"[bold]{escape(str(channel))}[/]", soft_wrap=True)
     record = stream_once(channel, args.prompt, args.max_tokens, on_text=None if args.json else show)
     check = formula(record["ttft_s"], record["tpot_s"], record["output_tokens"], record["e2e_s"])
     if args.json:
@@ -60,8 +62,12 @@ def run(args: argparse.Namespace) -> int:
     out.print()
     if record["status"] != "ok":
         kind = record["error_kind"]
-        err.print(f"[red]FAIL[/] {kind} (HTTP {record['http_status']}): {record['error_message']}", highlight=False)
-        err.print(f"fix: {FIXES[kind]}", highlight=False)
+        err.print(
+            f"[red]FAIL[/] {kind} (HTTP {record['http_status']}): {escape(str(record['error_message']))}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        err.print(f"fix: {FIXES[kind]}", highlight=False, markup=False, soft_wrap=True)
     _print_summary(out, record, check)
     return 0 if record["status"] == "ok" else 1
 
@@ -87,6 +93,7 @@ def _print_summary(out: object, record: dict, check: dict | None) -> None:
         out.print(  # type: ignore[attr-defined]
             f"formula: TTFT + TPOT x N = {record['ttft_s']:.3f} + {record['tpot_s']:.4f} x {n} = "
             f"{check['predicted_simple_s']:.3f} s predicted vs {record['e2e_s']:.3f} s measured "
-            f"({check['error_simple_pct']:+.1f}%; exact form with N-1: {check['error_exact_pct']:+.1f}%)"
+            f"({check['error_simple_pct']:+.1f}%; exact form with N-1: {check['error_exact_pct']:+.1f}%)",
+            soft_wrap=True,  # one line, whatever the terminal width: scripts grep it
         )
     sys.stdout.flush()

@@ -1,0 +1,113 @@
+"""The CLI's exit-code contract (SPEC.md): bad input is exit 2 with one clear stderr line, never a traceback.
+
+Mistake 7 of BRIEF.md (configuration not read) surfaces here: a wrong path, bad
+JSON or a malformed value must say what and where, in one line, in a real
+subprocess exactly as a user runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tokenload.cli import COMMANDS, main
+
+
+def run_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_"))}
+    clean.update(HOME=str(tmp_path / "home"), PYTHONIOENCODING="utf-8", **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "tokenload", *args],
+        capture_output=True, text=True, encoding="utf-8", cwd=tmp_path, env=clean, timeout=60,
+    )
+
+
+def _files(tmp_path: Path) -> dict[str, Path]:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{\n  "env": {"ANTHROPIC_MODEL": "x",}\n}\n', encoding="utf-8")
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00{")
+    array = tmp_path / "array.json"
+    array.write_text("[]", encoding="utf-8")
+    return {"bad": bad, "binary": binary, "array": array}
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expect"),
+    [
+        (["--base-url", "relay.example/api"], {}, "not an http(s) URL"),
+        (["--base-url", "http://127.0.0.1:9"], {"ANTHROPIC_BASE_URL": "ftp://x"}, None),  # flag wins: not a config error
+        ([], {"ANTHROPIC_BASE_URL": "localhost:8080"}, "not an http(s) URL"),
+        (["--settings", "{missing}"], {}, "does not exist"),
+        (["--settings", "{bad}"], {}, "bad.json is not valid JSON: Expecting property name enclosed in double quotes at line 2 column 34"),
+        (["--settings", "{binary}"], {}, "not UTF-8"),
+        (["--settings", "{array}"], {}, "JSON object"),
+        (["--max-tokens", "lots"], {}, "--max-tokens"),
+        (["--max-tokens", "0"], {}, "--max-tokens must be at least 1"),
+        (["--protocol", "grpc"], {}, "invalid choice"),
+        (["--no-such-flag"], {}, "unrecognized arguments"),
+        ([], {"ANTHROPIC_CUSTOM_HEADERS": "X-Key sk-zz-hidden-value-123456"}, "custom header line 1"),
+    ],
+    ids=["bad-url-flag", "flag-overrides-bad-env", "bad-url-env", "missing-settings", "invalid-json", "not-utf8",
+         "not-object", "max-tokens-text", "max-tokens-zero", "bad-protocol", "unknown-flag", "bad-custom-header"],
+)
+def test_bad_config_exits_2_with_one_line(tmp_path: Path, args: list[str], env: dict[str, str], expect: str | None) -> None:
+    files = {**_files(tmp_path), "missing": tmp_path / "nope" / "settings.json"}
+    args = [a.format(**files) for a in args]
+    proc = run_cli(tmp_path, "probe", *args, env=env)
+    if expect is None:
+        assert proc.returncode == 1  # reached the network: connection refused is a probe failure, not bad input
+        assert "FAIL bad_base_url" in proc.stderr
+        return
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("tokenload: error: ") and expect in lines[0]
+    assert proc.stdout == ""
+    assert "sk-zz-hidden-value-123456" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    assert info.value.code == 0
+    assert f"usage: tokenload {command}" in capsys.readouterr().out
+
+
+def test_probe_help_lists_channel_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["probe", "--help"])
+    out = capsys.readouterr().out
+    for option in ("--base-url", "--api-key", "--auth-token", "--model", "--protocol", "--settings", "--prompt", "--max-tokens", "--json"):
+        assert option in out
+
+
+def test_no_command_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "probe" in capsys.readouterr().out
+
+
+def test_unknown_command_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["frobnicate"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "invalid choice" in err[0]
+
+
+def test_module_entry_point_version(tmp_path: Path) -> None:
+    """`python -m tokenload` is the console script (CI and users without the script on PATH use it)."""
+    proc = run_cli(tmp_path, "--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("tokenload ")
+
+
+def test_settings_error_message_names_the_file_in_json_mode_too(tmp_path: Path) -> None:
+    """`--json` does not change the bad-input contract: still exit 2, one line on stderr, nothing on stdout."""
+    bad = _files(tmp_path)["bad"]
+    proc = run_cli(tmp_path, "probe", "--json", "--settings", str(bad))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and str(bad) in proc.stderr
