@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from tokenload import __version__
-from tokenload.errors import ConfigError
+from tokenload.errors import ConfigError, HarnessError
 
 COMMANDS: tuple[str, ...] = ("demo", "sim", "probe", "doctor", "run", "analyze", "compare")
 
@@ -58,6 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"tokenload: error: {exc}", file=sys.stderr)
         return 2
+    except HarnessError as exc:
+        print(f"tokenload: failed: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("tokenload: interrupted", file=sys.stderr)
         return 130

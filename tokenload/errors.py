@@ -15,6 +15,14 @@ class ConfigError(Exception):
     """Bad user input: printed as one line, exit code 2, never a traceback."""
 
 
+class HarnessError(RuntimeError):
+    """A child process tokenload depends on (Locust, the simulator) failed.
+
+    Printed as one line naming the log to read, exit code 1: not the user's
+    input, and not a bug to show a traceback for.
+    """
+
+
 # SPEC.md `error_kind` values. `client_error` means a bug of ours and must stay
 # at zero in tests.
 AUTH: Final = "auth"
@@ -54,7 +62,7 @@ FIXES: Final[dict[str, str]] = {
     OVERLOADED: "the channel is overloaded: retry at off-peak time or lower the load",
     SERVER_ERROR: "the channel returned a server error: retry later or report it to the channel's operator",
     BAD_REQUEST: "the channel rejected the request body: check the model id, max tokens and extra body fields",
-    TIMEOUT_FIRST_TOKEN: "no token before the first-token timeout: the channel is queueing or stuck; lower the load or raise --timeout",
+    TIMEOUT_FIRST_TOKEN: "no token before the first-token timeout: the channel is queueing or stuck; lower the load, or raise the timeout (--timeout, or first_token_timeout_s in a scenario)",
     TIMEOUT_STALL: "the stream stalled between tokens past the idle timeout: the channel or a proxy is stuck",
     DISCONNECTED: "the connection closed before the stream ended: a proxy or the channel dropped it",
     MALFORMED_STREAM: "the stream was not valid server-sent events for this protocol: check --protocol and the base URL",

@@ -10,6 +10,7 @@ it did not, 2 when the configuration could not be read.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -23,6 +24,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (default: a short counting task)")
     parser.add_argument("--max-tokens", type=int, default=64, help="maximum output tokens (default 64)")
     parser.add_argument("--json", action="store_true", help="print one JSON object with SPEC.md field names")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                        help="seconds to wait for the first token, and between tokens (default 60)")
     add_channel_arguments(parser)
 
 
@@ -32,15 +35,15 @@ def run(args: argparse.Namespace) -> int:
 
     from tokenload.channel import resolve_from_args
     from tokenload.client import stream_once
-    from tokenload.errors import FIXES
+    from tokenload.errors import FIXES, ConfigError
     from tokenload.measure import formula
 
     if args.max_tokens < 1:
-        from tokenload.errors import ConfigError
-
         raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout must be positive, got {args.timeout:g}")
     resolution = resolve_from_args(args)
-    channel = resolution.channel
+    channel = dataclasses.replace(resolution.channel, first_token_timeout_s=args.timeout, idle_timeout_s=args.timeout)
     err = Console(stderr=True)
     for warning in resolution.warnings:
         err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenload.errors import HarnessError
 from tokenload.sim.profile import Profile, load_profile, with_overrides
 from tokenload.sim.server import SimServer
 
@@ -112,7 +113,7 @@ class SimProcess:
         if not self.base_url:
             rc = self.process.poll()
             self.__exit__(None, None, None)
-            raise RuntimeError(f"tokenload sim did not print its URL within {self.timeout} s (exit code {rc})")
+            raise HarnessError(f"tokenload sim did not print its URL within {self.timeout} s (exit code {rc})")
         return self
 
     def __exit__(self, *exc: object) -> None:
