@@ -9,6 +9,9 @@ Records are flushed to RUN_DIR at least once a second, so Ctrl-C keeps them
 (a second Ctrl-C kills Locust and may lose the last second). At the end RUN_DIR
 holds requests.parquet (one row per request, SPEC.md columns) and manifest.json;
 RUN_DIR is printed as the last line of stdout, ready for `tokenload analyze`.
+Exit code 1 when a Locust worker was lost (killed or crashed) mid-run: RUN_DIR
+is still finalised with everything it flushed, and manifest.json names it in
+`workers_lost` and `warnings`.
 
 Distributed: `--processes N` forks N local workers; across machines start
 `tokenload run SCENARIO --master --expect-workers N --out DIR` and on each
@@ -89,15 +92,20 @@ def run(args: argparse.Namespace) -> int:
         run_dir = run_scenario(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
                                distribution=distribution, web=args.web,
                                on_live=lambda live: status.update(_live_line(live)))
+    lost = False
     if not args.worker:
-        _print_summary(err, run_dir / REQUESTS_FILE)
+        lost = _print_summary(err, run_dir / REQUESTS_FILE)
     print(run_dir)
     sys.stdout.flush()
-    return 0
+    return 1 if lost else 0
 
 
-def _print_summary(err: object, path: object) -> None:
-    """Counts and TTFT/TPOT percentiles from the raw records (not Locust's rounded histogram)."""
+def _print_summary(err: object, path: object) -> bool:
+    """Counts and TTFT/TPOT percentiles from the raw records (not Locust's rounded histogram).
+
+    Returns True when a worker was lost (killed or crashed): the run directory is
+    complete up to that worker's last flush, but the command exits 1.
+    """
     import json
 
     import numpy as np
@@ -116,3 +124,4 @@ def _print_summary(err: object, path: object) -> None:
     err.print(" · ".join(parts))  # type: ignore[attr-defined]
     for warning in manifest.get("warnings", []):
         err.print(f"[bold red]WARNING:[/] {warning}")  # type: ignore[attr-defined]
+    return bool(manifest.get("workers_lost"))

@@ -9,9 +9,18 @@ Open-loop rates are split evenly between the workers.
 The master also keeps `segments/control.json` up to date once a second: the
 steps so far with their request and error counts, the live numbers that
 `tokenload run` shows, the worker ids (the merge waits for each of them) and,
-at the end, why the run stopped. Stop conditions are read from Locust's
-aggregated stats: good enough for deciding when to stop (rounded histogram,
-3 s worker report lag), never used for reported numbers.
+at the end, why the run stopped.
+
+Request and token limits are enforced where the requests are sent, not from
+Locust's aggregated stats (read about once a second, 3 s behind on a master,
+so fast failures overshot a limit of 200 to 2810): each process gets a share
+of `[stop] max_requests` / `max_tokens` (`Budget`; split between workers by the
+master in its first step message) and a user takes a ticket before each send.
+Once a process's share is used up its users park, it tells the master
+(`BUDGET_MESSAGE`), and the run stops when every process is spent. A request
+limit is therefore never exceeded; a token budget by at most the requests in
+flight when it ran out. The breakpoint checks still read Locust's stats: good
+enough for deciding when to stop, never used for reported numbers.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from locust.env import Environment
@@ -31,18 +41,68 @@ from tokenload.load.scenario import Scenario
 from tokenload.load.shapes import Phase, build_plan
 
 STEP_MESSAGE = "tokenload_step"
+BUDGET_MESSAGE = "tokenload_budget_spent"
 CONTROL_FILE = "control.json"
 # Locust stats request types; TTFT/TPOT/E2E carry milliseconds (per token for TPOT).
 REQUEST_TYPE, TTFT, TPOT, E2E = "POST", "TTFT", "TPOT", "E2E"
 
 
+class Budget:
+    """One process's share of the request and token limits (None = unlimited; 0 = none left)."""
+
+    __slots__ = ("max_requests", "max_tokens", "sent", "tokens", "spent", "on_spent")
+
+    def __init__(self, max_requests: int | None, max_tokens: int | None,
+                 on_spent: Callable[[Budget], None] | None = None) -> None:
+        self.max_requests = max_requests
+        self.max_tokens = max_tokens
+        self.sent = 0
+        self.tokens = 0
+        self.spent: str | None = None
+        self.on_spent = on_spent
+
+    def admit(self) -> bool:
+        """Take a ticket for one request; False once the share is used up."""
+        if self.spent is None:
+            if self.max_requests is not None and self.sent >= self.max_requests:
+                self._spend(f"max_requests: {self.sent} sent")
+            elif self.max_tokens is not None and self.tokens >= self.max_tokens:
+                self._spend(f"token budget: {self.tokens} tokens")
+            else:
+                self.sent += 1
+                return True
+        return False
+
+    def finished(self, tokens: int) -> None:
+        """A request ended having used `tokens` (input + output)."""
+        self.tokens += tokens
+        if self.spent is None and self.max_tokens is not None and self.tokens >= self.max_tokens:
+            self._spend(f"token budget: {self.tokens} tokens")
+        elif self.spent is None and self.max_requests is not None and self.sent >= self.max_requests:
+            self._spend(f"max_requests: {self.sent} sent")
+
+    def _spend(self, reason: str) -> None:
+        self.spent = reason
+        if self.on_spent is not None:
+            self.on_spent(self)
+
+
+def shares(total: int, workers: list[str]) -> dict[str, int | None]:
+    """Split a limit between workers as evenly as integers allow (a limit of 0 means none: None each)."""
+    n = len(workers)
+    return {w: (total // n + (i < total % n)) if total else None for i, w in enumerate(workers)}
+
+
 @dataclass
 class LoadState:
-    """What every process knows about the current phase (its share of the rate)."""
+    """What every process knows about the current phase (its share of the rate and limits)."""
 
     step: int = 0
     users: int = 0
     rate: float | None = None
+    budget: Budget | None = None
+    started_at: float = 0.0  # wall time the phase began on the shape's clock
+    plan_ends_at: float = 0.0  # wall time the whole plan ends (no open-loop send is scheduled after it)
 
 
 @dataclass(frozen=True)
@@ -84,13 +144,23 @@ class Snapshot:
 def install_step_listener(environment: Environment, state: LoadState) -> None:
     """On a worker: follow the master's phase announcements."""
 
+    runner = environment.runner
+    assert isinstance(runner, WorkerRunner)
+
+    def spent(budget: Budget) -> None:
+        runner.send_message(BUDGET_MESSAGE, {"worker": runner.client_id, "reason": budget.spent,
+                                             "sent": budget.sent, "tokens": budget.tokens})
+
     def on_step(environment: Environment, msg: Any, **_: Any) -> None:
         data = msg.data
         state.step, state.users = data["step"], data["users"]
         state.rate = None if data["rate"] is None else data["rate"] / max(1, data["workers"])
+        state.started_at, state.plan_ends_at = data["started_at"], data["plan_ends_at"]
+        share = (data.get("budget") or {}).get(runner.client_id)
+        if share is not None and state.budget is None:
+            state.budget = Budget(share[0], share[1], spent)
 
-    assert isinstance(environment.runner, WorkerRunner)
-    environment.runner.register_message(STEP_MESSAGE, on_step)
+    runner.register_message(STEP_MESSAGE, on_step)
 
 
 class RunControl:
@@ -108,6 +178,18 @@ class RunControl:
         self.stopped: str | None = None
         self._step_start: Snapshot | None = None
         self._started_at = time.time()
+        self.budgets: dict[str, list[int | None]] = {}  # master: each worker's [requests, tokens] share
+        self.spent: dict[str, dict[str, Any]] = {}  # master: workers whose share is used up
+        runner = environment.runner
+        if isinstance(runner, MasterRunner):
+            runner.register_message(BUDGET_MESSAGE, self._on_spent)
+
+    def _on_spent(self, environment: Environment, msg: Any, **_: Any) -> None:
+        self.spent[msg.data["worker"]] = msg.data
+
+    @property
+    def limited(self) -> bool:
+        return bool(self.scenario.stop.max_requests or self.scenario.stop.max_tokens)
 
     def _snapshot(self) -> Snapshot:
         return Snapshot.take(self.environment.runner.stats)  # type: ignore[union-attr]
@@ -120,23 +202,48 @@ class RunControl:
             step.update(self._snapshot().since(self._step_start), ended_at=time.time())
         return step
 
-    def enter(self, phase: Phase) -> None:
-        """A new phase begins: close the previous step, tell every process."""
+    def enter(self, phase: Phase, clock_zero: float) -> None:
+        """A new phase begins: close the previous step, tell every process.
+
+        `clock_zero` is the wall time of the shape's elapsed 0: open-loop arrivals
+        are scheduled from the phase's start on that clock, not from whenever
+        the first user got going, so a run offers `rate x duration` requests.
+        """
         self._close_step()
         self._step_start = self._snapshot()
         self.steps.append({**asdict(phase), "started_at": time.time()})
         runner = self.environment.runner
+        stop = self.scenario.stop
+        timing = {"started_at": clock_zero + phase.start_s, "plan_ends_at": clock_zero + self.plan[-1].end_s}
         if isinstance(runner, MasterRunner):
             self.workers.update(runner.clients.keys())
-            runner.send_message(STEP_MESSAGE, {**asdict(phase), "workers": max(1, runner.worker_count)})
+            message: dict[str, Any] = {**asdict(phase), "workers": max(1, runner.worker_count), **timing}
+            if self.limited and not self.budgets:  # shares are fixed by the workers present at the start
+                ids = sorted(runner.clients.keys())
+                req, tok = shares(stop.max_requests, ids), shares(stop.max_tokens, ids)
+                self.budgets = {w: [req[w], tok[w]] for w in ids}
+            if self.budgets:
+                message["budget"] = self.budgets
+            runner.send_message(STEP_MESSAGE, message)
         else:
             self.state.step, self.state.users, self.state.rate = phase.step, phase.users, phase.rate
+            self.state.started_at, self.state.plan_ends_at = timing["started_at"], timing["plan_ends_at"]
+            if self.limited and self.state.budget is None:
+                self.state.budget = Budget(stop.max_requests or None, stop.max_tokens or None)
 
     def stop_reason(self, elapsed_s: float, phase: Phase | None, current: Phase | None) -> str | None:
         """Why the run must stop now, or None to go on."""
         stop = self.scenario.stop
         if phase is None:
             return "duration" if stop.duration_s and elapsed_s >= stop.duration_s else "plan complete"
+        budget = self.state.budget
+        if budget is not None and budget.spent:  # local runner: its own budget
+            return budget.spent
+        if self.budgets and set(self.budgets) <= set(self.spent):  # master: every worker's share used
+            sent = sum(s["sent"] for s in self.spent.values())
+            tokens = sum(s["tokens"] for s in self.spent.values())
+            kind = "token budget" if all(s["reason"].startswith("token") for s in self.spent.values()) else "max_requests"
+            return f"{kind}: every worker spent its share ({sent} requests, {tokens} tokens)"
         totals = self._snapshot()
         if stop.max_requests and totals.requests >= stop.max_requests:
             return f"max_requests: {totals.requests} >= {stop.max_requests}"

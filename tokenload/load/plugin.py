@@ -6,9 +6,9 @@ Importing this module (the locustfile does) registers the listeners once:
   `TOKENLOAD_SCENARIO` / `TOKENLOAD_RUN_DIR` / `TOKENLOAD_RUN_ID`).
 - `init`: load the scenario; the master (or local runner) gets the `RunControl`
   the shape uses, workers follow the master's step messages.
-- `test_start`: every process that runs users builds its `ProcessContext`
-  (channel, one shared transport, prompts, segment writer, lag probe) and a
-  greenlet that flushes records every second.
+- `init` (checked again at `test_start`): every process that runs users builds
+  its `ProcessContext` (channel, one shared transport, prompts, segment writer,
+  lag probe) and a greenlet that flushes records every second.
 - `test_stop` / `quit`: flush what is left; at `quit` mark the process done.
 
 When Locust runs without `tokenload run` (plain `locust -f`), the master or
@@ -73,6 +73,7 @@ def _init(environment: Environment, **_: Any) -> None:
     environment.tokenload_state = state  # type: ignore[attr-defined]
     if isinstance(environment.runner, WorkerRunner):
         install_step_listener(environment, state)
+        _setup_process(environment)
         return
     from tokenload.load.runner import default_run_dir, new_run_id, write_run_info
 
@@ -87,6 +88,8 @@ def _init(environment: Environment, **_: Any) -> None:
     if not os.environ.get(MANAGED_ENV):
         write_run_info(run_dir, opts.run_id, scenario, _channel(scenario, environment.host).public())
         atexit.register(_finalise_standalone, run_dir)
+    if not isinstance(environment.runner, MasterRunner):
+        _setup_process(environment)
 
 
 def _channel(scenario: Scenario, host: str | None) -> Any:
@@ -108,9 +111,19 @@ def _worker_id(environment: Environment) -> str:
 
 @events.test_start.add_listener
 def _test_start(environment: Environment, **_: Any) -> None:
+    if environment.parsed_options is not None and not isinstance(environment.runner, MasterRunner):
+        _setup_process(environment)
+
+
+def _setup_process(environment: Environment) -> None:
+    """Build this process's users' shared context, once, before the shape's clock starts.
+
+    Done at `init` (and only checked at `test_start`): building adapters, the
+    transport and the segment writer takes a few hundred ms, which at
+    `test_start` would delay the first users behind the load plan's clock.
+    """
     opts = environment.parsed_options
-    if opts is None or isinstance(environment.runner, MasterRunner):
-        return
+    assert opts is not None
     if getattr(environment, "tokenload_process", None) is not None:
         return  # a restarted test in the web UI keeps its context and writer
     scenario = _scenario(environment)

@@ -203,8 +203,13 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None) -
     lateness = _lateness(table, scenario)
     if lateness.get("warning"):
         warnings.append(lateness["warning"])
-    if missing:
-        warnings.append(f"workers {', '.join(missing)} did not finish; their last second of records may be missing")
+    # A worker that never marked itself done was killed or crashed: what it flushed (every
+    # second) is kept, the records of its last second and its open streams are lost.
+    lost = missing if wait_s else sorted(w for w, s in states.items() if not s.get("done"))
+    if lost:
+        last = ", ".join(f"{w} (last flush {_iso(states.get(w, {}).get('updated_at'))})" for w in lost)
+        warnings.append(f"workers did not finish (killed or crashed): {last}; records after their last flush "
+                        "are lost (at most about 1 s of each)")
     if locust_rc:
         warnings.append(f"Locust exited with code {locust_rc}; see {LOG_FILE}")
     counts = table.group_by("worker").aggregate([("request_id", "count")]).to_pylist() if len(table) else []
@@ -219,6 +224,7 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None) -
         "started_at_iso": _iso(info.get("started_at")),
         "ended_at_iso": _iso(ended),
         "stop_reason": control.get("stop_reason") or ("interrupted" if locust_rc else None),
+        "workers_lost": lost,
         "plan": control.get("plan", []),
         "steps": control.get("steps", []),
         "records": {

@@ -18,6 +18,7 @@ phase begins it publishes it to every process through `control.RunControl`.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from locust import LoadTestShape
@@ -82,6 +83,6 @@ class ScenarioShape(LoadTestShape):
             return None
         if phase != self._phase:
             self._phase = phase
-            control.enter(phase)
+            control.enter(phase, time.time() - elapsed)
         control.write_live()
         return phase.users, control.scenario.load.spawn_rate

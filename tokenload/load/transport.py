@@ -19,8 +19,10 @@ import errno
 import socket
 import time
 from http.client import HTTPException
+from typing import Any
 from urllib.parse import urlsplit
 
+from gevent import get_hub
 from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPSocketPoolResponse
 
@@ -40,6 +42,8 @@ class Transport:
         parts = urlsplit(channel.url)
         self._path = parts.path + (f"?{parts.query}" if parts.query else "")
         self._idle = channel.idle_timeout_s
+        self._first = channel.first_token_timeout_s
+        self._plain = parts.scheme != "https"
         self._client = HTTPClient(
             parts.hostname or "127.0.0.1",
             parts.port,
@@ -64,21 +68,26 @@ class Transport:
         is dropped, so the caller can record the stream as in flight.
         """
         response: HTTPSocketPoolResponse | None = None
+        guard: _Deadline | None = None
+        timeline = session.timeline
         try:
             response = self._client.request("POST", self._path, body=request.body, headers=request.headers)
             session.on_headers(_perf(), response.status_code, {k.lower(): v for k, v in response.items()})
-            last = _perf()
+            sock = response._sock
+            if sock is not None:
+                guard = _Deadline(sock, timeline.t0, self._first, self._idle, timeline)
+            read = _read_available if self._plain else _read_available_ssl
             while True:
-                chunk = _read_available(response)
+                chunk = read(response)
                 now = _perf()
                 if not chunk:
                     session.on_end(now)
                     break
-                if session.timeline.t_first_token is not None and now - last > self._idle:
-                    session.on_failure(now, ek.TIMEOUT_STALL, f"no data for {now - last:.1f} s")
-                    break
                 session.on_data(now, chunk)
-                last = now
+                if guard is not None:
+                    guard.last = now
+        except _Expired as exc:
+            session.on_failure(_perf(), exc.kind, exc.message)
         except TimeoutError:
             session.on_failure(_perf(), ek.TIMEOUT_FIRST_TOKEN, "no data within the read timeout")
         except ConnectionRefusedError as exc:
@@ -88,8 +97,61 @@ class Transport:
         except (OSError, HTTPException) as exc:  # resets, broken pipes, truncated or invalid HTTP
             session.on_failure(_perf(), ek.DISCONNECTED, f"{type(exc).__name__}: {exc}")
         finally:
+            if guard is not None:
+                guard.close()
             if response is not None and not response.message_complete:
                 _drop(response)
+
+
+class _Expired(Exception):
+    """Thrown into a reading greenlet by its `_Deadline`."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+class _Deadline:
+    """First-token and stall timeouts for one response, at no cost per read.
+
+    A socket timeout would allocate and start a gevent `Timeout` on every read;
+    here one libev timer per stream fires at the earliest possible deadline
+    (t0 + first-token timeout, then last data + idle timeout), re-arms itself
+    if data came meanwhile, and otherwise cancels the socket wait with `_Expired`.
+    """
+
+    __slots__ = ("sock", "t0", "first", "idle", "timeline", "last", "timer", "hub")
+
+    def __init__(self, sock: Any, t0: float, first: float, idle: float, timeline: Any) -> None:
+        self.sock, self.t0, self.first, self.idle, self.timeline = sock, t0, first, idle, timeline
+        self.last = t0
+        self.hub = get_hub()
+        self.timer: Any = None
+        self._arm(min(first, idle))
+
+    def _arm(self, delay: float) -> None:
+        if self.timer is not None:
+            self.timer.close()
+        self.timer = self.hub.loop.timer(max(delay, 0.001))
+        self.timer.start(self._fire)
+
+    def _fire(self) -> None:
+        now = _perf()
+        if self.timeline.t_first_token is None:
+            due, kind, message = self.t0 + self.first, ek.TIMEOUT_FIRST_TOKEN, f"no token within {self.first:g} s"
+        else:
+            due, kind, message = self.last + self.idle, ek.TIMEOUT_STALL, f"no data for {now - self.last:.1f} s"
+        watcher = self.sock._read_event
+        if due > now or watcher.callback is None:  # not due yet, or the greenlet is busy with data
+            self._arm(min(max(due - now, 0.01), self.idle))
+            return
+        self.hub.cancel_wait(watcher, _Expired(kind, message))
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.close()
+            self.timer = None
 
 
 def _read_available(response: HTTPSocketPoolResponse) -> bytes:
@@ -97,7 +159,9 @@ def _read_available(response: HTTPSocketPoolResponse) -> bytes:
 
     geventhttpclient's public `read(n)` loops until n bytes arrive, which batches
     small SSE events; this reads exactly once per call. It uses the response's
-    parser buffer (`_body_buffer`, `_sock`, `feed`), stable since geventhttpclient 1.x.
+    parser buffer (`_body_buffer`, `_sock`, `feed`), stable since geventhttpclient 1.x,
+    and gevent's socket internals (`_sock`, the real non-blocking socket, and
+    `_read_event`, its read watcher) to wait without a per-read `Timeout`.
     """
     buf = response._body_buffer
     while not buf:
@@ -106,7 +170,13 @@ def _read_available(response: HTTPSocketPoolResponse) -> bytes:
         sock = response._sock
         if sock is None:
             return b""
-        data = sock.recv(_BLOCK)
+        raw = sock._sock
+        while True:
+            try:
+                data = raw.recv(_BLOCK)
+                break
+            except BlockingIOError:
+                _wait(sock._read_event)
         response.feed(data)  # raises HTTPParseError on invalid chunk framing
         if not data:
             if not response.message_complete:
@@ -115,6 +185,30 @@ def _read_available(response: HTTPSocketPoolResponse) -> bytes:
     chunk = bytes(buf)
     del buf[:]
     return chunk
+
+
+def _read_available_ssl(response: HTTPSocketPoolResponse) -> bytes:
+    """HTTPS: the same single read through gevent's SSL socket (its own per-read timeout)."""
+    buf = response._body_buffer
+    while not buf:
+        if response.message_complete:
+            return b""
+        sock = response._sock
+        if sock is None:
+            return b""
+        data = sock.recv(_BLOCK)
+        response.feed(data)
+        if not data:
+            if not response.message_complete:
+                raise ConnectionResetError(errno.ECONNRESET, "connection closed before the end of the body")
+            return b""
+    chunk = bytes(buf)
+    del buf[:]
+    return chunk
+
+
+def _wait(watcher: Any) -> None:
+    get_hub().wait(watcher)
 
 
 def _drop(response: HTTPSocketPoolResponse) -> None:

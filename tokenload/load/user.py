@@ -11,7 +11,9 @@ Reported percentiles come from those records, never from Locust's histogram.
 Open-loop runs take their send times from `Arrivals`: one slot at a time, so a
 free user sends at the scheduled time, and when every user is busy the next
 free one sends late and records by how much (`scheduled_at`, `late_s`).
-A 429 or 5xx is a recorded failure; nothing is retried.
+A 429 or 5xx is a recorded failure; nothing is retried. With `[stop]
+max_requests` / `max_tokens`, a user takes a ticket from its process's
+`Budget` before each send and parks once the share is spent.
 """
 
 from __future__ import annotations
@@ -36,21 +38,39 @@ from tokenload.protocols.base import Protocol
 from tokenload.stream import StreamSession
 
 
+PARK_S = 3600.0
+
+
 class Arrivals:
-    """Open-loop send times for this process: Poisson (or evenly spaced) at the current rate."""
+    """Open-loop send times for this process: Poisson (or evenly spaced) at the current rate.
+
+    The schedule starts at each phase's start on the shape's clock (`LoadState.started_at`),
+    so users that start a little later send the first slots late (and record it) instead
+    of shifting the whole schedule; slots at or after the plan's end are never sent.
+    """
 
     def __init__(self, state: LoadState, rng: random.Random, poisson: bool) -> None:
         self._state = state
         self._rng = rng
         self._poisson = poisson
         self._next: float | None = None
+        self._step: int | None = None
         self._lock = Semaphore()
 
-    def wait(self) -> float:
-        """Block until the next slot is due (one waiter at a time); return its scheduled time."""
+    def wait(self) -> float | None:
+        """Block until the next slot is due (one waiter at a time); its scheduled time, or None after the plan."""
         with self._lock:
+            state = self._state
+            if state.step != self._step:  # a new phase: its schedule starts at its start
+                self._step = state.step
+                start = state.started_at or time.time()
+                if self._next is None or self._next > start:
+                    self._next = start
+            due = self._next
+            assert due is not None
+            if state.plan_ends_at and due >= state.plan_ends_at - 0.001:  # (float sums of gaps)
+                return None
             now = time.time()
-            due = now if self._next is None else self._next
             if due > now:
                 gevent.sleep(due - now)
             rate = self._state.rate or 1.0
@@ -96,23 +116,33 @@ class LLMUser(User):
     """Sends streaming requests to the scenario's channel, one at a time."""
 
     def wait_time(self) -> float:
+        if self.parked:  # Locust stops a waiting user at once (a user inside a task gets the drain time)
+            return PARK_S
         return self.ctx.think_time_s if self.ctx.arrivals is None else 0.0
 
     def on_start(self) -> None:
         self.ctx: ProcessContext = self.environment.tokenload_process  # type: ignore[attr-defined]
         self.user_id = self.ctx.new_user_id()
+        self.parked = False
 
     @task
     def stream(self) -> None:
         ctx = self.ctx
+        budget = ctx.state.budget
+        if budget is not None and not budget.admit():
+            self.parked = True  # this process's share of the limits is spent: wait for the stop
+            return
         scheduled = ctx.arrivals.wait() if ctx.arrivals is not None else time.time()
+        if scheduled is None:  # the open-loop plan is over: no more sends, wait for the stop
+            self.parked = True
+            return
         self.send(scheduled)
 
     def send(self, scheduled_at: float) -> None:
         ctx = self.ctx
         plan = ctx.prompts.next()
         adapter = ctx.adapters[plan.model]
-        step, users = ctx.state.step, ctx.state.users
+        step, users, budget = ctx.state.step, ctx.state.users, ctx.state.budget
         session = StreamSession(adapter, time.perf_counter(), estimated_input_tokens=plan.estimated_input_tokens)
         in_flight = False
         try:
@@ -136,6 +166,8 @@ class LLMUser(User):
                 finished_at=None if duration is None else record["started_at"] + duration,
             )
             ctx.writer.append(record)
+            if budget is not None:
+                budget.finished((record["input_tokens"] or 0) + (record["output_tokens"] or 0))
             if not in_flight:
                 ctx.prompts.observe(record, plan)
                 self._fire(record)

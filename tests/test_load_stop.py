@@ -1,0 +1,203 @@
+"""Stop limits, a killed worker and the web UI: real Locust, the real simulator, loopback."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tokenload.sim import launch
+
+
+def _scenario(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "scenario.toml"
+    path.write_text(body)
+    return path
+
+
+def _command(scenario: Path, base_url: str, out: Path, *extra: str, model: str = "sim-7b") -> list[str]:
+    return [sys.executable, "-m", "tokenload", "run", str(scenario), "--base-url", base_url, "--model", model,
+            "--out", str(out), *extra]
+
+
+def _truth(path: Path) -> pd.DataFrame:
+    return pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+
+
+@pytest.mark.parametrize("processes", [0, 2])
+def test_max_requests_is_not_overshot_by_fast_errors(tmp_path: Path, processes: int) -> None:
+    """A wrong model answers 404 at once: hundreds of errors a second, yet the limit holds."""
+    scenario = _scenario(tmp_path, """
+[prompt]
+tokens = 16
+[output]
+max_tokens = 4
+[load]
+kind = "constant"
+users = 6
+step_s = 20
+[stop]
+max_requests = 40
+drain_s = 5
+""")
+    truth_path = tmp_path / "truth.jsonl"
+    extra = ("--processes", str(processes)) if processes else ()
+    started = time.monotonic()
+    with launch(["--truth", str(truth_path)]) as sim:
+        result = subprocess.run(_command(scenario, sim.base_url, tmp_path / "run", *extra, model="no-such-model"),
+                                capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started < 15  # stopped by the limit, not by the 20 s plan
+    df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert df.error_kind.eq("not_found_model").all()
+    assert len(df) == len(_truth(truth_path)) == 40  # no more sent than the limit, every one recorded
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["stop_reason"].startswith("max_requests"), manifest["stop_reason"]
+    if processes:
+        assert df.worker.nunique() == 2
+
+
+def test_token_budget_overshoots_by_at_most_the_requests_in_flight(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path, """
+[prompt]
+tokens = 50
+[output]
+max_tokens = 20
+ignore_eos = true
+[load]
+kind = "constant"
+users = 4
+step_s = 30
+[stop]
+max_tokens = 1400
+drain_s = 5
+""")
+    with launch(["--profile", "fast"]) as sim:
+        result = subprocess.run(_command(scenario, sim.base_url, tmp_path / "run"), capture_output=True, text=True,
+                                timeout=60)
+    assert result.returncode == 0, result.stderr
+    df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    per_request = 70  # 50 input + 20 output tokens
+    assert (df.input_tokens + df.output_tokens).eq(per_request).all()
+    used = int((df.input_tokens + df.output_tokens).sum())
+    assert 1400 <= used <= 1400 + 4 * per_request, used
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["stop_reason"].startswith("token budget")
+
+
+def test_killed_worker_keeps_what_it_flushed_and_the_run_is_finalised(tmp_path: Path) -> None:
+    """SIGKILL one of two workers mid-run: its records up to ~1 s before the kill survive,
+    the run directory is still finalised, the manifest names the lost worker and the exit code is 1."""
+    scenario = _scenario(tmp_path, """
+[prompt]
+tokens = 32
+[output]
+max_tokens = 20
+ignore_eos = true
+[load]
+kind = "constant"
+users = 4
+step_s = 7
+[stop]
+drain_s = 3
+""")
+    truth_path = tmp_path / "truth.jsonl"
+    out = tmp_path / "run"
+    with launch(["--truth", str(truth_path)]) as sim:
+        proc = subprocess.Popen(_command(scenario, sim.base_url, out, "--processes", "2"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        states: list[dict] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # both workers have flushed records at least once
+            states = [json.loads(Path(p).read_text()) for p in glob.glob(str(out / "segments" / "*.state.json"))]
+            if len(states) == 2 and all(s["records"] >= 3 for s in states):
+                break
+            time.sleep(0.2)
+        assert len(states) == 2, states
+        victim = states[0]
+        time.sleep(1.5)
+        killed_at = time.time()
+        os.kill(victim["pid"], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    assert stdout.strip().splitlines()[-1] == str(out)
+    df = pd.read_parquet(out / "requests.parquet")
+    assert df.request_id.is_unique
+    truth = _truth(truth_path)
+    # Every request the server finished more than ~1 s before the kill is recorded (either worker).
+    done_before = set(truth.request_id[truth.last_token < killed_at - 1.2])
+    assert done_before and done_before <= set(df.server_request_id)
+    assert (df.worker == victim["worker"]).sum() >= 3
+    assert (df.worker != victim["worker"]).sum() > (df.worker == victim["worker"]).sum()  # the other went on
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["workers_lost"] == [victim["worker"]]
+    assert any("did not finish" in w for w in manifest["warnings"])
+    assert not (out / "segments").exists() or not list((out / "segments").glob("*.arrow"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int) -> set[str]:
+    """Local addresses (hex, as /proc/net/tcp writes them) listening on `port`."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            address, hexport = fields[1].rsplit(":", 1)
+            if int(hexport, 16) == port and fields[3] == "0A":  # TCP_LISTEN
+                found.add(address)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from /proc")
+def test_web_ui_on_loopback_and_the_run_ends_by_itself(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path, """
+[prompt]
+tokens = 16
+[output]
+max_tokens = 4
+[load]
+kind = "constant"
+users = 2
+step_s = 3
+[stop]
+drain_s = 2
+""")
+    port = _free_port()
+    out = tmp_path / "run"
+    with launch() as sim:
+        proc = subprocess.Popen(_command(scenario, sim.base_url, out, "--web"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "LOCUST_WEB_PORT": str(port)})
+        page = b""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not page:
+            try:
+                page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read()
+            except OSError:
+                time.sleep(0.2)
+        addresses = _listening(port)
+        stdout, stderr = proc.communicate(timeout=60)
+    assert b"locust" in page.lower()
+    assert addresses == {"0100007F"}, addresses  # 127.0.0.1 only, never 0.0.0.0
+    assert proc.returncode == 0, stderr
+    assert stdout.strip().splitlines()[-1] == str(out)
+    df = pd.read_parquet(out / "requests.parquet")
+    assert len(df) > 0 and df.status.eq("ok").all()
+    assert json.loads((out / "manifest.json").read_text())["stop_reason"] == "plan complete"

@@ -1,0 +1,187 @@
+"""Scenario files and prompt generation, without Locust (fast: no processes, no network)."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tokenload.errors import ConfigError
+from tokenload.load.prompts import PromptSource, Sampler, read_dataset
+from tokenload.load.scenario import Distribution, Scenario, _Ctx, load_scenario, packaged
+from tokenload.tokens import estimate_tokens
+
+SHIPPED = sorted(p.stem for p in packaged("demo").parent.glob("*.toml"))
+
+
+def _write(tmp_path: Path, body: str, name: str = "case.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+def _draws(value: object, n: int = 4000, seed: int = 1) -> list[int]:
+    sampler = Sampler(Distribution.parse(value, "[prompt] tokens", _Ctx("t.toml")), random.Random(seed))
+    return [sampler.draw() for _ in range(n)]
+
+
+def test_the_required_scenarios_ship() -> None:
+    assert {"demo", "smoke", "ramp", "prompt-sweep", "output-sweep", "peak-vs-offpeak"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_scenario_loads_and_round_trips(name: str, tmp_path: Path) -> None:
+    scenario = load_scenario(name)
+    assert scenario.name == name and scenario.description
+    resolved = _write(tmp_path, json.dumps(scenario.to_dict()), f"{name}.json")
+    assert load_scenario(resolved) == scenario
+
+
+def test_demo_is_short_enough_for_tokenload_demo() -> None:
+    demo = load_scenario("demo")
+    assert demo.load.step_s * len(demo.load.users) <= 60
+
+
+def test_fixed_and_sweep() -> None:
+    assert set(_draws(300, 50)) == {300}
+    assert _draws([10, 20, 30], 7) == [10, 20, 30, 10, 20, 30, 10]
+
+
+def test_uniform_in_range_with_the_right_mean() -> None:
+    values = _draws({"dist": "uniform", "min": 100, "max": 300})
+    assert min(values) >= 100 and max(values) <= 300
+    assert min(values) < 110 and max(values) > 290
+    assert statistics.mean(values) == pytest.approx(200, rel=0.03)
+
+
+def test_normal_clipped_to_its_bounds_with_the_right_mean() -> None:
+    values = _draws({"dist": "normal", "mean": 500, "std": 50})
+    assert statistics.mean(values) == pytest.approx(500, rel=0.02)
+    assert statistics.stdev(values) == pytest.approx(50, rel=0.1)
+    clipped = _draws({"dist": "normal", "mean": 100, "std": 100, "min": 20, "max": 150})
+    assert min(clipped) == 20 and max(clipped) == 150
+
+
+def test_lognormal_has_the_right_median_and_a_long_tail() -> None:
+    values = _draws({"dist": "lognormal", "median": 400, "sigma": 0.6, "max": 20_000})
+    assert statistics.median(values) == pytest.approx(400, rel=0.05)
+    assert statistics.mean(values) > statistics.median(values) * 1.1
+    assert min(values) >= 1 and max(values) <= 20_000
+
+
+def _scenario(tmp_path: Path, prompt: str, extra: str = "") -> Scenario:
+    return load_scenario(_write(tmp_path, f"[prompt]\n{prompt}\n[load]\nkind = 'constant'\nusers = 1\n{extra}"))
+
+
+def test_synthetic_prompts_hit_their_target_and_are_unique(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path, "tokens = [64, 512]")
+    source = PromptSource(scenario, ("sim-7b",), salt=3)
+    plans = [source.next() for _ in range(20)]
+    assert [p.prompt_tokens_target for p in plans[:4]] == [64, 512, 64, 512]
+    assert all(estimate_tokens(p.prompt) == p.prompt_tokens_target == p.estimated_input_tokens for p in plans)
+    assert len({p.prompt for p in plans}) == len(plans)
+    # Another process (another salt) never repeats this one's texts.
+    other = PromptSource(scenario, ("sim-7b",), salt=4)
+    assert not {other.next().prompt for _ in range(20)} & {p.prompt for p in plans}
+
+
+def test_shared_prefix_is_common_and_the_rest_unique(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path, "tokens = 300\nshared_prefix_tokens = 200")
+    source = PromptSource(scenario, ("sim-7b",), salt=1)
+    plans = [source.next() for _ in range(5)]
+    head = plans[0].prompt[: len(" ".join(plans[0].prompt.split()[:200]))]
+    assert all(p.prompt.startswith(head) for p in plans)
+    assert len({p.prompt for p in plans}) == 5
+    assert all(estimate_tokens(p.prompt) == 300 for p in plans)
+    unique = PromptSource(_scenario(tmp_path, "tokens = 300"), ("sim-7b",), salt=1)
+    a, b = unique.next().prompt.split(), unique.next().prompt.split()
+    assert a[:20] != b[:20]
+
+
+def test_calibration_scales_prompts_by_the_server_count(tmp_path: Path) -> None:
+    source = PromptSource(_scenario(tmp_path, "tokens = 400"), ("sim-7b",), salt=1)
+    first = source.next()
+    # The server counts twice what we estimate: the next prompts are built half as long.
+    source.observe({"input_tokens_source": "server", "input_tokens": 2 * first.estimated_input_tokens}, first)
+    later = source.next()
+    assert later.prompt_tokens_target == 400
+    assert later.estimated_input_tokens == pytest.approx(200, abs=2)
+
+
+def test_dataset_replays_in_order_with_unique_markers(tmp_path: Path) -> None:
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "first question"}\n\n{"text": "second question"}\n', encoding="utf-8")
+    scenario = _scenario(tmp_path, 'dataset = "prompts.jsonl"')
+    assert scenario.prompt.dataset == str(data.resolve())
+    source = PromptSource(scenario, ("sim-7b",), salt=9)
+    prompts = [source.next().prompt for _ in range(4)]
+    assert [p.endswith(q) for p, q in zip(prompts, ["first question", "second question"] * 2)] == [True] * 4
+    assert len(set(prompts)) == 4
+    assert read_dataset(str(data)) == ["first question", "second question"]
+
+
+@pytest.mark.parametrize("lines, problem", [
+    ('{"prompt": "ok"}\nnot json\n', "line 2: not valid JSON"),
+    ('{"prompt": ""}\n', "line 1: expected an object"),
+    ("\n\n", "holds no prompts"),
+])
+def test_bad_dataset_is_one_clear_line(tmp_path: Path, lines: str, problem: str) -> None:
+    (tmp_path / "bad.jsonl").write_text(lines, encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        read_dataset(str(tmp_path / "bad.jsonl"))
+    assert problem in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("body, field, words", [
+    # unknown keys
+    ("[load]\nkind = 'constant'\nusers = 2\ncolour = 'red'\n", "[load] colour", "unknown key"),
+    ("[load]\nkind = 'steps'\n[stop]\nmax_request = 5\n", "[stop] max_request", "unknown key"),
+    ("lod = 1\n[load]\nkind = 'steps'\n", "top level lod", "unknown key"),
+    ("[load]\nkind = 'steps'\n[prompt]\ntokens = { dist = 'uniform', min = 1, max = 5, mean = 3 }\n",
+     "[prompt] tokens mean", "unknown key"),
+    ("[load]\nkind = 'poisson'\nrate = 2\nusers = 4\n", "[load] users", "not used by kind"),
+    # wrong types
+    ("[load]\nkind = 'constant'\nusers = '4'\n", "[load] users", "expected an integer"),
+    ("[load]\nkind = 'steps'\nstep_s = 'ten'\n", "[load] step_s", "expected a number"),
+    ("[load]\nkind = 'steps'\n[output]\nignore_eos = 'yes'\n", "[output] ignore_eos", "expected true or false"),
+    ("[load]\nkind = 'steps'\n[channel]\nmodels = 'sim-7b'\n", "[channel] models", "expected a list"),
+    ("[load]\nkind = 'steps'\n[prompt]\ntokens = 12.5\n", "[prompt] tokens value", "expected an integer"),
+    # impossible values
+    ("[load]\nkind = 'steps'\nusers = [1, 0]\n", "[load] users", ">= 1"),
+    ("[load]\nkind = 'ramp'\n", "[load] kind", "must be one of"),
+    ("[load]\nkind = 'steps'\n[output]\nmax_tokens = 16\nmin_tokens = 32\n", "[output] min_tokens", "above"),
+    ("[load]\nkind = 'steps'\n[prompt]\ntokens = 50\nshared_prefix_tokens = 100\n", "[prompt] tokens value",
+     "at least 100"),
+    ("[load]\nkind = 'steps'\n[stop]\nduration_s = -1\n", "[stop] duration_s", "at least 0"),
+    ("[load]\nkind = 'steps'\n[channel]\nprotocol = 'grpc'\n", "[channel] protocol", "must be one of"),
+    ("[load]\nkind = 'steps'\n[prompt]\ndataset = 'missing.jsonl'\n", "[prompt] dataset", "does not exist"),
+    ("[prompt]\ntokens = 5\n", "[load]", "missing"),
+])
+def test_validation_error_is_one_line_naming_the_field(tmp_path: Path, body: str, field: str, words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_scenario(_write(tmp_path, body))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"case.toml: {field}"), message
+    assert words in message, message
+
+
+def test_overrides_are_validated_like_the_file() -> None:
+    smoke = load_scenario("smoke")
+    assert smoke.with_overrides(users=5).load.users == (5,)
+    assert load_scenario("demo").with_overrides(users=6).load.users == (1, 2, 4, 6)
+    assert smoke.with_overrides(duration_s=3).stop.duration_s == 3
+    with pytest.raises(ConfigError, match="--users"):
+        smoke.with_overrides(users=0)
+    with pytest.raises(ConfigError, match="--duration"):
+        smoke.with_overrides(duration_s=0)
+
+
+def test_missing_file_and_bad_toml_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_scenario(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_scenario(_write(tmp_path, "[load\n"))
