@@ -1,0 +1,102 @@
+"""The hot-path transport (geventhttpclient, one read per recv, per-stream deadlines) against the simulator.
+
+The transport needs a gevent-patched interpreter, so each case runs in a child
+process (`_CHILD`) that prints one JSON record per request.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tokenload.sim import launch
+
+_CHILD = r"""
+from gevent import monkey; monkey.patch_all()
+import dataclasses, json, sys, tempfile, time
+from pathlib import Path
+import gevent
+from tokenload.channel import resolve
+from tokenload.load.transport import Transport
+from tokenload.protocols import adapter_for
+from tokenload.stream import StreamSession
+
+base_url, model, first, idle, cases = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), json.loads(sys.argv[5])
+channel = resolve(protocol="anthropic", base_url=base_url, model=model, env={}, home=Path(tempfile.mkdtemp())).channel
+channel = dataclasses.replace(channel, first_token_timeout_s=first, idle_timeout_s=idle)
+adapter = adapter_for(channel)
+transport = Transport(channel)
+for prompt, max_tokens, kill_after in cases:
+    session = StreamSession(adapter, time.perf_counter())
+    request = adapter.prepare(prompt, max_tokens, {"ignore_eos": True})
+    session.timeline.t0 = time.perf_counter()
+    g = gevent.spawn(transport.stream, request, session)
+    if kill_after is not None:
+        gevent.sleep(kill_after)
+        g.kill()
+    g.join()
+    record = session.record()
+    record["killed"] = kill_after is not None and isinstance(g.value, gevent.GreenletExit)
+    print(json.dumps(record), flush=True)
+"""
+
+
+def _run(base_url: str, cases: list[tuple[str, int, float | None]], *, model: str = "sim-7b", first: float = 2.0,
+         idle: float = 0.5) -> list[dict]:
+    out = subprocess.run([sys.executable, "-c", _CHILD, base_url, model, str(first), str(idle), json.dumps(cases)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def sim_url() -> str:
+    with launch() as sim:
+        yield sim.base_url
+
+
+def test_stream_faults_are_recorded_and_the_pool_recovers(sim_url: str) -> None:
+    ok = ("hello", 12, None)
+    records = _run(sim_url, [
+        ok,
+        ("[[fault:stall after=3 seconds=3]] hi", 12, None),
+        ok,
+        ("[[fault:silence seconds=10]] hi", 12, None),
+        ok,
+        ("[[fault:slow_headers seconds=5]] hi", 12, None),
+        ok,
+        ("[[fault:disconnect after=4]] hi", 12, None),
+        ("[[fault:reset after=4]] hi", 12, None),
+        ("[[fault:split bytes=1]] hi", 12, None),
+        ("hello", 200, 0.5),  # the user is stopped mid-stream: GreenletExit, the socket is dropped
+        ok,
+    ], first=1.5, idle=0.5)
+    kinds = [r["error_kind"] for r in records]
+    assert kinds == [None, "timeout_stall", None, "timeout_first_token", None, "timeout_first_token", None,
+                     "disconnected", "disconnected", None, None, None]
+    ok_records = [records[i] for i in (0, 2, 4, 6, 9, 11)]
+    assert all(r["output_tokens"] == 12 and r["status"] == "ok" for r in ok_records)
+    stall, silence, slow = records[1], records[3], records[5]
+    assert stall["output_tokens"] == 3 or stall["chunks"] == 3  # keeps what it got before the stall
+    assert 0.4 < stall["duration_s"] - stall["e2e_s"] < 1.6  # ended by the idle timeout (0.5 s), not the 3 s stall
+    assert 1.4 < silence["duration_s"] < 2.8  # the first-token deadline (1.5 s), not the 10 s silence
+    assert slow["duration_s"] < 3.5
+    assert records[7]["chunks"] == 4 and records[8]["chunks"] == 4
+    killed = records[10]
+    assert killed["killed"] and 0 < killed["chunks"] < 200
+
+
+def test_each_event_is_stamped_when_it_arrives(sim_url: str) -> None:
+    """One recv per read: a 20 ms-per-token stream shows ~20 ms gaps, not batches."""
+    [record] = _run(sim_url, [("hello", 30, None)])
+    assert record["status"] == "ok" and record["output_tokens"] == 30
+    assert 0.015 < record["itl_p50_s"] < 0.03
+    assert record["tpot_s"] == pytest.approx(0.02, rel=0.25)
+
+
+def test_unknown_model_is_a_recorded_error(sim_url: str) -> None:
+    [record] = _run(sim_url, [("hello", 5, None)], model="no-such-model")
+    assert record["status"] == "error" and record["error_kind"] == "not_found_model" and record["http_status"] == 404
