@@ -157,7 +157,7 @@ def install_step_listener(environment: Environment, state: LoadState) -> None:
         state.rate = None if data["rate"] is None else data["rate"] / max(1, data["workers"])
         state.started_at, state.plan_ends_at = data["started_at"], data["plan_ends_at"]
         share = (data.get("budget") or {}).get(runner.client_id)
-        if share is not None and state.budget is None:
+        if share is not None and (state.budget is None or data["step"] == 1):  # step 1: a (re)started test
             state.budget = Budget(share[0], share[1], spent)
 
     runner.register_message(STEP_MESSAGE, on_step)
@@ -210,6 +210,8 @@ class RunControl:
         the first user got going, so a run offers `rate x duration` requests.
         """
         self._close_step()
+        if phase.step == 1:  # a test (re)started from the web UI starts with whole budgets
+            self.budgets, self.spent, self.state.budget = {}, {}, None
         self._step_start = self._snapshot()
         self.steps.append({**asdict(phase), "started_at": time.time()})
         runner = self.environment.runner

@@ -54,15 +54,15 @@ class Arrivals:
         self._rng = rng
         self._poisson = poisson
         self._next: float | None = None
-        self._step: int | None = None
+        self._phase_start: float | None = None
         self._lock = Semaphore()
 
     def wait(self) -> float | None:
         """Block until the next slot is due (one waiter at a time); its scheduled time, or None after the plan."""
         with self._lock:
             state = self._state
-            if state.step != self._step:  # a new phase: its schedule starts at its start
-                self._step = state.step
+            if state.started_at != self._phase_start:  # a new phase: its schedule starts at its start
+                self._phase_start = state.started_at
                 start = state.started_at or time.time()
                 if self._next is None or self._next > start:
                     self._next = start
