@@ -31,7 +31,8 @@ local runner (shared transport), next to a per-user requests session (what
 
 Targets (issue 4): >= 60k tokens per client CPU-second; TTFT error median <= 1 ms
 and p99 <= 5 ms at 500 streams per process; spawn <= 1 ms CPU per user.
-Bounded: each cell is killed after --cell-timeout seconds.
+Bounded: each cell is killed after --cell-timeout seconds, and cells that would start
+after --budget seconds (default 240) are skipped.
 """
 
 from __future__ import annotations
@@ -293,7 +294,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=200, help="output tokens per request")
     parser.add_argument("--rounds", type=int, default=1, help="measured requests per stream")
     parser.add_argument("--spawn-users", type=int, default=1000, help="users spawned in the spawn-cost cell")
-    parser.add_argument("--cell-timeout", type=float, default=60.0)
+    parser.add_argument("--cell-timeout", type=float, default=60.0, help="seconds before a cell is killed")
+    parser.add_argument("--budget", type=float, default=240.0, help="seconds for the whole run; later cells are skipped")
     args = parser.parse_args()
     if args.cell == "spawn":
         _spawn_cell(args.base_url, args.spawn_users, args.out)
@@ -322,12 +324,16 @@ def main() -> int:
             for kind in clients:  # the clients of one level run back to back: same machine load
                 common = ["--base-url", base_url, "--streams", str(level), "--rounds", str(args.rounds),
                           "--max-tokens", str(args.max_tokens), "--tps", str(args.tps)]
-                res = _child(["--cell", kind, *common], args.cell_timeout)
+                left = args.budget - (time.monotonic() - started)
+                if left < 5:
+                    print(f"  {kind:>16} x {level:<4} skipped: --budget spent", file=sys.stderr)
+                    continue
+                res = _child(["--cell", kind, *common], min(args.cell_timeout, left))
                 if res is not None:
                     results.append(res)
                     print(f"  {kind:>16} x {level:<4} done ({time.monotonic() - started:.0f} s)", file=sys.stderr)
         spawn = _child(["--cell", "spawn", "--base-url", base_url, "--spawn-users", str(args.spawn_users)],
-                       args.cell_timeout)
+                       max(5.0, min(args.cell_timeout, args.budget - (time.monotonic() - started))))
     finally:
         sim.communicate(timeout=10)
     server = {}
