@@ -144,3 +144,20 @@ def test_workers_share_one_port() -> None:
         assert sim.process is not None
         sim.process.terminate()
         assert sim.process.wait(timeout=10) == 0
+
+
+def test_cli_simulator_does_not_delay_the_first_token_on_kept_alive_connections(tmp_path: Path) -> None:
+    """With Nagle left on, the first token waited ~40 ms behind the headers for the client's delayed ACK."""
+    import httpx
+
+    from tokenload.channel import Channel
+    from tokenload.client import stream_once
+
+    truth = tmp_path / "truth.jsonl"
+    with launch(["--profile", "fast", "--truth", str(truth)]) as sim, httpx.Client() as client:
+        channel = Channel(base_url=sim.base_url, model="sim-7b")
+        records = [stream_once(channel, "hello there", 8, client=client) for _ in range(12)]
+    server = read_truth(truth)
+    excess = sorted(r["ttft_s"] - (server[r["server_request_id"]]["first_token"]
+                                   - server[r["server_request_id"]]["arrival"]) for r in records)
+    assert excess[len(excess) // 2] < 0.020, excess
