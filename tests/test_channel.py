@@ -305,6 +305,28 @@ def test_openai_key_sent_as_bearer_after_inference(tmp_path: Path) -> None:
     assert "anthropic-version" not in ch.headers()
 
 
+def test_openai_protocol_falls_back_to_anthropic_variables_of_a_dual_relay(tmp_path: Path) -> None:
+    """A relay configured for Claude Code only, driven with --protocol openai-chat."""
+    env = {"ANTHROPIC_BASE_URL": "http://relay.example/api", "ANTHROPIC_AUTH_TOKEN": SECRET, "ANTHROPIC_MODEL": "m1"}
+    res = resolve(protocol="openai-chat", env=env, cwd=tmp_path, home=tmp_path / "home")
+    assert res.channel.url == "http://relay.example/api/v1/chat/completions"
+    assert res.channel.headers()["authorization"] == f"Bearer {SECRET}"
+    assert res.channel.model == "m1"
+    assert res.sources["base_url"] == "environment ANTHROPIC_BASE_URL"
+
+
+def test_openai_variables_win_over_the_anthropic_fallback(tmp_path: Path) -> None:
+    env = {"ANTHROPIC_BASE_URL": "http://relay.example/api", "OPENAI_BASE_URL": "http://o.example/v1"}
+    res = resolve(protocol="openai-responses", env=env, cwd=tmp_path, home=tmp_path / "home")
+    assert res.channel.base_url == "http://o.example/v1"
+
+
+def test_anthropic_protocol_never_reads_openai_variables(tmp_path: Path) -> None:
+    env = {"OPENAI_BASE_URL": "http://o.example/v1", "OPENAI_API_KEY": SECRET}
+    res = resolve(protocol="anthropic", env=env, cwd=tmp_path, home=tmp_path / "home")
+    assert res.channel.base_url == "https://api.anthropic.com" and res.channel.secrets == ()
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{"base_url": "relay.example/api"}, {"base_url": "ftp://h"}, {"base_url": "http://h", "protocol": "grpc"}],

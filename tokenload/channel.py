@@ -302,19 +302,24 @@ def resolve(
         proto_source = "flag --protocol"
     if protocol not in PROTOCOLS:
         raise ConfigError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
-    names = ENV_VARS[family(protocol)]
+    # An OpenAI-protocol run against a relay configured only through ANTHROPIC_*
+    # (one endpoint speaking both APIs) falls back to those variables.
+    families = ["anthropic"] if protocol == "anthropic" else ["openai", "anthropic"]
     flags = {"base_url": base_url, "api_key": api_key, "auth_token": auth_token, "model": model}
     raw: dict[str, str] = {}
     sources: dict[str, str] = {"protocol": proto_source}
     for name in ("base_url", "api_key", "auth_token", "model", "headers"):
-        var = names.get(name)
         # An empty or blank value is unset, as for the SDKs: a lower source still applies.
         if flags.get(name) is not None and flags[name].strip():  # type: ignore[union-attr]
             raw[name], sources[name] = flags[name], f"flag --{name.replace('_', '-')}"  # type: ignore[assignment]
-        elif var and env.get(var, "").strip():
-            raw[name], sources[name] = env[var], f"environment {var}"
-        elif var and var in file_fields and file_fields[var][0].strip():
-            raw[name], sources[name] = file_fields[var][0], f"settings {file_fields[var][1]} ({var})"
+            continue
+        for var in (ENV_VARS[fam][name] for fam in families if name in ENV_VARS[fam]):
+            if env.get(var, "").strip():
+                raw[name], sources[name] = env[var], f"environment {var}"
+                break
+            if var in file_fields and file_fields[var][0].strip():
+                raw[name], sources[name] = file_fields[var][0], f"settings {file_fields[var][1]} ({var})"
+                break
     raw.setdefault("base_url", DEFAULT_BASE_URLS[protocol])
     sources.setdefault("base_url", "default")
     raw.setdefault("model", DEFAULT_MODELS[protocol])
