@@ -201,3 +201,32 @@ drain_s = 2
     df = pd.read_parquet(out / "requests.parquet")
     assert len(df) > 0 and df.status.eq("ok").all()
     assert json.loads((out / "manifest.json").read_text())["stop_reason"] == "plan complete"
+
+
+def test_ramp_stops_after_the_first_step_over_the_error_limit(tmp_path: Path) -> None:
+    """Auto-stop after the breakpoint: the relay admits 2 streams at a time, so 8 users get 429s."""
+    scenario = _scenario(tmp_path, """
+[prompt]
+tokens = 32
+[output]
+max_tokens = 40
+ignore_eos = true
+[load]
+kind = "steps"
+users = [1, 8, 16, 32]
+step_s = 3
+[stop]
+breakpoint_error_rate = 0.2
+drain_s = 3
+""")
+    profile = tmp_path / "relay.toml"
+    profile.write_text('extends = "fast"\nmax_concurrency = 2\n')
+    with launch(["--profile", str(profile)]) as sim:
+        result = subprocess.run(_command(scenario, sim.base_url, tmp_path / "run"), capture_output=True, text=True,
+                                timeout=60)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["stop_reason"].startswith("breakpoint: step 2 (8 users) error rate"), manifest["stop_reason"]
+    df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    # The 16- and 32-user steps never ran.
+    assert df.active_users.max() == 8 and df.error_kind.eq("rate_limited").any()
