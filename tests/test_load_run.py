@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from loadkit import run_cli, run_command, truth_frame, write_scenario
 
 from tokenload.load.records import COLUMNS
 from tokenload.sim import launch
@@ -25,27 +26,9 @@ SPEC_COLUMNS = (
 SECRET = "sk-tokenload-DISTINCTIVE-9f3c2e71"
 
 
-def _scenario(tmp_path: Path, body: str) -> Path:
-    path = tmp_path / "scenario.toml"
-    path.write_text(body)
-    return path
-
-
-def _run(scenario: Path, base_url: str, out: Path, *extra: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tokenload", "run", str(scenario), "--base-url", base_url, "--model", "sim-7b",
-         "--out", str(out), *extra],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, "TERM": "dumb"},
-    )
-
-
-def _truth(path: Path) -> pd.DataFrame:
-    return pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
-
-
 def test_step_ramp_records_and_truth(tmp_path: Path) -> None:
     """Each step runs its user count; every SPEC column; one record per server request; TTFT/TPOT match truth."""
-    scenario = _scenario(tmp_path, """
+    scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = { dist = "uniform", min = 20, max = 400 }
 [output]
@@ -60,7 +43,7 @@ drain_s = 5
 """)
     truth_path = tmp_path / "truth.jsonl"
     with launch(["--truth", str(truth_path)]) as sim:
-        result = _run(scenario, sim.base_url, tmp_path / "run")
+        result = run_cli(scenario, sim.base_url, tmp_path / "run")
     assert result.returncode == 0, result.stderr
     run_dir = Path(result.stdout.strip().splitlines()[-1])
     df = pd.read_parquet(run_dir / "requests.parquet")
@@ -70,7 +53,7 @@ drain_s = 5
     per_step = df.groupby("step").agg(users=("active_users", "max"), distinct=("user_id", "nunique"))
     assert per_step.users.tolist() == [1, 2, 4]
     assert per_step.distinct.tolist() == [1, 2, 4]
-    truth = _truth(truth_path)
+    truth = truth_frame(truth_path)
     assert len(df) == len(truth) and df.request_id.is_unique
     joined = df.merge(truth, left_on="server_request_id", right_on="request_id", suffixes=("", "_truth"))
     assert len(joined) == len(df)
@@ -85,7 +68,7 @@ drain_s = 5
 
 
 def test_processes_2_lose_nothing(tmp_path: Path) -> None:
-    scenario = _scenario(tmp_path, """
+    scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = 64
 [output]
@@ -99,17 +82,17 @@ drain_s = 5
 """)
     truth_path = tmp_path / "truth.jsonl"
     with launch(["--truth", str(truth_path)]) as sim:
-        result = _run(scenario, sim.base_url, tmp_path / "run", "--processes", "2")
+        result = run_cli(scenario, sim.base_url, tmp_path / "run", "--processes", "2")
     assert result.returncode == 0, result.stderr
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
-    truth = _truth(truth_path)
+    truth = truth_frame(truth_path)
     assert df.worker.nunique() == 2
     assert len(df) == len(truth) > 20
     assert df.request_id.is_unique and set(df.server_request_id) == set(truth.request_id)
 
 
 def test_open_loop_rate_within_10_percent(tmp_path: Path) -> None:
-    scenario = _scenario(tmp_path, """
+    scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = 32
 [output]
@@ -124,7 +107,7 @@ max_users = 16
 drain_s = 5
 """)
     with launch() as sim:
-        result = _run(scenario, sim.base_url, tmp_path / "run")
+        result = run_cli(scenario, sim.base_url, tmp_path / "run")
     assert result.returncode == 0, result.stderr
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     span = df.scheduled_at.max() - df.scheduled_at.min()
@@ -138,7 +121,7 @@ drain_s = 5
 
 
 def test_sigint_keeps_the_records(tmp_path: Path) -> None:
-    scenario = _scenario(tmp_path, """
+    scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = 64
 [output]
@@ -153,16 +136,15 @@ drain_s = 0
 """)
     truth_path = tmp_path / "truth.jsonl"
     with launch(["--truth", str(truth_path)]) as sim:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tokenload", "run", str(scenario), "--base-url", sim.base_url, "--model", "sim-7b",
-             "--out", str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(run_command(scenario, sim.base_url, tmp_path / "run"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
         time.sleep(6)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert out.strip().splitlines()[-1] == str(tmp_path / "run")
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
-    truth = _truth(truth_path)
+    truth = truth_frame(truth_path)
     assert len(df) >= 8 and df.request_id.is_unique
     # Every request the server saw is recorded; the cut streams are flagged as in flight.
     assert set(truth.request_id) <= set(df.server_request_id.dropna()) | set()
@@ -171,7 +153,7 @@ drain_s = 0
 
 
 def test_no_secret_anywhere(tmp_path: Path) -> None:
-    scenario = _scenario(tmp_path, """
+    scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = 16
 [output]
@@ -184,8 +166,8 @@ step_s = 2
 drain_s = 2
 """)
     with launch(["--api-key", SECRET]) as sim:
-        good = _run(scenario, sim.base_url, tmp_path / "good", "--api-key", SECRET)
-        bad = _run(scenario, sim.base_url, tmp_path / "bad", "--api-key", SECRET + "x")
+        good = run_cli(scenario, sim.base_url, tmp_path / "good", "--api-key", SECRET)
+        bad = run_cli(scenario, sim.base_url, tmp_path / "bad", "--api-key", SECRET + "x")
     assert good.returncode == 0, good.stderr
     assert pd.read_parquet(tmp_path / "good" / "requests.parquet").status.eq("ok").all()
     assert pd.read_parquet(tmp_path / "bad" / "requests.parquet").error_kind.eq("auth").all()
@@ -205,7 +187,7 @@ drain_s = 2
     ("[load\n", "not valid TOML"),
 ])
 def test_bad_scenario_is_one_line_exit_2(tmp_path: Path, body: str, field: str) -> None:
-    scenario = _scenario(tmp_path, body)
+    scenario = write_scenario(tmp_path, body)
     result = subprocess.run([sys.executable, "-m", "tokenload", "run", str(scenario), "--base-url", "http://127.0.0.1:9"],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2

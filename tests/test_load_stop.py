@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -16,28 +15,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from loadkit import run_command, truth_frame, write_scenario
+
 from tokenload.sim import launch
-
-
-def _scenario(tmp_path: Path, body: str) -> Path:
-    path = tmp_path / "scenario.toml"
-    path.write_text(body)
-    return path
-
-
-def _command(scenario: Path, base_url: str, out: Path, *extra: str, model: str = "sim-7b") -> list[str]:
-    return [sys.executable, "-m", "tokenload", "run", str(scenario), "--base-url", base_url, "--model", model,
-            "--out", str(out), *extra]
-
-
-def _truth(path: Path) -> pd.DataFrame:
-    return pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
 
 
 @pytest.mark.parametrize("processes", [0, 2])
 def test_max_requests_is_not_overshot_by_fast_errors(tmp_path: Path, processes: int) -> None:
     """A wrong model answers 404 at once: hundreds of errors a second, yet the limit holds."""
-    scenario = _scenario(tmp_path, """
+    scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = 16
 [output]
@@ -54,13 +40,13 @@ drain_s = 5
     extra = ("--processes", str(processes)) if processes else ()
     started = time.monotonic()
     with launch(["--truth", str(truth_path)]) as sim:
-        result = subprocess.run(_command(scenario, sim.base_url, tmp_path / "run", *extra, model="no-such-model"),
+        result = subprocess.run(run_command(scenario, sim.base_url, tmp_path / "run", *extra, model="no-such-model"),
                                 capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert time.monotonic() - started < 15  # stopped by the limit, not by the 20 s plan
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     assert df.error_kind.eq("not_found_model").all()
-    assert len(df) == len(_truth(truth_path)) == 40  # no more sent than the limit, every one recorded
+    assert len(df) == len(truth_frame(truth_path)) == 40  # no more sent than the limit, every one recorded
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["stop_reason"].startswith("max_requests"), manifest["stop_reason"]
     if processes:
@@ -68,7 +54,7 @@ drain_s = 5
 
 
 def test_token_budget_overshoots_by_at_most_the_requests_in_flight(tmp_path: Path) -> None:
-    scenario = _scenario(tmp_path, """
+    scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = 50
 [output]
@@ -83,7 +69,7 @@ max_tokens = 1400
 drain_s = 5
 """)
     with launch(["--profile", "fast"]) as sim:
-        result = subprocess.run(_command(scenario, sim.base_url, tmp_path / "run"), capture_output=True, text=True,
+        result = subprocess.run(run_command(scenario, sim.base_url, tmp_path / "run"), capture_output=True, text=True,
                                 timeout=60)
     assert result.returncode == 0, result.stderr
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
@@ -97,7 +83,7 @@ drain_s = 5
 def test_killed_worker_keeps_what_it_flushed_and_the_run_is_finalised(tmp_path: Path) -> None:
     """SIGKILL one of two workers mid-run: its records up to ~1 s before the kill survive,
     the run directory is still finalised, the manifest names the lost worker and the exit code is 1."""
-    scenario = _scenario(tmp_path, """
+    scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = 32
 [output]
@@ -113,7 +99,7 @@ drain_s = 3
     truth_path = tmp_path / "truth.jsonl"
     out = tmp_path / "run"
     with launch(["--truth", str(truth_path)]) as sim:
-        proc = subprocess.Popen(_command(scenario, sim.base_url, out, "--processes", "2"), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(run_command(scenario, sim.base_url, out, "--processes", "2"), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         states: list[dict] = []
         deadline = time.monotonic() + 30
@@ -132,7 +118,7 @@ drain_s = 3
     assert stdout.strip().splitlines()[-1] == str(out)
     df = pd.read_parquet(out / "requests.parquet")
     assert df.request_id.is_unique
-    truth = _truth(truth_path)
+    truth = truth_frame(truth_path)
     # Every request the server finished more than ~1 s before the kill is recorded (either worker).
     done_before = set(truth.request_id[truth.last_token < killed_at - 1.2])
     assert done_before and done_before <= set(df.server_request_id)
@@ -168,7 +154,7 @@ def _listening(port: int) -> set[str]:
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from /proc")
 def test_web_ui_on_loopback_and_the_run_ends_by_itself(tmp_path: Path) -> None:
-    scenario = _scenario(tmp_path, """
+    scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = 16
 [output]
@@ -183,7 +169,7 @@ drain_s = 2
     port = _free_port()
     out = tmp_path / "run"
     with launch() as sim:
-        proc = subprocess.Popen(_command(scenario, sim.base_url, out, "--web"), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(run_command(scenario, sim.base_url, out, "--web"), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env={**os.environ, "LOCUST_WEB_PORT": str(port)})
         page = b""
         deadline = time.monotonic() + 20
@@ -205,7 +191,7 @@ drain_s = 2
 
 def test_ramp_stops_after_the_first_step_over_the_error_limit(tmp_path: Path) -> None:
     """Auto-stop after the breakpoint: the relay admits 2 streams at a time, so 8 users get 429s."""
-    scenario = _scenario(tmp_path, """
+    scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = 32
 [output]
@@ -222,7 +208,7 @@ drain_s = 3
     profile = tmp_path / "relay.toml"
     profile.write_text('extends = "fast"\nmax_concurrency = 2\n')
     with launch(["--profile", str(profile)]) as sim:
-        result = subprocess.run(_command(scenario, sim.base_url, tmp_path / "run"), capture_output=True, text=True,
+        result = subprocess.run(run_command(scenario, sim.base_url, tmp_path / "run"), capture_output=True, text=True,
                                 timeout=60)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())

@@ -1,0 +1,34 @@
+"""Helpers shared by the `tokenload run` tests: scenario files, the CLI command, the truth file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+
+def write_scenario(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "scenario.toml"
+    path.write_text(body)
+    return path
+
+
+def run_command(scenario: Path, base_url: str, out: Path, *extra: str, model: str = "sim-7b") -> list[str]:
+    return [sys.executable, "-m", "tokenload", "run", str(scenario), "--base-url", base_url, "--model", model,
+            "--out", str(out), *extra]
+
+
+def run_cli(scenario: Path, base_url: str, out: Path, *extra: str, model: str = "sim-7b",
+            timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """`tokenload run` to completion, with a dumb terminal so no live line decorates stderr."""
+    return subprocess.run(run_command(scenario, base_url, out, *extra, model=model), capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "TERM": "dumb"})
+
+
+def truth_frame(path: Path) -> pd.DataFrame:
+    """The simulator's truth file as a frame, one row per request it saw."""
+    return pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
