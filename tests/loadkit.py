@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,3 +33,10 @@ def run_cli(scenario: Path, base_url: str, out: Path, *extra: str, model: str = 
 def truth_frame(path: Path) -> pd.DataFrame:
     """The simulator's truth file as a frame, one row per request it saw."""
     return pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

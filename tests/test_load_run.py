@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from loadkit import run_cli, run_command, truth_frame, write_scenario
+from loadkit import free_port, run_cli, run_command, truth_frame, write_scenario
 
 from tokenload.load.records import COLUMNS
 from tokenload.sim import launch
@@ -193,3 +193,36 @@ def test_bad_scenario_is_one_line_exit_2(tmp_path: Path, body: str, field: str) 
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert field in result.stderr and "scenario.toml" in result.stderr
+
+
+def test_master_and_worker_share_one_run_directory(tmp_path: Path) -> None:
+    """`--master` / `--worker` as on two machines (here two processes on loopback): one run id, nothing lost."""
+    scenario = write_scenario(tmp_path, """
+[prompt]
+tokens = 16
+[output]
+max_tokens = 8
+[load]
+kind = "constant"
+users = 3
+step_s = 4
+[stop]
+drain_s = 3
+""")
+    port = str(free_port())
+    truth_path = tmp_path / "truth.jsonl"
+    out = tmp_path / "run"
+    with launch(["--truth", str(truth_path)]) as sim:
+        master = subprocess.Popen(run_command(scenario, sim.base_url, out, "--master", "--master-port", port),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        worker = subprocess.run(run_command(scenario, sim.base_url, out, "--worker", "--master-port", port),
+                                capture_output=True, text=True, timeout=60)
+        m_out, m_err = master.communicate(timeout=60)
+    assert worker.returncode == 0, worker.stderr
+    assert master.returncode == 0, m_err
+    assert m_out.strip().splitlines()[-1] == str(out)
+    df = pd.read_parquet(out / "requests.parquet")
+    truth = truth_frame(truth_path)
+    assert len(df) == len(truth) > 3 and df.request_id.is_unique
+    assert df.run_id.nunique() == 1
+    assert json.loads((out / "manifest.json").read_text())["run_id"] == df.run_id.iloc[0]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from loadkit import run_command, truth_frame, write_scenario
+from loadkit import free_port, run_command, truth_frame, write_scenario
 
 from tokenload.sim import launch
 
@@ -130,12 +130,6 @@ drain_s = 3
     assert not (out / "segments").exists() or not list((out / "segments").glob("*.arrow"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _listening(port: int) -> set[str]:
     """Local addresses (hex, as /proc/net/tcp writes them) listening on `port`."""
     found = set()
@@ -166,7 +160,7 @@ step_s = 3
 [stop]
 drain_s = 2
 """)
-    port = _free_port()
+    port = free_port()
     out = tmp_path / "run"
     with launch() as sim:
         proc = subprocess.Popen(run_command(scenario, sim.base_url, out, "--web"), stdout=subprocess.PIPE,

@@ -14,10 +14,11 @@ is still finalised with everything it flushed, and manifest.json names it in
 `workers_lost` and `warnings`.
 
 Distributed: `--processes N` forks N local workers; across machines start
-`tokenload run SCENARIO --master --expect-workers N --out DIR` and on each
-machine `tokenload run SCENARIO --worker --master-host HOST`, with DIR on a
-filesystem every machine shares (workers write their records into the master's
-run directory; the master waits for each worker's final flush).
+`tokenload run SCENARIO --master --master-bind-host ADDR --expect-workers N
+--out DIR` and on each machine `tokenload run SCENARIO --worker --master-host
+ADDR --out DIR`, with DIR on a filesystem every machine shares (workers take
+the master's run id and resolved scenario from DIR and write their records
+into it; the master waits for each worker's final flush, then finalises).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     dist.add_argument("--worker", action="store_true", help="run as Locust worker of --master-host")
     dist.add_argument("--master-host", default="127.0.0.1", help="worker: the master's address")
     dist.add_argument("--master-port", type=int, default=5557, help="master port (default 5557)")
+    dist.add_argument("--master-bind-host", default="127.0.0.1",
+                      help="master: interface to listen on (default 127.0.0.1; give the machine's address for "
+                           "workers on other machines)")
     add_channel_arguments(parser)
 
 
@@ -87,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     err.print(f"[bold]{scenario.name}[/] against {resolution.channel}")
     distribution = Distribution(processes=args.processes, master=args.master, worker=args.worker,
                                 master_host=args.master_host, master_port=args.master_port,
+                                master_bind_host=args.master_bind_host,
                                 expect_workers=args.expect_workers)
     with err.status("starting Locust") as status:
         run_dir = run_scenario(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,

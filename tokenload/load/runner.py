@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenload.channel import Channel
-from tokenload.errors import ConfigError
+from tokenload.errors import ConfigError, HarnessError
 from tokenload.load import handoff, lag, records
 from tokenload.load.scenario import Scenario
 
@@ -83,6 +83,7 @@ class Distribution:
     worker: bool = False
     master_host: str = "127.0.0.1"
     master_port: int = 5557
+    master_bind_host: str = "127.0.0.1"
     expect_workers: int = 1
 
     def locust_args(self) -> list[str]:
@@ -90,7 +91,7 @@ class Distribution:
             return ["--worker", "--master-host", self.master_host, "--master-port", str(self.master_port)]
         args = ["--processes", str(self.processes)] if self.processes else []
         if self.master:
-            args += ["--master", "--master-bind-host", "0.0.0.0", "--master-bind-port", str(self.master_port),
+            args += ["--master", "--master-bind-host", self.master_bind_host, "--master-bind-port", str(self.master_port),
                      "--expect-workers", str(self.expect_workers)]
         return args
 
@@ -111,18 +112,26 @@ def run_scenario(
     `users` / `duration_s` override the scenario like `tokenload run --users/--duration`;
     `on_live` receives the live numbers about twice a second. Raises `ConfigError`
     for bad input; a Locust process that fails is reported in the manifest and by
-    a `RuntimeError` naming the log file.
+    a `HarnessError` naming the log file.
     """
     scenario = scenario.with_overrides(users=users, duration_s=duration_s)
     if not scenario.channel.models:
         scenario = dataclasses.replace(scenario, channel=dataclasses.replace(scenario.channel, models=(channel.model,)))
     channel = dataclasses.replace(channel, first_token_timeout_s=scenario.channel.first_token_timeout_s,
                                   idle_timeout_s=scenario.channel.idle_timeout_s)
-    run_dir = Path(out_dir) if out_dir else default_run_dir(scenario.name)
-    if (run_dir / records.REQUESTS_FILE).exists() or (run_dir / records.SEGMENTS_DIR).exists():
-        raise ConfigError(f"run directory {run_dir} already holds a run; choose another --out")
-    run_id = new_run_id()
-    scenario_path = write_run_info(run_dir, run_id, scenario, channel.public())
+    if distribution.worker:
+        if out_dir is None:
+            raise ConfigError("a worker needs --out: the master's run directory, on a filesystem both machines share")
+        run_dir = Path(out_dir)
+        run_id, scenario_path = _join_master_run(run_dir)
+        log_name = f"locust-worker-{socket.gethostname()}-{os.getpid()}.log"
+    else:
+        run_dir = Path(out_dir) if out_dir else default_run_dir(scenario.name)
+        if (run_dir / records.REQUESTS_FILE).exists() or (run_dir / records.SEGMENTS_DIR).exists():
+            raise ConfigError(f"run directory {run_dir} already holds a run; choose another --out")
+        run_id = new_run_id()
+        scenario_path = write_run_info(run_dir, run_id, scenario, channel.public())
+        log_name = LOG_FILE
     command = [
         sys.executable, "-m", "locust", "-f", str(locustfile()),
         "--scenario", str(scenario_path), "--run-dir", str(run_dir), "--run-id", run_id,
@@ -132,7 +141,7 @@ def run_scenario(
         *distribution.locust_args(),
     ]
     env = {**os.environ, **handoff.channel_to_env(channel), "TOKENLOAD_MANAGED": "1", "PYTHONUNBUFFERED": "1"}
-    with open(run_dir / LOG_FILE, "ab") as log:
+    with open(run_dir / log_name, "ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
         rc = _supervise(proc, run_dir, on_live)
@@ -140,8 +149,24 @@ def run_scenario(
         return run_dir
     finalise(run_dir, wait_s=scenario.stop.drain_s + 10 if distribution.master else 0.0, locust_rc=rc)
     if rc != 0:
-        raise RuntimeError(f"Locust exited with code {rc}; see {run_dir / LOG_FILE}")
+        raise HarnessError(f"Locust exited with code {rc}; see {run_dir / LOG_FILE}")
     return run_dir
+
+
+def _join_master_run(run_dir: Path, timeout_s: float = 60.0) -> tuple[str, Path]:
+    """A worker's run id and resolved scenario: the master's, read from the shared run directory.
+
+    The master writes them before it starts Locust; a worker started first waits for them,
+    so every record of the run carries one run id and follows one scenario.
+    """
+    seg = run_dir / records.SEGMENTS_DIR
+    deadline = time.monotonic() + timeout_s
+    while not ((seg / RUN_INFO).exists() and (seg / SCENARIO_FILE).exists()):
+        if time.monotonic() > deadline:
+            raise ConfigError(f"no master run in {run_dir} after {timeout_s:g} s; start the master with the same --out "
+                              "first, on a filesystem both machines share")
+        time.sleep(0.2)
+    return str(_read_json(seg / RUN_INFO)["run_id"]), seg / SCENARIO_FILE
 
 
 def _supervise(proc: subprocess.Popen[bytes], run_dir: Path, on_live: Callable[[dict[str, Any]], None] | None) -> int:
