@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from tokenload.errors import ConfigError
@@ -210,6 +211,16 @@ class Resolution:
     warnings: list[str]
     settings_files: list[Path]
     raw: dict[str, str]
+
+    FIELD_LABELS: ClassVar[dict[str, str]] = {
+        "base_url": "base URL", "api_key": "API key", "auth_token": "auth token", "model": "model",
+        "protocol": "protocol",
+    }
+
+    def describe(self) -> str:
+        """Which source supplied each field, e.g. `base URL from settings .claude/settings.json (...)`."""
+        return "; ".join(f"{label} from {self.sources[name]}" for name, label in self.FIELD_LABELS.items()
+                         if name in self.sources)
 
 
 def _read_settings(path: Path) -> dict[str, str]:

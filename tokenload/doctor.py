@@ -324,10 +324,8 @@ def _s(value: float | None) -> str:
 def check_config(ctx: Doctor) -> CheckResult:
     """Where each field came from; misspelt, shadowed or absent configuration (BRIEF #7)."""
     res = ctx.resolution
-    labels = {"base_url": "base URL", "api_key": "API key", "auth_token": "auth token", "model": "model",
-              "protocol": "protocol"}
-    sources = {name: res.sources[name] for name in labels if name in res.sources}
-    saw = "; ".join(f"{labels[n]} from {s}" for n, s in sources.items())
+    sources = {name: res.sources[name] for name in res.FIELD_LABELS if name in res.sources}
+    saw = res.describe()
     details: dict[str, Any] = {"sources": sources, "settings_files": [str(p) for p in res.settings_files]}
     problems: list[str] = []
     fixes: list[str] = []
@@ -358,7 +356,7 @@ def check_config(ctx: Doctor) -> CheckResult:
     details["shadowed"] = shadowed
 
     for warning in res.warnings:
-        if not any(warning.startswith(labels[n].lower()) for n in SECRET_FIELDS):  # keys: key hygiene's job
+        if not any(warning.startswith(res.FIELD_LABELS[n].lower()) for n in SECRET_FIELDS):  # keys: key hygiene's job
             problems.append(warning)
 
     near = _near_miss_settings(ctx) if not res.settings_files else []

@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.json:
         out.print(f"[bold]{escape(str(channel))}[/]", soft_wrap=True)
+        err.print(f"[dim]{escape(resolution.describe())}[/]", soft_wrap=True, highlight=False)
     record = stream_once(channel, args.prompt, args.max_tokens, on_text=None if args.json else show)
     check = formula(record["ttft_s"], record["tpot_s"], record["output_tokens"], record["e2e_s"])
     if args.json:

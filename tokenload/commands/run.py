@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     for warning in resolution.warnings:
         err.print(f"[yellow]warning:[/] {warning}")
     err.print(f"[bold]{scenario.name}[/] against {resolution.channel}")
+    err.print(f"[dim]{resolution.describe()}[/]", markup=True, soft_wrap=True)
     distribution = Distribution(processes=args.processes, master=args.master, worker=args.worker,
                                 master_host=args.master_host, master_port=args.master_port,
                                 master_bind_host=args.master_bind_host,
