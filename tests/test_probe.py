@@ -187,3 +187,18 @@ def test_key_never_printed(fake_server: FakeServer, tmp_path: Path, protocol: st
     assert KEY not in output and KEY[:-4] not in output and KEY[4:] not in output
     if how == "env-with-newline":
         assert "newline" in proc.stderr  # the warning names the problem without the key
+
+
+def test_probe_says_which_settings_file_supplied_the_channel(fake_server: FakeServer, tmp_path: Path) -> None:
+    """Claude Code's project settings are found without --settings, and named."""
+    fake_server.play(stream_script("anthropic", TOKENS, 0.01, 0.01))
+    settings = tmp_path / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps({"env": {"ANTHROPIC_BASE_URL": base_url(fake_server, "anthropic"),
+                                            "ANTHROPIC_AUTH_TOKEN": KEY, "ANTHROPIC_MODEL": "m-1"}}))
+    proc = tokenload(tmp_path, "probe")
+    assert proc.returncode == 0, proc.stderr
+    assert f"base URL from settings {settings} (ANTHROPIC_BASE_URL)" in proc.stderr
+    assert f"auth token from settings {settings} (ANTHROPIC_AUTH_TOKEN)" in proc.stderr
+    assert fake_server.last.json()["model"] == "m-1"
+    assert KEY not in proc.stdout + proc.stderr
