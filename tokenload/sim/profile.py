@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from tokenload.compat import tomllib
 from tokenload.errors import ConfigError
 
 EOS_DISTRIBUTIONS = ("uniform", "exponential", "lognormal")
