@@ -111,9 +111,14 @@ class SimProcess:
             elif remaining <= 0:
                 break
         if not self.base_url:
-            rc = self.process.poll()
+            try:
+                rc: int | None = self.process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                rc = None
             self.__exit__(None, None, None)
-            raise HarnessError(f"tokenload sim did not print its URL within {self.timeout} s (exit code {rc})")
+            if rc is None:
+                raise HarnessError(f"tokenload sim did not print its URL within {self.timeout} s")
+            raise HarnessError(f"tokenload sim exited with code {rc} before serving (its error is printed above)")
         return self
 
     def __exit__(self, *exc: object) -> None:
