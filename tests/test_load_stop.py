@@ -19,9 +19,16 @@ from loadkit import free_port, run_command, truth_frame, write_scenario
 from tokenload.sim import launch
 
 
+def _failing_profile(tmp_path: Path) -> Path:
+    """A channel that answers every stream with an instant 503: hundreds of errors a second."""
+    path = tmp_path / "overloaded.toml"
+    path.write_text('extends = "fast"\n[faults]\n"status code=503 body=json" = 1.0\n')
+    return path
+
+
 @pytest.mark.parametrize("processes", [0, 2])
 def test_max_requests_is_not_overshot_by_fast_errors(tmp_path: Path, processes: int) -> None:
-    """A wrong model answers 404 at once: hundreds of errors a second, yet the limit holds."""
+    """Instant 503s come back by the hundred each second, yet the limit holds."""
     scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = 16
@@ -38,18 +45,42 @@ drain_s = 5
     truth_path = tmp_path / "truth.jsonl"
     extra = ("--processes", str(processes)) if processes else ()
     started = time.monotonic()
-    with launch(["--truth", str(truth_path)]) as sim:
-        result = subprocess.run(run_command(scenario, sim.base_url, tmp_path / "run", *extra, model="no-such-model"),
+    with launch(["--profile", str(_failing_profile(tmp_path)), "--truth", str(truth_path)]) as sim:
+        result = subprocess.run(run_command(scenario, sim.base_url, tmp_path / "run", *extra),
                                 capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1 and "no request succeeded" in result.stderr, result.stderr
     assert time.monotonic() - started < 15  # stopped by the limit, not by the 20 s plan
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
-    assert df.error_kind.eq("not_found_model").all()
+    assert df.error_kind.eq("overloaded").all()
     assert len(df) == len(truth_frame(truth_path)) == 40  # no more sent than the limit, every one recorded
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["stop_reason"].startswith("max_requests"), manifest["stop_reason"]
     if processes:
         assert df.worker.nunique() == 2
+
+
+def test_a_misconfigured_channel_stops_the_run_and_says_so(tmp_path: Path) -> None:
+    """Every request fails on the model id: the run stops within seconds, names the fix, exits 1."""
+    scenario = write_scenario(tmp_path, """
+[prompt]
+tokens = 16
+[output]
+max_tokens = 4
+[load]
+kind = "constant"
+users = 4
+step_s = 30
+""")
+    started = time.monotonic()
+    with launch() as sim:
+        result = subprocess.run(run_command(scenario, sim.base_url, tmp_path / "run", model="no-such-model"),
+                                capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - started < 20  # not the 30 s plan
+    assert result.returncode == 1, result.stderr
+    assert "not_found_model HTTP 404" in result.stderr and "fix: use a model id this channel serves" in result.stderr
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["stop_reason"].startswith("channel misconfigured: all "), manifest["stop_reason"]
+    assert "with not_found_model" in manifest["stop_reason"]
 
 
 def test_token_budget_overshoots_by_at_most_the_requests_in_flight(tmp_path: Path) -> None:

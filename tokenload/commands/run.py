@@ -25,8 +25,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenload.channel import add_channel_arguments
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 HELP = "run a load scenario with Locust; prints the run directory last"
 
@@ -98,36 +103,50 @@ def run(args: argparse.Namespace) -> int:
         run_dir = run_scenario(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
                                distribution=distribution, web=args.web,
                                on_live=lambda live: status.update(_live_line(live)))
-    lost = False
+    failed = False
     if not args.worker:
-        lost = _print_summary(err, run_dir / REQUESTS_FILE)
+        failed = _print_summary(err, run_dir / REQUESTS_FILE)
     print(run_dir)
     sys.stdout.flush()
-    return 1 if lost else 0
+    return 1 if failed else 0
 
 
-def _print_summary(err: object, path: object) -> bool:
-    """Counts and TTFT/TPOT percentiles from the raw records (not Locust's rounded histogram).
+def _print_summary(err: Console, path: Path) -> bool:
+    """Counts, errors by kind and TTFT/TPOT/e2e percentiles from the raw records.
 
-    Returns True when a worker was lost (killed or crashed): the run directory is
-    complete up to that worker's last flush, but the command exits 1.
+    Percentiles come from the records, not Locust's rounded histogram. Returns
+    True when the run failed as a measurement: no request succeeded, or a worker
+    was lost (killed or crashed; the run directory is complete up to its last
+    flush), so the command exits 1.
     """
     import json
 
     import numpy as np
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path, columns=["status", "in_flight", "ttft_s", "tpot_s", "e2e_s", "output_tokens"])
-    df = table.to_pandas()
+    from tokenload.errors import FIXES
+
+    columns = ["status", "error_kind", "http_status", "error_message", "in_flight", "ttft_s", "tpot_s", "e2e_s"]
+    df = pq.read_table(path, columns=columns).to_pandas()
     done = df[(df.status == "ok") & ~df.in_flight]
-    parts = [f"{len(df)} requests", f"{int((df.status == 'error').sum())} errors", f"{int(df.in_flight.sum())} in flight"]
+    errors = df[df.status == "error"]
+    parts = [f"{len(df)} requests", f"{len(errors)} errors", f"{int(df.in_flight.sum())} in flight"]
     for col in ("ttft_s", "tpot_s", "e2e_s"):
         vals = done[col].dropna().to_numpy()
         if len(vals):
             p50, p95 = np.percentile(vals, (50, 95))
             parts.append(f"{col[:-2].upper()} p50 {p50:.3f} s p95 {p95:.3f} s")
-    manifest = json.loads((path.parent / "manifest.json").read_text())  # type: ignore[attr-defined]
-    err.print(" · ".join(parts))  # type: ignore[attr-defined]
+    manifest = json.loads((path.parent / "manifest.json").read_text())
+    err.print(" · ".join(parts))
+    for kind, group in errors.groupby("error_kind", sort=False):
+        first = group.iloc[0]
+        status = "" if first.http_status != first.http_status else f" HTTP {int(first.http_status)}"
+        err.print(f"  {len(group)} x {kind}{status}: {first.error_message}", markup=False, soft_wrap=True)
+        err.print(f"    fix: {FIXES.get(str(kind), '')}", markup=False, soft_wrap=True)
+    if manifest.get("stop_reason"):
+        err.print(f"stopped: {manifest['stop_reason']}", markup=False, soft_wrap=True)
     for warning in manifest.get("warnings", []):
-        err.print(f"[bold red]WARNING:[/] {warning}")  # type: ignore[attr-defined]
-    return bool(manifest.get("workers_lost"))
+        err.print(f"[bold red]WARNING:[/] {warning}")
+    if done.empty:
+        err.print("[bold red]no request succeeded[/]: nothing was measured")
+    return done.empty or bool(manifest.get("workers_lost"))

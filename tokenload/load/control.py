@@ -36,6 +36,7 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 from locust.stats import RequestStats, calculate_response_time_percentile
 
+from tokenload import errors as ek
 from tokenload.load.records import SEGMENTS_DIR, write_json
 from tokenload.load.scenario import Scenario
 from tokenload.load.shapes import Phase, build_plan
@@ -43,6 +44,10 @@ from tokenload.load.shapes import Phase, build_plan
 STEP_MESSAGE = "tokenload_step"
 BUDGET_MESSAGE = "tokenload_budget_spent"
 CONTROL_FILE = "control.json"
+# Error kinds that mean the channel itself is misconfigured, and how many requests
+# (all failed, all with these kinds) end a run early.
+CONFIG_ERROR_KINDS = (ek.AUTH, ek.NOT_FOUND_MODEL, ek.BAD_BASE_URL)
+MISCONFIGURED_AFTER = 20
 # Locust stats request types; TTFT/TPOT/E2E carry milliseconds (per token for TPOT).
 REQUEST_TYPE, TTFT, TPOT, E2E = "POST", "TTFT", "TPOT", "E2E"
 
@@ -247,6 +252,9 @@ class RunControl:
             kind = "token budget" if all(s["reason"].startswith("token") for s in self.spent.values()) else "max_requests"
             return f"{kind}: every worker spent its share ({sent} requests, {tokens} tokens)"
         totals = self._snapshot()
+        misconfigured = self._misconfigured(totals)
+        if misconfigured:
+            return misconfigured
         if stop.max_requests and totals.requests >= stop.max_requests:
             return f"max_requests: {totals.requests} >= {stop.max_requests}"
         if stop.max_tokens and totals.tokens >= stop.max_tokens:
@@ -262,6 +270,30 @@ class RunControl:
                 return (f"breakpoint: step {current.step} ({current.users} users) TTFT p95 "
                         f"{p95:.2f} s > {stop.breakpoint_ttft_p95_s:g} s")
         return None
+
+    def _misconfigured(self, totals: Snapshot) -> str | None:
+        """Stop a run whose first requests all failed on the channel's configuration.
+
+        A wrong key, base URL or model fails every request the same way; hammering
+        the channel with thousands of them measures nothing (and may get the key
+        blocked), so the run stops and points at `tokenload doctor`.
+        """
+        if totals.requests < MISCONFIGURED_AFTER or totals.failures < totals.requests:
+            return None
+        stats = self.environment.runner.stats  # type: ignore[union-attr]
+        kinds: Counter[str] = Counter()
+        for error in stats.errors.values():
+            # The exception itself in this process; its repr once it came from a worker's report.
+            text = error.error if isinstance(error.error, str) else repr(error.error)
+            kind = next((k for k in CONFIG_ERROR_KINDS if f"'{k} (" in text), None)
+            if kind is None:
+                return None
+            kinds[kind] += error.occurrences
+        if not kinds:
+            return None
+        kind, count = kinds.most_common(1)[0]
+        return (f"channel misconfigured: all {totals.requests} requests failed ({count} with {kind}); "
+                "run `tokenload doctor` with the same channel options")
 
     def finish(self, reason: str) -> None:
         if self.stopped is None:
