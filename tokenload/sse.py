@@ -45,11 +45,58 @@ class SSEDecoder:
         self.comments = 0
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if self._head is not None or self._skip_lf:
+            chunk = self._settle(chunk)
+        buf = self._partial + chunk if self._partial else chunk
+        if not buf:
+            return []
+        if b"\r" in buf:
+            self._skip_lf = buf.endswith(b"\r")
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        # Whole lines end on a character boundary, so one decode serves them all.
+        if buf[-1] == 10:  # the usual read: whole events, nothing held back, no slice to copy
+            self._partial = b""
+            lines = buf.decode("utf-8", "replace").split("\n")
+            lines.pop()
+        else:
+            cut = buf.rfind(b"\n")
+            if cut < 0:
+                self._partial = buf
+                return []
+            self._partial = buf[cut + 1 :]
+            lines = buf[:cut].decode("utf-8", "replace").split("\n")
+        # One pass per line, most frequent first; inlined: it runs once per token under load.
+        events: list[SSEEvent] = []
+        data = self._data
+        for line in lines:
+            if line.startswith("data:"):
+                data.append(line[6:] if line[5:6] == " " else line[5:])
+            elif not line:
+                if data:
+                    events.append(SSEEvent(self._event or "message", "\n".join(data), self._id))
+                    data = self._data = []
+                self._event = ""
+            elif line.startswith("event:"):
+                self._event = line[7:] if line[6:7] == " " else line[6:]
+            elif line[0] == ":":
+                self.comments += 1
+            else:
+                name, sep, value = line.partition(":")
+                if sep and value[:1] == " ":
+                    value = value[1:]
+                if name == "data":
+                    data.append(value)
+                elif name == "id" and "\0" not in value:
+                    self._id = value
+        return events
+
+    def _settle(self, chunk: bytes) -> bytes:
+        """The stream's first bytes (a leading BOM dropped) and the `\n` of a CRLF split after `\r`."""
         if self._head is not None:
             chunk = self._head + chunk
             if len(chunk) < len(_BOM) and _BOM.startswith(chunk):
                 self._head = chunk
-                return []
+                return b""
             self._head = None
             if chunk.startswith(_BOM):
                 chunk = chunk[len(_BOM) :]
@@ -57,19 +104,7 @@ class SSEDecoder:
             self._skip_lf = False
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]
-        if not chunk:
-            return []
-        buf = self._partial + chunk if self._partial else chunk
-        if b"\r" in buf:
-            self._skip_lf = buf.endswith(b"\r")
-            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            self._partial = buf
-            return []
-        self._partial = buf[cut + 1 :]
-        # Whole lines end on a character boundary, so one decode serves them all.
-        return self._lines(buf[:cut].decode("utf-8", "replace").split("\n"))
+        return chunk
 
     def close(self) -> bool:
         """End of stream. True when an event was left unterminated (a truncated stream)."""
@@ -78,28 +113,3 @@ class SSEDecoder:
         self._data = []
         self._event = ""
         return pending
-
-    def _lines(self, lines: list[str]) -> list[SSEEvent]:
-        events: list[SSEEvent] = []
-        data = self._data
-        for line in lines:
-            if not line:
-                if data:
-                    events.append(SSEEvent(self._event or "message", "\n".join(data), self._id))
-                    data = self._data = []
-                self._event = ""
-            elif line.startswith("data:"):
-                data.append(line[6:] if line[5:6] == " " else line[5:])
-            elif line[0] == ":":
-                self.comments += 1
-            else:
-                name, sep, value = line.partition(":")
-                if sep and value[:1] == " ":
-                    value = value[1:]
-                if name == "event":
-                    self._event = value
-                elif name == "data":
-                    data.append(value)
-                elif name == "id" and "\0" not in value:
-                    self._id = value
-        return events

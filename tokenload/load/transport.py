@@ -8,35 +8,40 @@ client process over the measured window; TTFT error = client TTFT minus the
 simulator's truth `first_token - arrival`):
 
               client  streams   tokens  client CPU s  (kernel)  tok/CPU-s  TTFT err p50  TTFT err p99  loop lag p99
-            requests       10    2,000          0.15        6%     13,783       1.29 ms       2.08 ms        1.1 ms
-    geventhttpclient       10    2,000          0.10        6%     20,064       0.28 ms       0.37 ms        1.1 ms
-               httpx       10    2,000          0.16        7%     12,333       0.89 ms       1.26 ms        1.1 ms
-            requests      100   20,000          0.70       10%     28,692       1.07 ms       1.69 ms        1.1 ms
-    geventhttpclient      100   20,000          0.47        8%     42,893       0.27 ms       0.65 ms        1.1 ms
-               httpx      100   20,000          1.32        6%     15,167       2.36 ms       4.20 ms        1.1 ms
-            requests      500  100,000          2.59       11%     38,549       1.02 ms       3.11 ms        1.4 ms
-    geventhttpclient      500  100,000          1.77       17%     56,382       0.43 ms       1.76 ms        1.1 ms
-               httpx      500  100,000         11.06        5%      9,041       2.19 ms      71.41 ms        8.9 ms
-    user spawn CPU: LLMUser via Locust's runner 0.045 ms/user (1000 users, shared transport);
-    per-user HttpSession 0.055 ms, per-user httpx.Client 21.38 ms
+            requests       10    2,000          0.23        9%      8,560       1.80 ms       2.43 ms        1.2 ms
+    geventhttpclient       10    2,000          0.16        4%     12,399       0.42 ms       0.79 ms        1.6 ms
+               httpx       10    2,000          0.36        4%      5,574       1.77 ms       3.36 ms        1.2 ms
+            requests      100   20,000          1.09        9%     18,429       1.57 ms       4.17 ms        1.2 ms
+    geventhttpclient      100   20,000          0.56       13%     35,475       0.55 ms       1.15 ms        1.4 ms
+               httpx      100   20,000          2.04        7%      9,818       4.57 ms       7.54 ms        1.2 ms
+            requests      500  100,000          3.81       13%     26,238       1.64 ms      12.78 ms        1.6 ms
+    geventhttpclient      500  100,000          1.86       20%     53,663       0.57 ms       2.76 ms        1.5 ms
+               httpx      500  100,000         11.30        6%      8,852       5.08 ms     103.79 ms       17.2 ms
+    user spawn CPU: LLMUser via Locust's runner 0.056 ms/user (1000 users, shared transport);
+    reference per-user clients: HttpSession 0.057 ms, httpx.Client 23.05 ms (target <= 1 ms)
 
 `requests` is Locust's default `HttpUser` path (`HttpSession`, `stream=True`,
 `iter_lines`), httpx one shared unlimited `httpx.Client` with `iter_raw`. This
-client costs about 1.5x less CPU per token than requests and 6x less than httpx
-at 500 streams, and adds the least to TTFT at every level (p50 < 0.5 ms, p99
-< 2 ms at 500 streams: inside the 1 ms / 5 ms targets). Tokens per CPU-second
-are at 50-56k across runs (the machine is shared; runs vary by about 10%),
-just under the 60k target: a process-time profile puts about half of the
-per-token CPU in the foundation's SSE decoder + JSON + adapter (`sse.py`,
-`protocols/`), the rest in the read path below and the gevent hub. At 10
-streams the figure is dominated by the process's fixed idle cost, not tokens.
+client costs about 2x less CPU per token than requests and 6x less than httpx
+at 500 streams, and adds the least to TTFT at every level (p50 < 0.6 ms, p99
+< 3 ms at 500 streams: inside the 1 ms / 5 ms targets). The table is from a
+loaded moment of the shared machine (requests ran 12% slower than in the run
+before it); alternating this code and the previous version against one
+simulator (500 streams, 3 cells each) gave 57-65k against 44-50k tokens per
+CPU-second. At 10 streams the figure is dominated by the process's fixed idle
+cost, not tokens.
 
-How it reads: one `recv` per call through the response's parser buffer, so
-each SSE event is stamped when its bytes arrive (Locust's FastHttpUser, also
-geventhttpclient, iterates in fixed blocks and holds small events back). It
-waits on gevent's socket watcher directly instead of through a socket timeout,
-which would allocate and start a gevent `Timeout` on every read; first-token
-and stall timeouts come from one libev timer per stream (`_Deadline`).
+How it reads: one `recv` per wake-up through the response's C parser, so each
+SSE event is stamped when its bytes arrive (Locust's FastHttpUser, also
+geventhttpclient, iterates in fixed blocks and holds small events back). Plain
+HTTP bodies go through `_pump_plain`, which keeps the socket's read watcher
+started for the whole body and waits before each `recv` (no failed read, no
+`Waiter`, no watcher re-arm per token); together with the parse-path work in
+`sse.py` and `protocols/base.py` this took 500 streams from about 47k to about
+61k tokens per CPU-second side by side (benchmarks/client_overhead.py cells,
+same simulator, alternated). Socket timeouts would allocate and start a gevent
+`Timeout` on every read; first-token and stall timeouts come from one libev
+timer per stream (`_Deadline`).
 
 One `Transport` (one connection pool, one SSL context) serves every user of a
 process, so spawning a user costs nothing here. POST requests are never retried
@@ -55,8 +60,9 @@ from http.client import HTTPException
 from typing import Any
 from urllib.parse import urlsplit
 
-from gevent import get_hub
+from gevent import get_hub, getcurrent
 from geventhttpclient import HTTPClient
+from geventhttpclient._parser import HTTPResponseParser
 from geventhttpclient.response import HTTPSocketPoolResponse
 
 from tokenload import errors as ek
@@ -66,6 +72,8 @@ from tokenload.stream import StreamSession
 
 _BLOCK = 64 * 1024
 _perf = time.perf_counter
+# The C parser's own feed: `HTTPResponse.feed` only adds a HEAD-response fix-up (never used here: POST).
+_feed = HTTPResponseParser.feed
 
 
 class Transport:
@@ -109,6 +117,9 @@ class Transport:
             sock = response._sock
             if sock is not None:
                 guard = _Deadline(sock, timeline.t0, self._first, self._idle, timeline)
+                if self._plain and timeline.on_text is None:
+                    _pump_plain(response, session, guard)
+                    return
             read = _read_available if self._plain else _read_available_ssl
             while True:
                 chunk = read(response)
@@ -185,6 +196,58 @@ class _Deadline:
         if self.timer is not None:
             self.timer.close()
             self.timer = None
+
+
+def _pump_plain(response: HTTPSocketPoolResponse, session: StreamSession, guard: _Deadline) -> None:
+    """Feed a plain-HTTP body into `session`, one `recv` per wake-up, until it ends.
+
+    The hot loop of the load generator (one pass per token). It waits before each
+    `recv`, since the previous one drained the socket: reading first would fail
+    with `BlockingIOError` almost every time (a wasted syscall and exception per
+    token). The socket's read watcher stays started for the whole body with this
+    greenlet's `switch` as its callback, so a wait is one hub switch, without
+    gevent's per-wait `Waiter` and watcher start/stop. That is safe only because
+    nothing in the loop yields to the hub except this wait: `Transport.stream`
+    sends streams with an `on_text` callback (arbitrary code) through
+    `_read_available` instead. Bytes the header read already buffered go out first.
+    """
+    buf = response._body_buffer
+    on_data = session.on_data
+    if buf:
+        now = _perf()
+        chunk = bytes(buf)
+        del buf[:]
+        on_data(now, chunk)
+        guard.last = now
+    if response.message_complete:
+        session.on_end(_perf())
+        return
+    sock = response._sock
+    recv = sock._sock.recv
+    watcher = sock._read_event
+    wait = get_hub().switch
+    watcher.start(getcurrent().switch)
+    try:
+        while True:
+            wait()
+            try:
+                data = recv(_BLOCK)
+            except BlockingIOError:  # a spurious wake-up
+                continue
+            now = _perf()
+            _feed(response, data)  # raises HTTPParseError on invalid chunk framing
+            if buf:
+                chunk = bytes(buf)
+                del buf[:]
+                on_data(now, chunk)
+                guard.last = now
+            if response.message_complete:
+                break
+            if not data:
+                raise ConnectionResetError(errno.ECONNRESET, "connection closed before the end of the body")
+    finally:
+        watcher.stop()
+    session.on_end(now)
 
 
 def _read_available(response: HTTPSocketPoolResponse) -> bytes:

@@ -34,6 +34,10 @@ class PreparedRequest:
 _MODEL_MISSING = re.compile(r"model.*(not[ _]found|does not exist|unknown|invalid|not supported|no such)|"
                             r"(unknown|invalid|unsupported) model|model_not_found|^model: \S", re.I)
 _TITLE = re.compile(rb"<title[^>]*>(.*?)</title>", re.I | re.S)
+# The C scanner under `json.loads`, called directly: on a string that is exactly one JSON
+# value it returns what `json.loads` would, without loads' two regex whitespace scans and
+# three Python frames (1.5 of about 2.2 us per token event). Anything else goes to `json.loads`.
+_scan = json.JSONDecoder().scan_once
 
 
 def looks_like_html(content_type: str, body: bytes) -> bool:
@@ -157,14 +161,20 @@ class Protocol(ABC):
 
     def handle(self, event: SSEEvent, t: float, tl: Timeline) -> None:
         """Apply one SSE event to the timeline; malformed JSON is counted, not fatal."""
-        if event.data.strip() == "[DONE]":
-            self.on_done(tl)
-            return
+        data = event.data
         try:
-            obj = json.loads(event.data)
-        except ValueError:
-            tl.malformed += 1
-            return
+            obj, end = _scan(data, 0)
+        except (StopIteration, ValueError):  # the scanner's two ways to say "not JSON here"
+            obj, end = None, -1
+        if end != len(data):  # not one bare JSON value: `[DONE]`, whitespace around JSON, or malformed
+            if data.strip() == "[DONE]":
+                self.on_done(tl)
+                return
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                tl.malformed += 1
+                return
         if not isinstance(obj, dict):
             tl.malformed += 1
             return
