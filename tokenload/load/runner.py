@@ -89,11 +89,23 @@ class Distribution:
     def locust_args(self) -> list[str]:
         if self.worker:
             return ["--worker", "--master-host", self.master_host, "--master-port", str(self.master_port)]
-        args = ["--processes", str(self.processes)] if self.processes else []
+        args: list[str] = []
+        if self.processes:
+            # Forked workers meet their master on a free loopback port, not Locust's fixed 5557,
+            # so two local runs (or a run next to a real master) never collide.
+            port = str(_free_loopback_port())
+            args = ["--processes", str(self.processes), "--master-bind-host", "127.0.0.1", "--master-bind-port", port,
+                    "--master-host", "127.0.0.1", "--master-port", port]
         if self.master:
             args += ["--master", "--master-bind-host", self.master_bind_host, "--master-bind-port", str(self.master_port),
                      "--expect-workers", str(self.expect_workers)]
         return args
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def run_scenario(
