@@ -12,6 +12,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fakeserver import FakeServer  # noqa: E402
 
+# The simulator fixtures (`fast_sim`) live beside their helpers in tests/simfixtures.py.
+pytest_plugins = ["simfixtures"]
+
 
 @pytest.fixture(scope="session")
 def _fake_server_session() -> Iterator[FakeServer]:

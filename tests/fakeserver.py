@@ -20,7 +20,7 @@ import socket
 import struct
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 Write = tuple[float, bytes]

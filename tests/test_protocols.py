@@ -25,10 +25,8 @@ from fakeserver import (
     Write,
     anthropic_stream,
     body_script,
-    chat_stream,
     json_script,
     rechunk,
-    responses_stream,
     sse,
     stream_script,
 )

@@ -12,7 +12,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from simfixtures import fast_sim  # noqa: F401  (fixture)
 from simfixtures import anthropic_body, chat_body, raw_request, read_truth
 
 from tokenload.errors import ConfigError

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from simfixtures import fast_sim  # noqa: F401  (fixture)
 from simfixtures import RawResponse, anthropic_body, chat_body, parse_sse, raw_request, read_truth, responses_body
 
 from tokenload.sim import load_profile, serve_in_thread
