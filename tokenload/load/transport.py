@@ -1,35 +1,20 @@
 """The load generator's hot-path HTTP client: geventhttpclient, one pool per process.
 
-Chosen by measurement: `python benchmarks/client_overhead.py` (2-core shared dev
-machine, simulator in its own process at 50 tokens/s per stream, 200 tokens per
-request, each token its own SSE event and socket read; full parsing, `measure()`
-record and Locust stats entries per request; client CPU = `process_time()` of the
-client process over the measured window; TTFT error = client TTFT minus the
-simulator's truth `first_token - arrival`):
-
-              client  streams   tokens  client CPU s  (kernel)  tok/CPU-s  TTFT err p50  TTFT err p99  loop lag p99
-            requests       10    2,000          0.23        9%      8,560       1.80 ms       2.43 ms        1.2 ms
-    geventhttpclient       10    2,000          0.16        4%     12,399       0.42 ms       0.79 ms        1.6 ms
-               httpx       10    2,000          0.36        4%      5,574       1.77 ms       3.36 ms        1.2 ms
-            requests      100   20,000          1.09        9%     18,429       1.57 ms       4.17 ms        1.2 ms
-    geventhttpclient      100   20,000          0.56       13%     35,475       0.55 ms       1.15 ms        1.4 ms
-               httpx      100   20,000          2.04        7%      9,818       4.57 ms       7.54 ms        1.2 ms
-            requests      500  100,000          3.81       13%     26,238       1.64 ms      12.78 ms        1.6 ms
-    geventhttpclient      500  100,000          1.86       20%     53,663       0.57 ms       2.76 ms        1.5 ms
-               httpx      500  100,000         11.30        6%      8,852       5.08 ms     103.79 ms       17.2 ms
-    user spawn CPU: LLMUser via Locust's runner 0.056 ms/user (1000 users, shared transport);
-    reference per-user clients: HttpSession 0.057 ms, httpx.Client 23.05 ms (target <= 1 ms)
+Chosen by measurement: `python benchmarks/client_overhead.py` drives each
+candidate client through the full path (adapter, SSE decoder, `measure()` record,
+Locust stats entries) against the simulator at 50 tokens/s per stream, each
+token its own SSE event and socket read, and compares client CPU per token and
+TTFT error against the simulator's truth file; README.md's Benchmarks section
+holds the current table.
 
 `requests` is Locust's default `HttpUser` path (`HttpSession`, `stream=True`,
 `iter_lines`), httpx one shared unlimited `httpx.Client` with `iter_raw`. This
 client costs about 2x less CPU per token than requests and 6x less than httpx
 at 500 streams, and adds the least to TTFT at every level (p50 < 0.6 ms, p99
-< 3 ms at 500 streams: inside the 1 ms / 5 ms targets). The table is from a
-loaded moment of the shared machine (requests ran 12% slower than in the run
-before it); alternating this code and the previous version against one
-simulator (500 streams, 3 cells each) gave 57-65k against 44-50k tokens per
-CPU-second. At 10 streams the figure is dominated by the process's fixed idle
-cost, not tokens.
+< 3 ms at 500 streams: inside the 1 ms / 5 ms targets). Alternating this code
+and the previous version against one simulator (500 streams, 3 cells each) gave
+57-65k against 44-50k tokens per CPU-second. At 10 streams the figure is
+dominated by the process's fixed idle cost, not tokens.
 
 How it reads: one `recv` per wake-up through the response's C parser, so each
 SSE event is stamped when its bytes arrive (Locust's FastHttpUser, also
@@ -120,9 +105,8 @@ class Transport:
                 if self._plain and timeline.on_text is None:
                     _pump_plain(response, session, guard)
                     return
-            read = _read_available if self._plain else _read_available_ssl
             while True:
-                chunk = read(response)
+                chunk = _read_available(response, self._plain)
                 now = _perf()
                 if not chunk:
                     session.on_end(now)
@@ -250,14 +234,12 @@ def _pump_plain(response: HTTPSocketPoolResponse, session: StreamSession, guard:
     session.on_end(now)
 
 
-def _read_available(response: HTTPSocketPoolResponse) -> bytes:
+def _read_available(response: HTTPSocketPoolResponse, plain: bool) -> bytes:
     """The body bytes that have arrived, waiting for at least one `recv` if none have.
 
     geventhttpclient's public `read(n)` loops until n bytes arrive, which batches
     small SSE events; this reads exactly once per call. It uses the response's
-    parser buffer (`_body_buffer`, `_sock`, `feed`), stable since geventhttpclient 1.x,
-    and gevent's socket internals (`_sock`, the real non-blocking socket, and
-    `_read_event`, its read watcher) to wait without a per-read `Timeout`.
+    parser buffer (`_body_buffer`, `_sock`, `feed`), stable since geventhttpclient 1.x.
     """
     buf = response._body_buffer
     while not buf:
@@ -266,13 +248,8 @@ def _read_available(response: HTTPSocketPoolResponse) -> bytes:
         sock = response._sock
         if sock is None:
             return b""
-        raw = sock._sock
-        while True:
-            try:
-                data = raw.recv(_BLOCK)
-                break
-            except BlockingIOError:
-                _wait(sock._read_event)
+        # HTTPS reads go through gevent's SSL socket and its own per-read timeout.
+        data = _recv_plain(sock) if plain else sock.recv(_BLOCK)
         response.feed(data)  # raises HTTPParseError on invalid chunk framing
         if not data:
             if not response.message_complete:
@@ -283,28 +260,15 @@ def _read_available(response: HTTPSocketPoolResponse) -> bytes:
     return chunk
 
 
-def _read_available_ssl(response: HTTPSocketPoolResponse) -> bytes:
-    """HTTPS: the same single read through gevent's SSL socket (its own per-read timeout)."""
-    buf = response._body_buffer
-    while not buf:
-        if response.message_complete:
-            return b""
-        sock = response._sock
-        if sock is None:
-            return b""
-        data = sock.recv(_BLOCK)
-        response.feed(data)
-        if not data:
-            if not response.message_complete:
-                raise ConnectionResetError(errno.ECONNRESET, "connection closed before the end of the body")
-            return b""
-    chunk = bytes(buf)
-    del buf[:]
-    return chunk
-
-
-def _wait(watcher: Any) -> None:
-    get_hub().wait(watcher)
+def _recv_plain(sock: Any) -> bytes:
+    """One `recv` on the real non-blocking socket (`_sock`), waiting on its read watcher
+    (`_read_event`) when nothing is there yet: no per-read gevent `Timeout`."""
+    raw = sock._sock
+    while True:
+        try:
+            return raw.recv(_BLOCK)
+        except BlockingIOError:
+            get_hub().wait(sock._read_event)
 
 
 def _drop(response: HTTPSocketPoolResponse) -> None:
