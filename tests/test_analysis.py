@@ -237,3 +237,12 @@ def test_only_errors_is_a_report_not_a_crash(tmp_path: Path, capsys: pytest.Capt
     assert s["diagnosis"]["bound"] == "errors" and "failed with auth" in s["diagnosis"]["advice"][0]
     assert any("no request succeeded" in p for p in s["problems"])
     assert "no request succeeded" in (run_dir / "report.html").read_text()
+
+
+def test_csv_export_on_demand_has_every_record_and_column(tmp_path: Path) -> None:
+    run_dir = write_synthetic_run(tmp_path / "run", n=500, seed=3)
+    assert main(["analyze", str(run_dir), "--quiet", "--csv"]) == 0
+    exported = pd.read_csv(run_dir / "requests.csv")
+    original = pd.read_parquet(run_dir / "requests.parquet")
+    assert list(exported.columns) == list(original.columns) and len(exported) == len(original)
+    assert np.allclose(exported.ttft_s.to_numpy(), original.ttft_s.to_numpy(), equal_nan=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 HELP = "analyse a run: summary.json, plots and report.html, verdict table"
 
@@ -47,6 +48,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--low-load-users", type=int, default=None, metavar="N",
                         help="fit TTFT/e2e on steps with at most N users (default: chosen from the data)")
     parser.add_argument("--quiet", action="store_true", help="no verdict table, only the report path")
+    parser.add_argument("--csv", action="store_true",
+                        help="also export every record, all columns, to RUN_DIR/requests.csv (for spreadsheets)")
+
+
+def export_csv(run_dir: Path) -> Path:
+    """requests.parquet as CSV, every column (the analysis itself reads only the parquet)."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    path = run_dir / "requests.csv"
+    pacsv.write_csv(pq.read_table(run_dir / "requests.parquet"), path)
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print_verdict(summary, console)
     print(f"{summary['run']['run_dir']}/report.html")
+    if args.csv:
+        print(export_csv(Path(args.run_dir)))
     if summary["run"]["requests"] == 0:
         print("tokenload: error: the run recorded no requests; report.html says what is missing", file=sys.stderr)
         return 2
