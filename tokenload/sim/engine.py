@@ -148,6 +148,7 @@ class Replica:
         monotonic = time.monotonic
         now = monotonic()
         due = self._due
+        per_bucket = 1 / LATENESS_BUCKET_S
         keep: list[Sequence] = []
         emitted = 0
         for seq in self.batch:
@@ -163,7 +164,8 @@ class Replica:
             if not seq.emit(i):
                 self._release(seq, finished=False)
                 continue
-            hist[min(int((monotonic() - due) / LATENESS_BUCKET_S), LATENESS_BUCKETS)] += 1
+            bucket = int((monotonic() - due) * per_bucket)
+            hist[bucket if bucket < LATENESS_BUCKETS else LATENESS_BUCKETS] += 1
             emitted += 1
             seq.emitted = i + 1
             if i + 1 == seq.n_out:

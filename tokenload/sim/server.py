@@ -100,7 +100,7 @@ class StreamSequence(Sequence):
         self._send = self._send_split if self._split > 0 else self._send_chunk
 
     def _send_chunk(self, data: bytes) -> None:
-        self.transport.write(b"%x\r\n" % len(data) + data + b"\r\n")
+        self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
 
     def _send_split(self, data: bytes) -> None:
         step = self._split

@@ -95,6 +95,18 @@ class SSE:
     def event(self, name: bytes | None, data: bytes) -> bytes:
         if self._pad:
             data, self._pad = data + b" " * self._pad, 0
+        return self._frame(name, data)
+
+    def template(self, name: bytes | None, *parts: bytes) -> list[bytes]:
+        """The event around `parts` joined by holes, split at the holes, so a token is one join.
+
+        `event(name, p0 + x + p1)` equals `t0 + x + t1` as long as `p0` holds the
+        comma a multiline split cuts at (every token layout starts with one) and
+        no pad is pending; padding is the first event's only, never a token's.
+        """
+        return self._frame(name, b"\0".join(parts)).split(b"\0")
+
+    def _frame(self, name: bytes | None, data: bytes) -> bytes:
         if self._multiline and b"," in data:
             head, _, tail = data.partition(b",")
             data = head + b"," + self.eol + self._data + tail
@@ -196,6 +208,8 @@ class Anthropic(Protocol):
         self._text_pre = (
             b'{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":"' % self._text_index
         )
+        self._think_event = sse.template(b"content_block_delta", self._think_pre, b'"}}')
+        self._text_event = sse.template(b"content_block_delta", self._text_pre, b'"}}')
 
     @classmethod
     def parse(cls, body: dict[str, Any], default_max_tokens: int) -> Parsed:
@@ -243,7 +257,8 @@ class Anthropic(Protocol):
         n_think = self.plan.n_think
         if i < n_think:
             head = self._block_start(0, {"type": "thinking", "thinking": "", "signature": ""}) if i == 0 else b""
-            return head + self.sse.event(b"content_block_delta", self._think_pre + self._word(i, 0) + b'"}}')
+            before, after = self._think_event
+            return head + before + self._word(i, 0) + after
         head = b""
         if i == n_think:
             if n_think:
@@ -251,7 +266,8 @@ class Anthropic(Protocol):
                              "delta": {"type": "signature_delta", "signature": "sig_" + self.msg_id}}
                 head = self.sse.event(b"content_block_delta", dumps(signature)) + self._block_stop(0)
             head += self._block_start(self._text_index, {"type": "text", "text": ""})
-        return head + self.sse.event(b"content_block_delta", self._text_pre + self._word(i, n_think) + b'"}}')
+        before, after = self._text_event
+        return head + before + self._word(i, n_think) + after
 
     def end(self) -> bytes:
         delta: dict[str, Any] = {"type": "message_delta", "delta": {"stop_reason": self.stop_reason, "stop_sequence": None}}
@@ -294,6 +310,8 @@ class OpenAIChat(Protocol):
         self._think_pre = head + b'"reasoning_content":"'
         self._text_pre = head + b'"content":"'
         self._tail = b'"},"logprobs":null,"finish_reason":null}]}'
+        self._think_event = sse.template(None, self._think_pre, self._tail)
+        self._text_event = sse.template(None, self._text_pre, self._tail)
 
     @classmethod
     def parse(cls, body: dict[str, Any], default_max_tokens: int) -> Parsed:
@@ -323,9 +341,12 @@ class OpenAIChat(Protocol):
         return self.sse.event(None, self._head + b'"role":"assistant","content":""' + self._tail[1:])
 
     def token(self, i: int) -> bytes:
-        if i < self.plan.n_think:
-            return self.sse.event(None, self._think_pre + self._word(i, 0) + self._tail)
-        return self.sse.event(None, self._text_pre + self._word(i, self.plan.n_think) + self._tail)
+        n_think = self.plan.n_think
+        if i < n_think:
+            before, after = self._think_event
+            return before + self._word(i, 0) + after
+        before, after = self._text_event
+        return before + self._word(i, n_think) + after
 
     def _usage(self) -> dict[str, Any]:
         n_in, n_out = self.plan.input_tokens, self.plan.n_out
@@ -370,6 +391,8 @@ class OpenAIResponses(Protocol):
         self._think_pre = (b',"item_id":"%s","output_index":0,"content_index":0,"delta":"' % self.rs_item.encode())
         self._text_pre = (b',"item_id":"%s","output_index":%d,"content_index":0,"delta":"'
                           % (self.msg_item.encode(), self._msg_index))
+        self._think_event = self._delta_template(b"response.reasoning_text.delta", self._think_pre)
+        self._text_event = self._delta_template(b"response.output_text.delta", self._text_pre)
 
     @classmethod
     def parse(cls, body: dict[str, Any], default_max_tokens: int) -> Parsed:
@@ -431,10 +454,16 @@ class OpenAIResponses(Protocol):
         return (self._event("response.created", response=in_progress)
                 + self._event("response.in_progress", response=in_progress))
 
-    def _delta(self, etype: bytes, pre: bytes, word: bytes) -> bytes:
-        data = b'{"type":"' + etype + b'","sequence_number":%d' % self.seq + pre + word + b'","logprobs":[]}'
-        self.seq += 1
-        return self.sse.event(etype, data)
+    def _delta_template(self, etype: bytes, pre: bytes) -> tuple[bytes, bytes, bytes]:
+        """A delta event split around its two varying fields: sequence number and word."""
+        head, mid, tail = self.sse.template(etype, b'{"type":"' + etype + b'","sequence_number":', pre, b'","logprobs":[]}')
+        return head, mid, tail
+
+    def _delta(self, template: tuple[bytes, bytes, bytes], word: bytes) -> bytes:
+        head, mid, tail = template
+        seq = self.seq
+        self.seq = seq + 1
+        return b"%b%d%b%b%b" % (head, seq, mid, word, tail)
 
     def token(self, i: int) -> bytes:
         n_think = self.plan.n_think
@@ -442,7 +471,7 @@ class OpenAIResponses(Protocol):
             head = b""
             if i == 0:
                 head = self._event("response.output_item.added", output_index=0, item=self._reasoning_item("in_progress"))
-            return head + self._delta(b"response.reasoning_text.delta", self._think_pre, self._word(i, 0))
+            return head + self._delta(self._think_event, self._word(i, 0))
         head = b""
         if i == n_think:
             if n_think:
@@ -452,7 +481,7 @@ class OpenAIResponses(Protocol):
             head += (self._event("response.output_item.added", output_index=self._msg_index, item=self._message_item("in_progress"))
                      + self._event("response.content_part.added", item_id=self.msg_item, output_index=self._msg_index,
                                    content_index=0, part=self._text_part("")))
-        return head + self._delta(b"response.output_text.delta", self._text_pre, self._word(i, n_think))
+        return head + self._delta(self._text_event, self._word(i, n_think))
 
     def end(self) -> bytes:
         text = self.plan.words(self.plan.n_think, self.plan.n_out)
