@@ -23,6 +23,7 @@ from rich.table import Table
 from tokenload.analysis import plots
 from tokenload.analysis.pipeline import analyze
 from tokenload.analysis.report import figure, h, html_table, page, verdict_html
+from tokenload.analysis.breakpoint import users
 from tokenload.analysis.steps import Slo
 from tokenload.analysis.summary import Analysis
 from tokenload.errors import ConfigError
@@ -168,7 +169,7 @@ def _delta_row(d: dict[str, Any]) -> list[Any]:
 def _write_html(comparison: dict[str, Any], views: list[tuple[str, Analysis]], figures: list[str], path: Path) -> None:
     runs = [[r["label"], ", ".join(r["models"]), r["requests"], r["errors"], r["slo_attainment"],
              r["ttft_fit"]["slope_s_per_token"], r["ttft_fit"]["intercept_s"], r["e2e_fit"]["slope_s_per_token"],
-             (f"{r['breakpoint']['active_users']} users ({r['breakpoint']['reason']})" if r["breakpoint"]
+             (f"{users(r['breakpoint']['active_users'])} ({r['breakpoint']['reason']})" if r["breakpoint"]
               else "none"), r["bound"]] for r in comparison["runs"]]
     sections = [
         (f"Deltas against {comparison['baseline']} ({h(comparison['test'])}, α = {comparison['alpha']:g})",

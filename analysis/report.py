@@ -16,6 +16,8 @@ from typing import Any
 
 from rich.table import Table
 
+from tokenload.analysis.breakpoint import users
+
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
 h1{font-size:1.5em} h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
@@ -73,7 +75,7 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                                                 f"{100 * formula['mape_exact']:.2f}% (N − 1){tail}", formula["holds"]))
     rows.append(("Output length drives e2e?", summary["e2e_drivers"]["verdict"], None))
     if bp:
-        rows.append(("Breakpoint", f"{bp['active_users']} users ({bp['reason']}): {bp['detail']}", False))
+        rows.append(("Breakpoint", f"{users(bp['active_users'])} ({bp['reason']}): {bp['detail']}", False))
     else:
         rows.append(("Breakpoint", summary.get("breakpoint_note") or "none", True))
     share = diag.get("share_ttft")
