@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokenload.channel import add_channel_arguments
+from tokenload.load.scenario import SCHEMA_HELP
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 HELP = "run a load scenario with Locust; prints the run directory last"
+__doc__ = f"{__doc__}\nScenario file {SCHEMA_HELP}"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

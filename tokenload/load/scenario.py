@@ -70,6 +70,9 @@ from tokenload.channel import PROTOCOLS
 from tokenload.compat import tomllib
 from tokenload.errors import ConfigError
 
+# The schema part of this docstring is also `tokenload run --help`'s reference.
+SCHEMA_HELP = __doc__[__doc__.index("Schema (all sections"):]
+
 DISTRIBUTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # name: (required parameters, optional parameters)
     "fixed": (("value",), ()),
