@@ -9,9 +9,12 @@ Records are flushed to RUN_DIR at least once a second, so Ctrl-C keeps them
 (a second Ctrl-C kills Locust and may lose the last second). At the end RUN_DIR
 holds requests.parquet (one row per request, SPEC.md columns) and manifest.json;
 RUN_DIR is printed as the last line of stdout, ready for `tokenload analyze`.
-Exit code 1 when a Locust worker was lost (killed or crashed) mid-run: RUN_DIR
-is still finalised with everything it flushed, and manifest.json names it in
-`workers_lost` and `warnings`.
+Errors are listed by kind with the fix. A run whose requests all fail on the
+channel's configuration (auth, unknown model, wrong base URL) stops after the
+first few seconds instead of hammering the channel: run `tokenload doctor`.
+Exit code 1 when no request succeeded, or when a Locust worker was lost (killed
+or crashed) mid-run: RUN_DIR is still finalised with everything it flushed, and
+manifest.json names it in `workers_lost` and `warnings`.
 
 Distributed: `--processes N` forks N local workers; across machines start
 `tokenload run SCENARIO --master --master-bind-host ADDR --expect-workers N
