@@ -75,8 +75,7 @@ class StreamSession:
             self._decoder.close()
             self.adapter.finish(tl)
         else:
-            kind, message = classify_http(tl.http_status or 0, self._content_type, bytes(self._body))
-            tl.fail(kind, self.adapter.channel.redact(message))
+            tl.fail(*classify_http(tl.http_status or 0, self._content_type, bytes(self._body)))
 
     def on_failure(self, t: float, kind: str, message: str) -> None:
         """The transport failed: a timeout, a reset, a refused connection."""
@@ -84,11 +83,7 @@ class StreamSession:
         tl.t_end = t
         if kind == ek.TIMEOUT_FIRST_TOKEN and tl.t_first_token is not None:
             kind = ek.TIMEOUT_STALL
-        tl.fail(kind, self.adapter.channel.redact(message))
-
-    @property
-    def failed(self) -> bool:
-        return self.timeline.error_kind is not None
+        tl.fail(kind, message)
 
     def record(self) -> dict[str, Any]:
         """SPEC.md's per-request fields for this exchange (error messages redacted: servers echo keys)."""

@@ -98,7 +98,7 @@ class Transport:
         timeline = session.timeline
         try:
             response = self._client.request("POST", self._path, body=request.body, headers=request.headers)
-            session.on_headers(_perf(), response.status_code, {k.lower(): v for k, v in response.items()})
+            session.on_headers(_perf(), response.status_code, dict(response.items()))
             sock = response._sock
             if sock is not None:
                 guard = _Deadline(sock, timeline.t0, self._first, self._idle, timeline)
