@@ -57,10 +57,6 @@ def _arguments(parser: Any) -> None:
     group.add_argument("--run-id", default="", env_var="TOKENLOAD_RUN_ID", help="run id stored in every record")
 
 
-def _scenario(environment: Environment) -> Scenario:
-    return load_scenario(environment.parsed_options.scenario)  # type: ignore[union-attr]
-
-
 @events.init.add_listener
 def _init(environment: Environment, **_: Any) -> None:
     opts = environment.parsed_options
@@ -68,12 +64,12 @@ def _init(environment: Environment, **_: Any) -> None:
         return
     global _ENVIRONMENT
     _ENVIRONMENT = environment
-    scenario = _scenario(environment)
+    scenario = load_scenario(opts.scenario)
     state = LoadState()
     environment.tokenload_state = state  # type: ignore[attr-defined]
     if isinstance(environment.runner, WorkerRunner):
         install_step_listener(environment, state)
-        _setup_process(environment)
+        _setup_process(environment, scenario)
         return
     from tokenload.load.runner import default_run_dir, new_run_id, write_run_info
 
@@ -89,7 +85,7 @@ def _init(environment: Environment, **_: Any) -> None:
         write_run_info(run_dir, opts.run_id, scenario, _channel(scenario, environment.host).public())
         atexit.register(_finalise_standalone, run_dir)
     if not isinstance(environment.runner, MasterRunner):
-        _setup_process(environment)
+        _setup_process(environment, scenario)
 
 
 def _channel(scenario: Scenario, host: str | None) -> Any:
@@ -109,24 +105,17 @@ def _worker_id(environment: Environment) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
 
 
-@events.test_start.add_listener
-def _test_start(environment: Environment, **_: Any) -> None:
-    if environment.parsed_options is not None and not isinstance(environment.runner, MasterRunner):
-        _setup_process(environment)
-
-
-def _setup_process(environment: Environment) -> None:
+def _setup_process(environment: Environment, scenario: Scenario) -> None:
     """Build this process's users' shared context, once, before the shape's clock starts.
 
-    Done at `init` (and only checked at `test_start`): building adapters, the
-    transport and the segment writer takes a few hundred ms, which at
-    `test_start` would delay the first users behind the load plan's clock.
+    Done at `init`, not `test_start`: building adapters, the transport and the
+    segment writer takes a few hundred ms, which at `test_start` would delay the
+    first users behind the load plan's clock. A test restarted in the web UI
+    keeps this context and its writer.
     """
     opts = environment.parsed_options
     assert opts is not None
-    if getattr(environment, "tokenload_process", None) is not None:
-        return  # a restarted test in the web UI keeps its context and writer
-    scenario = _scenario(environment)
+    worker = _worker_id(environment)
     channel = _channel(scenario, environment.host)
     models = scenario.channel.models or (channel.model,)
     salt = random.SystemRandom().getrandbits(31)
@@ -137,13 +126,13 @@ def _setup_process(environment: Environment) -> None:
         arrivals = Arrivals(state, random.Random(f"{scenario.seed}:arrivals:{salt}"), load.arrival == "poisson")
     ctx = ProcessContext(
         run_id=opts.run_id,
-        worker=_worker_id(environment),
+        worker=worker,
         tag=uuid.uuid4().hex[:8],
         protocol=channel.protocol,
         adapters={m: adapter_for(channel.with_model(m)) for m in models},
         transport=Transport(channel),
         prompts=PromptSource(scenario, models, salt),
-        writer=records.SegmentWriter(Path(opts.run_dir), _worker_id(environment)),
+        writer=records.SegmentWriter(Path(opts.run_dir), worker),
         state=state,
         arrivals=arrivals,
         extra_body=scenario.output.extra_body(),
