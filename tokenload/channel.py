@@ -14,7 +14,7 @@ import argparse
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
@@ -178,11 +178,7 @@ class Channel:
 
     def redact(self, text: str) -> str:
         """`text` with every secret of this channel, and anything key-shaped, masked."""
-        for secret in self.secrets:
-            for form in {secret, secret.strip()}:
-                if form:
-                    text = text.replace(form, fingerprint(secret))
-        return redact_keylike(text)
+        return redact_secrets(text, self.secrets)
 
     def with_model(self, model: str) -> Channel:
         return replace(self, model=model)
@@ -200,6 +196,17 @@ _KEYLIKE = re.compile(r"\b(sk-[A-Za-z0-9_\-]{6,}|sk_[A-Za-z0-9_\-]{6,}|Bearer\s+
 def redact_keylike(text: str) -> str:
     """Mask substrings that look like API keys (servers sometimes echo them back)."""
     return _KEYLIKE.sub(lambda m: m.group(0)[:5] + "…[redacted]", text)
+
+
+def redact_secrets(text: str, secrets: Iterable[str]) -> str:
+    """`text` with each secret (as given and stripped) shown as its fingerprint, and key shapes masked.
+
+    Longest first, so a secret that contains another is replaced whole.
+    """
+    for secret in sorted((v for v in secrets if v and v.strip()), key=len, reverse=True):
+        for form in (secret, secret.strip()):
+            text = text.replace(form, fingerprint(secret))
+    return redact_keylike(text)
 
 
 @dataclass

@@ -49,7 +49,7 @@ from tokenload.channel import (
     endpoint_url,
     family,
     fingerprint,
-    redact_keylike,
+    redact_secrets,
     resolve,
 )
 from tokenload.client import stream_exchange
@@ -196,11 +196,8 @@ class Doctor:
 
 def redact(text: str, secrets: list[str], env: Mapping[str, str]) -> str:
     """`text` with the given secrets, every key-like variable's value (misspelt ones too) and key shapes masked."""
-    values = secrets + [v for k, v in env.items() if re.search(r"KEY|TOKEN|SECRET", k, re.I) and len(v.strip()) >= 8]
-    for secret in sorted((v for v in values if v and v.strip()), key=len, reverse=True):
-        for form in (secret, secret.strip()):
-            text = text.replace(form, fingerprint(secret))
-    return redact_keylike(text)
+    keylike = [v for k, v in env.items() if re.search(r"KEY|TOKEN|SECRET", k, re.I) and len(v.strip()) >= 8]
+    return redact_secrets(text, secrets + keylike)
 
 
 def models_url(base_url: str) -> str:
