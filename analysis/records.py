@@ -19,9 +19,8 @@ import numpy as np
 import pandas as pd
 
 from tokenload.errors import ConfigError
+from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
 
-REQUESTS_FILE = "requests.parquet"
-MANIFEST_FILE = "manifest.json"
 
 # SPEC.md's "at least" columns. All must exist (a missing one is named in the error),
 # but analysis reads only ANALYSIS_COLUMNS to keep memory low on million-row runs.

@@ -57,8 +57,10 @@ def export_csv(run_dir: Path) -> Path:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
+    from tokenload.rundir import REQUESTS_FILE
+
     path = run_dir / "requests.csv"
-    pacsv.write_csv(pq.read_table(run_dir / "requests.parquet"), path)
+    pacsv.write_csv(pq.read_table(run_dir / REQUESTS_FILE), path)
     return path
 
 

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tokenload.channel import resolve_from_args
     from tokenload.errors import ConfigError
-    from tokenload.load.records import REQUESTS_FILE
+    from tokenload.rundir import REQUESTS_FILE
     from tokenload.load.runner import Distribution, run_scenario
     from tokenload.load.scenario import load_scenario
 
@@ -130,6 +130,7 @@ def _print_summary(err: Console, path: Path) -> bool:
     import pyarrow.parquet as pq
 
     from tokenload.errors import FIXES
+    from tokenload.rundir import MANIFEST_FILE
 
     columns = ["status", "error_kind", "http_status", "error_message", "in_flight", "ttft_s", "tpot_s", "e2e_s"]
     df = pq.read_table(path, columns=columns).to_pandas()
@@ -141,7 +142,7 @@ def _print_summary(err: Console, path: Path) -> bool:
         if len(vals):
             p50, p95 = np.percentile(vals, (50, 95))
             parts.append(f"{col[:-2].upper()} p50 {p50:.3f} s p95 {p95:.3f} s")
-    manifest = json.loads((path.parent / "manifest.json").read_text())
+    manifest = json.loads((path.parent / MANIFEST_FILE).read_text())
     err.print(" · ".join(parts))
     for kind, group in errors.groupby("error_kind", sort=False):
         first = group.iloc[0]

@@ -29,9 +29,9 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
 from tokenload.errors import ConfigError
+from tokenload.rundir import REQUESTS_FILE
 
 SEGMENTS_DIR = "segments"
-REQUESTS_FILE = "requests.parquet"
 
 # SPEC.md's columns first, in SPEC order, then tokenload's extras.
 SCHEMA = pa.schema([

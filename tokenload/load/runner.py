@@ -39,10 +39,10 @@ from tokenload.channel import Channel
 from tokenload.errors import ConfigError, HarnessError
 from tokenload.load import handoff, lag, records
 from tokenload.load.scenario import Scenario
+from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
 
 RUN_INFO = "run.json"
 SCENARIO_FILE = "scenario.json"
-MANIFEST_FILE = "manifest.json"
 LOG_FILE = "locust.log"
 # Open-loop sends later than this count as late; more than LATE_WARN_FRACTION late means
 # the user pool could not keep up with the arrival rate.
@@ -139,7 +139,7 @@ def run_scenario(
         log_name = f"locust-worker-{socket.gethostname()}-{os.getpid()}.log"
     else:
         run_dir = Path(out_dir) if out_dir else default_run_dir(scenario.name)
-        if (run_dir / records.REQUESTS_FILE).exists() or (run_dir / records.SEGMENTS_DIR).exists():
+        if (run_dir / REQUESTS_FILE).exists() or (run_dir / records.SEGMENTS_DIR).exists():
             raise ConfigError(f"run directory {run_dir} already holds a run; choose another --out")
         run_id = new_run_id()
         scenario_path = write_run_info(run_dir, run_id, scenario, channel.public())

@@ -1,0 +1,8 @@
+"""The run directory's file names (SPEC.md): what `tokenload run` writes and `analyze` reads.
+
+One place for the contract between the load stage and the analysis stage, so
+neither can drift from the other.
+"""
+
+REQUESTS_FILE = "requests.parquet"
+MANIFEST_FILE = "manifest.json"
