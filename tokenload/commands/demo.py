@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tokenload.analysis import analyze_run, compare_runs, comparison_table, print_verdict
     from tokenload.channel import Channel
+    from tokenload.commands.run import live_line
     from tokenload.errors import ConfigError
     from tokenload.load.runner import run_scenario
     from tokenload.load.scenario import load_scenario
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"simulator at {sim.base_url}; {scenario.description}")
             with console.status("starting Locust") as status:
                 run_dir = run_scenario(scenario, channel, root / name, duration_s=args.duration,
-                                       on_live=lambda live: status.update(_live(label, live)))
+                                       on_live=lambda live: status.update(f"{label}: {live_line(live)}"))
         summary = analyze_run(run_dir, console=console)
         print_verdict(summary, console)
         console.print(f"report: {run_dir / 'report.html'}")
@@ -81,9 +82,3 @@ def run(args: argparse.Namespace) -> int:
         print(root / "comparison" / "comparison.html")
     return 0
 
-
-def _live(label: str, live: dict) -> str:
-    ttft = live.get("ttft_p50_s")
-    return (f"{label}: step {live['step']} · {live['users']} users · {live['step_rps']:.1f} req/s · "
-            f"TTFT p50 {'-' if ttft is None else f'{ttft * 1000:.0f} ms'} · {live['requests']} requests · "
-            f"{live['elapsed_s']:.0f} s")

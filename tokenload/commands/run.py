@@ -60,7 +60,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_channel_arguments(parser)
 
 
-def _live_line(live: dict) -> str:
+def live_line(live: dict) -> str:
+    """The live status line of a running scenario (also `tokenload demo`'s)."""
+
     def ms(key: str) -> str:
         value = live.get(key)
         return "-" if value is None else f"{value * 1000:.0f}"
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     with err.status("starting Locust") as status:
         run_dir = run_scenario(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
                                distribution=distribution, web=args.web,
-                               on_live=lambda live: status.update(_live_line(live)))
+                               on_live=lambda live: status.update(live_line(live)))
     failed = False
     if not args.worker:
         failed = _print_summary(err, run_dir / REQUESTS_FILE)
