@@ -185,3 +185,10 @@ def test_missing_file_and_bad_toml_are_one_line(tmp_path: Path) -> None:
         load_scenario(tmp_path / "nope.toml")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_scenario(_write(tmp_path, "[load\n"))
+
+
+def test_packaged_name_wins_over_a_folder_of_the_same_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tokenload run demo` inside a directory holding a `demo/` folder (e.g. a run directory)."""
+    (tmp_path / "demo").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert load_scenario("demo").name == "demo"

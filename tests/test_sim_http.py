@@ -160,3 +160,10 @@ def test_cli_simulator_does_not_delay_the_first_token_on_kept_alive_connections(
     excess = sorted(r["ttft_s"] - (server[r["server_request_id"]]["first_token"]
                                    - server[r["server_request_id"]]["arrival"]) for r in records)
     assert excess[len(excess) // 2] < 0.020, excess
+
+
+def test_builtin_profile_name_wins_over_a_folder_of_the_same_name(tmp_path: Path, monkeypatch: Any) -> None:
+    """`tokenload demo` run where its own offpeak/ and peak/ run folders lie."""
+    (tmp_path / "peak").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert load_profile("peak").load > 1  # the shipped peak profile, not an error about the folder

@@ -457,7 +457,7 @@ def packaged(name: str) -> Path:
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario: a TOML file, a resolved `.json`, or a packaged name like `demo`."""
     p = Path(path)
-    if not p.exists() and p.suffix == "" and packaged(str(path)).is_file():
+    if not p.is_file() and p.suffix == "" and packaged(str(path)).is_file():  # a folder named "demo" is no scenario
         p = packaged(str(path))
     if not p.is_file():
         raise ConfigError(f"scenario file {path} does not exist; give a .toml path or a packaged name such as demo")

@@ -148,7 +148,7 @@ def builtin_profiles() -> list[str]:
 
 def _read(name_or_path: str, seen: tuple[str, ...]) -> Profile:
     path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
+    if path.suffix == ".toml" or path.is_file():  # a folder named "peak" (a demo run) is no profile
         where = str(path)
         try:
             text = path.read_text(encoding="utf-8")
