@@ -8,7 +8,7 @@ names the problem and the fix.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 
 class ConfigError(Exception):
@@ -32,6 +32,7 @@ RATE_LIMITED: Final = "rate_limited"
 OVERLOADED: Final = "overloaded"
 SERVER_ERROR: Final = "server_error"
 BAD_REQUEST: Final = "bad_request"
+CONTEXT_LENGTH: Final = "context_length"
 TIMEOUT_FIRST_TOKEN: Final = "timeout_first_token"
 TIMEOUT_STALL: Final = "timeout_stall"
 DISCONNECTED: Final = "disconnected"
@@ -46,12 +47,52 @@ ERROR_KINDS: Final = (
     OVERLOADED,
     SERVER_ERROR,
     BAD_REQUEST,
+    CONTEXT_LENGTH,
     TIMEOUT_FIRST_TOKEN,
     TIMEOUT_STALL,
     DISCONNECTED,
     MALFORMED_STREAM,
     CLIENT_ERROR,
 )
+
+ErrorKind = Literal[
+    "auth", "not_found_model", "bad_base_url", "rate_limited", "overloaded", "server_error",
+    "bad_request", "context_length", "timeout_first_token", "timeout_stall", "disconnected",
+    "malformed_stream", "client_error",
+]
+ErrorClass = Literal["config", "input", "load", "client"]
+
+# Why a request failed decides what its failure means. `config`: the channel is
+# misconfigured (every request will fail the same way; stop and point at doctor).
+# `input`: this request's body was refused (too long a prompt, a bad field); it says
+# nothing about the channel's capacity. `load`: the channel pushed back or broke
+# under the load we offered; only these count towards an error rate under load,
+# live (stop rules) and in the analysis alike. `client`: our own bug.
+ERROR_CLASSES: Final[dict[str, ErrorClass]] = {
+    AUTH: "config",
+    NOT_FOUND_MODEL: "config",
+    BAD_BASE_URL: "config",
+    BAD_REQUEST: "input",
+    CONTEXT_LENGTH: "input",
+    RATE_LIMITED: "load",
+    OVERLOADED: "load",
+    SERVER_ERROR: "load",
+    TIMEOUT_FIRST_TOKEN: "load",
+    TIMEOUT_STALL: "load",
+    DISCONNECTED: "load",
+    MALFORMED_STREAM: "load",
+    CLIENT_ERROR: "client",
+}
+CONFIG_KINDS: Final = frozenset(k for k, c in ERROR_CLASSES.items() if c == "config")
+LOAD_KINDS: Final = frozenset(k for k, c in ERROR_CLASSES.items() if c == "load")
+
+
+def error_class(kind: str | None) -> ErrorClass | None:
+    """The class of an error kind (None for a success); an unknown kind counts as load."""
+    if not kind:
+        return None
+    return ERROR_CLASSES.get(kind, "load")
+
 
 # The fix a user should try for each kind, in BRIEF.md's words.
 FIXES: Final[dict[str, str]] = {
@@ -62,6 +103,7 @@ FIXES: Final[dict[str, str]] = {
     OVERLOADED: "the channel is overloaded: retry at off-peak time or lower the load",
     SERVER_ERROR: "the channel returned a server error: retry later or report it to the channel's operator",
     BAD_REQUEST: "the channel rejected the request body: check the model id, max tokens and extra body fields",
+    CONTEXT_LENGTH: "the prompt plus max tokens exceeds the model's context window: send shorter prompts or a lower max_tokens",
     TIMEOUT_FIRST_TOKEN: "no token before the first-token timeout: the channel is queueing or stuck; lower the load, or raise the timeout (--timeout, or first_token_timeout_s in a scenario)",
     TIMEOUT_STALL: "the stream stalled between tokens past the idle timeout: the channel or a proxy is stuck",
     DISCONNECTED: "the connection closed before the stream ended: a proxy or the channel dropped it",
