@@ -19,6 +19,7 @@ from tokenload import errors as ek
 from tokenload.channel import Channel
 from tokenload.measure import Timeline
 from tokenload.protocols import adapter_for
+from tokenload.protocols.base import Conversation
 from tokenload.stream import StreamSession
 from tokenload.tokens import estimate_tokens
 
@@ -109,7 +110,7 @@ def stream_once(
 
 def stream_exchange(
     channel: Channel,
-    prompt: str,
+    prompt: str | Conversation,
     max_tokens: int,
     *,
     extra_body: Mapping[str, Any] | None = None,
@@ -122,7 +123,8 @@ def stream_exchange(
     own = client is None
     http = client or httpx.Client(timeout=timeouts(channel), follow_redirects=False)
     t0 = time.perf_counter()
-    session = StreamSession(adapter, t0, estimated_input_tokens=estimate_tokens(prompt), on_text=on_text)
+    texts = [prompt] if isinstance(prompt, str) else prompt.texts()
+    session = StreamSession(adapter, t0, estimated_input_tokens=sum(map(estimate_tokens, texts)), on_text=on_text)
     tl = session.timeline
     deadline = _Deadline(t0 + channel.first_token_timeout_s)
 

@@ -47,6 +47,8 @@ class Timeline:
     input_tokens: int | None = None
     output_tokens: int | None = None
     reasoning_tokens: int | None = None
+    cache_read_tokens: int | None = None  # prompt tokens the server read from its prompt cache
+    cache_creation_tokens: int | None = None  # prompt tokens written to the cache (Anthropic reports it)
     stop_reason: str | None = None
     complete: bool = False
     malformed: int = 0
@@ -124,6 +126,8 @@ def measure(tl: Timeline, estimated_input_tokens: int | None = None) -> dict[str
         "output_tokens": output_tokens,
         "output_tokens_source": output_source,
         "reasoning_tokens": tl.reasoning_tokens,
+        "cache_read_input_tokens": tl.cache_read_tokens,
+        "cache_creation_input_tokens": tl.cache_creation_tokens,
         "thinking_chunks": tl.thinking_chunks,
         "chunks": tl.chunks,
         "itl_p50_s": itl_p50,

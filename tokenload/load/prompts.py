@@ -11,7 +11,6 @@ prompts by it, recording both the target and the server's count per request.
 from __future__ import annotations
 
 import json
-import math
 import random
 from dataclasses import dataclass
 from itertools import count
@@ -19,49 +18,35 @@ from pathlib import Path
 from typing import Any
 
 from tokenload.errors import ConfigError
-from tokenload.load.scenario import Distribution, Scenario
+from tokenload.load.sampling import Sampler
+from tokenload.load.scenario import Scenario
+from tokenload.load.sessions import Session, Sessions
+from tokenload.protocols.base import Conversation
 from tokenload.tokens import estimate_tokens, synth_prompt
+
+__all__ = ["Calibration", "PromptSource", "RequestPlan", "Sampler", "read_dataset"]
 
 # Calibration ratio bounds: a ratio outside them means the server counts something
 # else entirely (images, a huge system prompt), and scaling by it would mislead.
 _RATIO_BOUNDS = (0.25, 4.0)
 
 
-class Sampler:
-    """Draws positive integers from a `Distribution`; a sweep cycles through its values."""
-
-    def __init__(self, dist: Distribution, rng: random.Random) -> None:
-        self.dist = dist
-        self._rng = rng
-        self._sweep = count()
-
-    def draw(self) -> int:
-        p, rng = self.dist.params, self._rng
-        match self.dist.dist:
-            case "fixed":
-                return int(p["value"])
-            case "sweep":
-                values = p["values"]
-                return int(values[next(self._sweep) % len(values)])
-            case "uniform":
-                return rng.randint(p["min"], p["max"])
-            case "normal":
-                value = rng.gauss(p["mean"], p["std"])
-            case _:  # lognormal, parameterised by its median
-                value = p["median"] * math.exp(rng.gauss(0.0, p["sigma"]))
-        value = max(p["min"], round(value))
-        return int(min(value, p["max"])) if "max" in p else int(value)
-
-
 @dataclass(frozen=True, slots=True)
 class RequestPlan:
-    """One request to send."""
+    """One request to send; `estimated_input_tokens` is the whole context (system and history included)."""
 
     model: str
-    prompt: str
+    conversation: Conversation
     prompt_tokens_target: int
     estimated_input_tokens: int
     max_tokens: int
+    session_id: str | None = None
+    turn: int | None = None
+
+    @property
+    def prompt(self) -> str:
+        """The newest user message."""
+        return self.conversation.messages[-1][1]
 
 
 class Calibration:
@@ -122,10 +107,19 @@ class PromptSource:
         self._prefix = synth_prompt(shared, seed=scenario.seed) if shared else ""
         self._calibrate = scenario.prompt.calibrate
         self.calibration = Calibration()
+        self.sessions = Sessions(scenario.session, scenario.seed, salt, rng) if scenario.session else None
 
-    def next(self) -> RequestPlan:
+    def next(self, session: Session | None = None) -> RequestPlan:
+        """The next request: the next turn of `session` when given, else an independent prompt."""
         n = next(self._n)
         model = self._models[0] if len(self._models) == 1 else self._rng.choice(self._models)
+        max_tokens = self._max_tokens.draw()
+        if session is not None:
+            assert self.sessions is not None
+            text = self._synth(self.sessions.user_tokens.draw(), n, "")
+            conversation = session.ask(text)
+            estimate = sum(estimate_tokens(t) for t in conversation.texts())
+            return RequestPlan(model, conversation, estimate, estimate, max_tokens, session.session_id, session.turn)
         if self._dataset is not None:
             text = self._dataset[n % len(self._dataset)]
             prompt = f"[{self._salt}-{n}] {text}" if not self._prefix else text
@@ -133,11 +127,15 @@ class PromptSource:
         else:
             assert self._tokens is not None
             target = self._tokens.draw()
-            local = target
-            if self._calibrate:
-                local = max(estimate_tokens(self._prefix) + 1, round(target / self.calibration.ratio))
-            prompt = synth_prompt(local, seed=(self._salt << 32) | n, prefix=self._prefix)
-        return RequestPlan(model, prompt, target, estimate_tokens(prompt), self._max_tokens.draw())
+            prompt = self._synth(target, n, self._prefix)
+        return RequestPlan(model, Conversation.single(prompt), target, estimate_tokens(prompt), max_tokens)
+
+    def _synth(self, target: int, n: int, prefix: str) -> str:
+        """A unique synthetic text of about `target` server tokens (calibrated) starting with `prefix`."""
+        local = target
+        if self._calibrate:
+            local = max(estimate_tokens(prefix) + 1, round(target / self.calibration.ratio))
+        return synth_prompt(local, seed=(self._salt << 32) | n, prefix=prefix)
 
     def observe(self, record: dict[str, Any], plan: RequestPlan) -> None:
         """Learn from a finished request's server-reported input tokens."""

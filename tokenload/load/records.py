@@ -74,6 +74,13 @@ SCHEMA = pa.schema([
     ("reasoning_tokens", pa.int64()),
     ("thinking_chunks", pa.int64()),
     ("malformed_events", pa.int64()),
+    # workloads: prompt caching, sessions, warm-up
+    ("cache_read_input_tokens", pa.int64()),
+    ("cache_creation_input_tokens", pa.int64()),
+    ("session_id", pa.string()),
+    ("turn", pa.int32()),
+    ("context_tokens", pa.int64()),
+    ("phase", pa.string()),
 ])
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 

@@ -33,6 +33,13 @@ Schema (all sections optional except `[load]`):
     shared_prefix_tokens = 0      # a prefix common to every request (prompt-cache hits); 0 = all unique
     calibrate = true              # scale synthetic prompts by the server's reported input tokens
 
+    [session]                     # multi-turn conversations instead of independent prompts
+    turns = 3                     # turns per conversation (same forms as prompt.tokens)
+    user_tokens = 200             # length of each new user message (same forms)
+    system_tokens = 0             # system prompt shared by every user and session; 0 = none
+    think_time_s = 0              # pause between a conversation's turns
+    cache_control = false         # Anthropic: prompt-cache breakpoints on the system prompt and the newest message
+
     [output]
     max_tokens = 128              # same forms as prompt.tokens
     ignore_eos = false            # sent as "ignore_eos": true (vLLM/SGLang extension)
@@ -231,9 +238,16 @@ class PromptSection:
     calibrate: bool = True
 
     @classmethod
-    def parse(cls, data: Any, ctx: _Ctx, base_dir: Path) -> PromptSection:
+    def parse(cls, data: Any, ctx: _Ctx, base_dir: Path, session: bool = False) -> PromptSection:
+        """With a [session], messages come from there: only `calibrate` applies."""
         w = "[prompt]"
         d = ctx.table(data, w, ("tokens", "dataset", "shared_prefix_tokens", "calibrate"))
+        if session:
+            clash = [k for k in ("tokens", "dataset") if k in d] + (["shared_prefix_tokens"] if d.get("shared_prefix_tokens") else [])
+            if clash:
+                raise ctx.fail(f"{w} {clash[0]}", "a [session] scenario draws its messages from [session] "
+                               "user_tokens and system_tokens; remove this key")
+            return cls(None, None, 0, ctx.flag(d, "calibrate", w, True))
         if "tokens" in d and "dataset" in d:
             raise ctx.fail(f"{w} dataset", "give either tokens or dataset, not both")
         shared = ctx.number(d, "shared_prefix_tokens", w, 0, integer=True, minimum=0)
@@ -247,6 +261,29 @@ class PromptSection:
         else:
             tokens = Distribution.parse(d.get("tokens", 256), f"{w} tokens", ctx, floor=max(1, shared))
         return cls(tokens, dataset, shared, ctx.flag(d, "calibrate", w, True))
+
+
+@dataclass(frozen=True)
+class SessionSection:
+    """Coding-assistant traffic: each user holds a conversation whose context grows turn by turn."""
+
+    turns: Distribution = field(default_factory=lambda: Distribution("fixed", {"value": 3}))
+    user_tokens: Distribution = field(default_factory=lambda: Distribution("fixed", {"value": 200}))
+    system_tokens: int = 0
+    think_time_s: float = 0.0
+    cache_control: bool = False
+
+    @classmethod
+    def parse(cls, data: Any, ctx: _Ctx) -> SessionSection:
+        w = "[session]"
+        d = ctx.table(data, w, tuple(f.name for f in dataclasses.fields(cls)))
+        return cls(
+            turns=Distribution.parse(d.get("turns", 3), f"{w} turns", ctx),
+            user_tokens=Distribution.parse(d.get("user_tokens", 200), f"{w} user_tokens", ctx),
+            system_tokens=ctx.number(d, "system_tokens", w, 0, integer=True, minimum=0),
+            think_time_s=ctx.number(d, "think_time_s", w, 0.0, minimum=0),
+            cache_control=ctx.flag(d, "cache_control", w, False),
+        )
 
 
 @dataclass(frozen=True)
@@ -399,17 +436,21 @@ class Scenario:
     prompt: PromptSection = field(default_factory=PromptSection)
     output: OutputSection = field(default_factory=OutputSection)
     stop: StopSection = field(default_factory=StopSection)
+    session: SessionSection | None = None
 
     @classmethod
     def from_dict(cls, data: Any, source: str, base_dir: Path, default_name: str) -> Scenario:
         ctx = _Ctx(source)
-        d = ctx.table(data, "top level", ("name", "description", "seed", "channel", "prompt", "output", "load", "stop"))
+        d = ctx.table(data, "top level", ("name", "description", "seed", "channel", "prompt", "session", "output", "load",
+                                          "stop"))
+        session = SessionSection.parse(d["session"], ctx) if "session" in d else None
         return cls(
+            session=session,
             name=ctx.text(d, "name", "top level", default_name) or default_name,
             description=ctx.text(d, "description", "top level") if d.get("description") else "",
             seed=ctx.number(d, "seed", "top level", 0, integer=True),
             channel=ChannelSection.parse(d.get("channel"), ctx),
-            prompt=PromptSection.parse(d.get("prompt"), ctx, base_dir),
+            prompt=PromptSection.parse(d.get("prompt"), ctx, base_dir, session is not None),
             output=OutputSection.parse(d.get("output"), ctx),
             load=LoadSection.parse(d.get("load"), ctx),
             stop=StopSection.parse(d.get("stop"), ctx),

@@ -33,7 +33,9 @@ from tokenload import errors as ek
 from tokenload.load.control import E2E, REQUEST_TYPE, TPOT, TTFT, LoadState
 from tokenload.load.prompts import PromptSource
 from tokenload.load.records import SegmentWriter
+from tokenload.load.sessions import Session
 from tokenload.load.transport import Transport
+from tokenload.measure import TOKEN_TEXT
 from tokenload.protocols.base import Protocol
 from tokenload.stream import StreamSession
 
@@ -118,12 +120,27 @@ class LLMUser(User):
     def wait_time(self) -> float:
         if self.parked:  # Locust stops a waiting user at once (a user inside a task gets the drain time)
             return PARK_S
-        return self.ctx.think_time_s if self.ctx.arrivals is None else 0.0
+        if self.ctx.arrivals is not None:
+            return 0.0
+        sessions = self.ctx.prompts.sessions
+        if sessions is not None and self.session is not None and not self.session.over:
+            return sessions.think_time_s
+        return self.ctx.think_time_s
 
     def on_start(self) -> None:
         self.ctx: ProcessContext = self.environment.tokenload_process  # type: ignore[attr-defined]
         self.user_id = self.ctx.new_user_id()
         self.parked = False
+        self.session: Session | None = None
+
+    def _session(self) -> Session | None:
+        """This user's conversation for the next request (a new one once the last is over); None without [session]."""
+        sessions = self.ctx.prompts.sessions
+        if sessions is None:
+            return None
+        if self.session is None or self.session.over:
+            self.session = sessions.new(self.user_id)
+        return self.session
 
     @task
     def stream(self) -> None:
@@ -140,13 +157,17 @@ class LLMUser(User):
 
     def send(self, scheduled_at: float) -> None:
         ctx = self.ctx
-        plan = ctx.prompts.next()
+        conversation = self._session()
+        plan = ctx.prompts.next(conversation)
         adapter = ctx.adapters[plan.model]
         step, users, budget = ctx.state.step, ctx.state.users, ctx.state.budget
-        session = StreamSession(adapter, time.perf_counter(), estimated_input_tokens=plan.estimated_input_tokens)
+        answer: list[str] = []
+        on_text = None if conversation is None else lambda text, kind: answer.append(text) if kind == TOKEN_TEXT else None
+        session = StreamSession(adapter, time.perf_counter(), estimated_input_tokens=plan.estimated_input_tokens,
+                                on_text=on_text)
         in_flight = False
         try:
-            request = adapter.prepare(plan.prompt, plan.max_tokens, ctx.extra_body)
+            request = adapter.prepare(plan.conversation, plan.max_tokens, ctx.extra_body)
             session.timeline.t0 = time.perf_counter()
             session.timeline.started_at = time.time()
             ctx.transport.stream(request, session)
@@ -164,7 +185,10 @@ class LLMUser(User):
                 late_s=max(0.0, record["started_at"] - scheduled_at), protocol=ctx.protocol, model=plan.model,
                 max_tokens=plan.max_tokens, prompt_tokens_target=plan.prompt_tokens_target, in_flight=in_flight,
                 finished_at=None if duration is None else record["started_at"] + duration,
+                session_id=plan.session_id, turn=plan.turn, context_tokens=plan.estimated_input_tokens,
             )
+            if conversation is not None:
+                conversation.answered("".join(answer) if record["status"] == "ok" and not in_flight else None)
             ctx.writer.append(record)
             if budget is not None:
                 budget.finished((record["input_tokens"] or 0) + (record["output_tokens"] or 0))

@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from tokenload.measure import TOKEN_OTHER, TOKEN_TEXT, TOKEN_THINKING, Timeline
-from tokenload.protocols.base import Protocol
+from tokenload.protocols.base import Conversation, Protocol
+
+_EPHEMERAL = {"type": "ephemeral"}
 
 _DELTA_KINDS = {
     "text_delta": ("text", TOKEN_TEXT),
@@ -23,13 +25,20 @@ _DELTA_KINDS = {
 class AnthropicMessages(Protocol):
     name = "anthropic"
 
-    def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:
-        return {
-            "model": self.channel.model,
-            "max_tokens": max_tokens,
-            "stream": True,
-            "messages": [{"role": "user", "content": prompt}],
-        }
+    def body(self, conversation: Conversation, max_tokens: int) -> dict[str, Any]:
+        cache = conversation.cache_control
+        messages: list[dict[str, Any]] = [{"role": role, "content": text} for role, text in conversation.messages]
+        if cache:  # breakpoint on the newest message: the next turn reads everything up to here
+            last = messages[-1]
+            last["content"] = [{"type": "text", "text": last["content"], "cache_control": _EPHEMERAL}]
+        body: dict[str, Any] = {"model": self.channel.model, "max_tokens": max_tokens, "stream": True}
+        if conversation.system:
+            block: dict[str, Any] = {"type": "text", "text": conversation.system}
+            if cache:
+                block["cache_control"] = _EPHEMERAL
+            body["system"] = [block]
+        body["messages"] = messages
+        return body
 
     def on_json(self, event: str, obj: dict[str, Any], t: float, tl: Timeline) -> None:
         kind = obj.get("type", event)
@@ -45,6 +54,10 @@ class AnthropicMessages(Protocol):
                 tl.input_tokens = usage["input_tokens"] + sum(
                     usage.get(k) or 0 for k in ("cache_read_input_tokens", "cache_creation_input_tokens")
                 )
+            if isinstance(usage.get("cache_read_input_tokens"), int):
+                tl.cache_read_tokens = usage["cache_read_input_tokens"]
+            if isinstance(usage.get("cache_creation_input_tokens"), int):
+                tl.cache_creation_tokens = usage["cache_creation_input_tokens"]
         elif kind == "message_delta":
             tl.stop_reason = (obj.get("delta") or {}).get("stop_reason") or tl.stop_reason
             usage = obj.get("usage") or {}

@@ -1,7 +1,7 @@
 """What every protocol adapter does: build a request, read events, classify errors.
 
 An adapter knows one wire format and nothing about HTTP clients or load: it
-turns (prompt, max tokens) into a `PreparedRequest`, and each decoded SSE event
+turns (prompt or `Conversation`, max tokens) into a `PreparedRequest`, and each decoded SSE event
 into updates of a `Timeline` (tokens, usage, stop reason, errors). Any HTTP
 client can drive it through `tokenload.stream.StreamSession`.
 """
@@ -19,6 +19,31 @@ from tokenload import errors as ek
 from tokenload.channel import Channel
 from tokenload.measure import Timeline
 from tokenload.sse import SSEEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """What one request sends: an optional system prompt and the message history, ending with the user's turn.
+
+    A single prompt is a conversation of one user message. Each adapter writes it in
+    its own wire shape (Messages `system` + `messages`, Chat `messages` with a system
+    message, Responses `instructions` + `input` items). `cache_control` asks the
+    Anthropic adapter for prompt-cache breakpoints on the system prompt and on the
+    last message (so the next turn reads the whole history from the cache); the
+    OpenAI APIs cache prefixes automatically and take no marker.
+    """
+
+    messages: tuple[tuple[str, str], ...]  # (role "user" | "assistant", text)
+    system: str = ""
+    cache_control: bool = False
+
+    @classmethod
+    def single(cls, prompt: str) -> Conversation:
+        return cls((("user", prompt),))
+
+    def texts(self) -> list[str]:
+        """Every text sent, in wire order (for local token estimates)."""
+        return ([self.system] if self.system else []) + [text for _, text in self.messages]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,14 +174,16 @@ class Protocol(ABC):
         self._url = channel.url
         self._headers = channel.headers()
 
-    def prepare(self, prompt: str, max_tokens: int, extra_body: Mapping[str, Any] | None = None) -> PreparedRequest:
-        body = self.body(prompt, max_tokens)
+    def prepare(self, prompt: str | Conversation, max_tokens: int,
+                extra_body: Mapping[str, Any] | None = None) -> PreparedRequest:
+        conversation = Conversation.single(prompt) if isinstance(prompt, str) else prompt
+        body = self.body(conversation, max_tokens)
         if extra_body:
             body.update(extra_body)
         return PreparedRequest(self._url, self._headers, json.dumps(body).encode())
 
     @abstractmethod
-    def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+    def body(self, conversation: Conversation, max_tokens: int) -> dict[str, Any]:
         """The JSON body for one streaming request."""
 
     def handle(self, event: SSEEvent, t: float, tl: Timeline) -> None:

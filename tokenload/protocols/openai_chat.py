@@ -12,19 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 from tokenload.measure import TOKEN_OTHER, TOKEN_TEXT, TOKEN_THINKING, Timeline
-from tokenload.protocols.base import Protocol
+from tokenload.protocols.base import Conversation, Protocol
 
 
 class OpenAIChat(Protocol):
     name = "openai-chat"
 
-    def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+    def body(self, conversation: Conversation, max_tokens: int) -> dict[str, Any]:
+        system = [{"role": "system", "content": conversation.system}] if conversation.system else []
         return {
             "model": self.channel.model,
             "max_tokens": max_tokens,
             "stream": True,
             "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": prompt}],
+            "messages": system + [{"role": role, "content": text} for role, text in conversation.messages],
         }
 
     def on_done(self, tl: Timeline) -> None:
@@ -55,6 +56,9 @@ class OpenAIChat(Protocol):
             details = usage.get("completion_tokens_details") or {}
             if isinstance(details.get("reasoning_tokens"), int):
                 tl.reasoning_tokens = details["reasoning_tokens"]
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            if isinstance(cached, int):
+                tl.cache_read_tokens = cached
 
     def finish(self, tl: Timeline) -> None:
         # Some backends end with a finish_reason but no `[DONE]`: complete enough.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenload.measure import TOKEN_OTHER, TOKEN_TEXT, TOKEN_THINKING, Timeline
-from tokenload.protocols.base import Protocol
+from tokenload.protocols.base import Conversation, Protocol
 
 _DELTA_KINDS = {
     "response.output_text.delta": TOKEN_TEXT,
@@ -25,13 +25,18 @@ _DELTA_KINDS = {
 class OpenAIResponses(Protocol):
     name = "openai-responses"
 
-    def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:
-        return {
-            "model": self.channel.model,
-            "max_output_tokens": max_tokens,
-            "stream": True,
-            "input": prompt,
-        }
+    def body(self, conversation: Conversation, max_tokens: int) -> dict[str, Any]:
+        """A lone prompt goes as a plain `input` string; a history as input message items (stateless:
+        no `previous_response_id`, so it works on relays that do not store responses)."""
+        body: dict[str, Any] = {"model": self.channel.model, "max_output_tokens": max_tokens, "stream": True}
+        if conversation.system:
+            body["instructions"] = conversation.system
+        messages = conversation.messages
+        if len(messages) == 1 and messages[0][0] == "user":
+            body["input"] = messages[0][1]
+        else:
+            body["input"] = [{"role": role, "content": text} for role, text in messages]
+        return body
 
     def on_json(self, event: str, obj: dict[str, Any], t: float, tl: Timeline) -> None:
         kind = obj.get("type", event)
@@ -50,6 +55,9 @@ class OpenAIResponses(Protocol):
             reasoning = (usage.get("output_tokens_details") or {}).get("reasoning_tokens")
             if isinstance(reasoning, int):
                 tl.reasoning_tokens = reasoning
+            cached = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+            if isinstance(cached, int):
+                tl.cache_read_tokens = cached
             incomplete = (response.get("incomplete_details") or {}).get("reason")
             tl.stop_reason = incomplete or response.get("status") or "completed"
             tl.complete = True
