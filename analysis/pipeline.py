@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tokenload.analysis import plots
+from tokenload.analysis import caching, plots
 from tokenload.analysis.records import REQUESTS_FILE, load_run
 from tokenload.analysis.report import (figure, h, html_table, page, steps_html, verdict_html,
                                        verdict_table)
@@ -110,6 +110,8 @@ def write_report(analysis: Analysis, out_dir: Path, advance: Callable[[str], Non
                          "".join(f"<li>{h(p)}</li>" for p in s["problems"]) + "</ul></div>"))
     if figures:
         sections.append(("Charts", "".join(figures)))
+    if caching.report_rows(s):
+        sections.append(("Prompt caching", html_table(["", "value"], caching.report_rows(s), left=2)))
     sections += _tables(s)
     target = out_dir / "report.html"
     target.write_text(page(f"tokenload report: {s['run']['label']}", sections), encoding="utf-8")

@@ -40,6 +40,13 @@ OPTIONAL_COLUMNS: tuple[str, ...] = ("finished_at", "in_flight", "prompt_tokens_
 ANALYSIS_COLUMNS: tuple[str, ...] = (
     "step", "active_users", *FLOAT_COLUMNS, *CATEGORY_COLUMNS,
 )
+# Workload columns (sessions, prompt caching, warm-up), carried through when the run has them.
+# Rows of the run-level warm-up (`phase == "warmup"`, scenario `[load] warmup_*`) are dropped here,
+# so no statistic ever includes them.
+WORKLOAD_COLUMNS: tuple[str, ...] = (
+    "phase", "session_id", "turn", "context_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+)
+WARMUP_PHASE = "warmup"
 
 
 @dataclass
@@ -135,14 +142,24 @@ def load_run(run_dir: str | Path) -> Run:
     missing = [c for c in REQUIRED_COLUMNS if c not in schema_names]
     if missing:
         raise ConfigError(f"{parquet} lacks required column(s): {', '.join(missing)}")
-    wanted = [*ANALYSIS_COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in schema_names)]
+    wanted = [*ANALYSIS_COLUMNS, *(c for c in (*OPTIONAL_COLUMNS, *WORKLOAD_COLUMNS) if c in schema_names)]
     try:
         df = pq.read_table(parquet, columns=wanted).to_pandas()
     except Exception as exc:
         raise ConfigError(f"{parquet} could not be read: {exc}") from exc
     problems: list[str] = []
     manifest = _read_manifest(path, problems)
-    return Run(run_dir=path, manifest=manifest, df=_normalise(df), problems=problems)
+    return Run(run_dir=path, manifest=manifest, df=_without_warmup(df, _normalise(df)), problems=problems)
+
+
+def _without_warmup(raw: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
+    """`out` plus the workload columns of `raw`, without the warm-up rows."""
+    for col in WORKLOAD_COLUMNS:
+        if col in raw:
+            out[col] = raw[col].to_numpy()
+    if "phase" in out:
+        out = out[out["phase"].ne(WARMUP_PHASE).to_numpy()].reset_index(drop=True)
+    return out
 
 
 def _normalise(df: pd.DataFrame) -> pd.DataFrame:

@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.table import Table
 
+from tokenload.analysis import caching
 from tokenload.analysis.breakpoint import users
 
 CSS = """
@@ -83,6 +84,7 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                  None))
     if diag["advice"]:
         rows.append(("First fix", diag["advice"][0], None))
+    rows += caching.verdict_rows(summary)
     for problem in summary.get("problems", []):
         rows.append(("Missing", problem, False))
     return rows

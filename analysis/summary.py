@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from tokenload.analysis.breakpoint import find_breakpoint
+from tokenload.analysis.caching import caching_summary
 from tokenload.analysis.diagnosis import diagnose
 from tokenload.analysis.fits import MIN_FIT_POINTS, linear_dict, linear_fit, ttft_vs_input
 from tokenload.analysis.records import Run
@@ -215,6 +216,7 @@ def summarize(run: Run, slo: Slo = Slo(), low_load_users: int | None = None) -> 
         "breakpoint_note": bp["breakpoint_note"],
         "breakpoint_rules": bp["rules"],
         "diagnosis": diagnosis,
+        "caching": caching_summary(df),
         "problems": problems,
     }
     return Analysis(run=run, slo=slo, table=table, ok=ok, low_steps=low_steps, summary=summary)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -39,6 +40,7 @@ drain_s = 5
 def _run(tmp_path: Path, body: str, *extra: str, profile: str = "fast", sim_args: tuple[str, ...] = ()
          ) -> tuple[pd.DataFrame, pd.DataFrame, Path]:
     """Run a scenario against a fresh simulator; (records, truth, run dir)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     scenario = write_scenario(tmp_path, body)
     truth_path = tmp_path / "truth.jsonl"
     with launch(["--profile", profile, "--truth", str(truth_path), *sim_args]) as sim:
@@ -80,3 +82,89 @@ def test_session_rejects_prompt_tokens(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         "tokenload: error: scenario.toml: [prompt] tokens: a [session] scenario draws its messages from [session] "
         "user_tokens and system_tokens; remove this key"]
+
+
+CACHE_SCENARIO = """
+[session]
+turns = 3
+user_tokens = 100
+system_tokens = 1500
+cache_control = true
+[output]
+max_tokens = 8
+ignore_eos = true
+[load]
+kind = "constant"
+users = 2
+step_s = 3
+[stop]
+drain_s = 5
+"""
+
+
+def _caching(run_dir: Path) -> dict[str, Any]:
+    from tokenload.analysis import analyze_run
+
+    return analyze_run(run_dir, write=False)["caching"]
+
+
+@pytest.mark.parametrize("protocol", ["anthropic", "openai-chat", "openai-responses"])
+def test_cache_hit_ratio_matches_truth_and_cached_requests_start_sooner(tmp_path: Path, protocol: str) -> None:
+    """The shared system prompt and each session's history are read from the simulator's prefix cache."""
+    df, truth, run_dir = _run(tmp_path, CACHE_SCENARIO, "--protocol", protocol, profile="default")
+    assert (df.status == "ok").all()
+    joined = df.merge(truth, left_on="server_request_id", right_on="request_id", suffixes=("", "_truth"))
+    assert len(joined) == len(df)
+    assert (joined.cache_read_input_tokens == joined.cached_tokens).all()
+    if protocol == "anthropic":
+        assert (joined.cache_creation_input_tokens == joined.cache_creation_tokens).all()
+    caching = _caching(run_dir)
+    truth_ratio = joined.cached_tokens.sum() / joined.input_tokens_truth.sum()
+    assert truth_ratio > 0.5
+    assert caching["hit_ratio"] == pytest.approx(truth_ratio, rel=1e-3)
+    assert caching["honoured"] is True and caching["verdict"].startswith("honoured")
+    later = df[df.turn > 1]
+    assert len(later) >= 4 and (later.cache_read_input_tokens >= later.context_tokens - 100 - 8 - 16).all()
+    assert caching["ttft_p50_cached_s"] < 0.5 * caching["ttft_p50_uncached_s"]
+
+
+def test_caching_stripped_channel_is_not_honoured_and_pays_full_prefill(tmp_path: Path) -> None:
+    stripped, truth, run_dir = _run(tmp_path / "stripped", CACHE_SCENARIO, profile="nocache")
+    assert (stripped.status == "ok").all() and (stripped.cache_read_input_tokens == 0).all()
+    assert (truth.cached_tokens == 0).all()
+    caching = _caching(run_dir)
+    assert caching["honoured"] is False and caching["hit_ratio"] == 0
+    assert caching["verdict"].startswith("NOT honoured")
+    cached, _, _ = _run(tmp_path / "cached", CACHE_SCENARIO, profile="default")
+    later_ttft = {name: df[df.turn > 1].ttft_s.median() for name, df in (("stripped", stripped), ("cached", cached))}
+    assert later_ttft["cached"] < 0.5 * later_ttft["stripped"]
+
+
+@pytest.mark.parametrize(("profile", "status"), [("default", "ok"), ("nocache", "fail")])
+def test_doctor_caching_check(tmp_path: Path, profile: str, status: str) -> None:
+    from tokenload.doctor import Limits, diagnose
+    from tokenload.sim import serve_in_thread
+
+    home = tmp_path / "home"
+    home.mkdir()
+    with serve_in_thread(profile) as sim:
+        flags = {"protocol": "anthropic", "base_url": sim.base_url, "api_key": None, "auth_token": None,
+                 "model": "sim-7b", "settings": None}
+        results, _ = diagnose(flags=flags, env={}, cwd=tmp_path, home=home, limits=Limits(timeout_s=10))
+    caching = {r.name: r for r in results}["caching"]
+    assert caching.status == status, caching.saw
+    if status == "ok":
+        assert caching.details["cache_read_second"] > 0
+        assert caching.details["ttft_second_s"] < caching.details["ttft_first_s"]
+    else:
+        assert caching.details["cache_read_second"] == 0 and "read 0 tokens from the cache" in caching.saw
+        assert "cache_control" in (caching.fix or "")
+
+
+def test_coding_session_is_packaged_and_documented() -> None:
+    from tokenload.load.scenario import load_scenario
+
+    scenario = load_scenario("coding-session")
+    assert scenario.session is not None and scenario.session.cache_control and scenario.session.system_tokens >= 2048
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "`coding-session`" in readme and "tokenload run coding-session" in readme

@@ -14,7 +14,9 @@ true:
 4. auth (the online half of BRIEF #1);
 5. model (BRIEF #3);
 6. latency (BRIEF #4, #5, #6): TTFT, TPOT, long outputs;
-7. streaming end to end: incremental arrival and a clean end.
+7. streaming end to end: incremental arrival and a clean end;
+8. prompt caching: does the second of two identical long-prefix requests read
+   the prefix from the channel's cache (a relay may strip it)?
 
 Checks that need an earlier one are skipped with the reason when it failed, so
 a broken channel gets at most a handful of cheap requests. All network access
@@ -28,6 +30,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import json
+import os
 import re
 import ssl
 from collections.abc import Callable, Mapping
@@ -55,7 +58,7 @@ from tokenload.channel import (
 from tokenload.client import stream_exchange
 from tokenload.errors import ConfigError
 from tokenload.measure import Timeline
-from tokenload.protocols.base import body_message, classify_http, looks_like_html
+from tokenload.protocols.base import Conversation, body_message, classify_http, looks_like_html
 from tokenload.tokens import synth_prompt
 
 OK, FAIL, SKIP = "ok", "fail", "skip"
@@ -85,6 +88,8 @@ _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*b\b", re.IGNORECASE)
 # Errors that mean the stream itself broke: the streaming check reports them, not latency.
 STREAM_KINDS = frozenset({ek.DISCONNECTED, ek.MALFORMED_STREAM, ek.TIMEOUT_STALL})
 _SHORT_PROMPT = "Say hi."
+# Without usage fields: a repeat TTFT at most this fraction of the first counts as a cache hit.
+CACHE_TTFT_GAIN = 0.7
 _PROBE_PREFIX = "Count from 1 to 100, one number per word. Ignore the filler text that follows."
 
 
@@ -100,6 +105,7 @@ class Limits:
     timeout_s: float = 20.0  # connect, first token and stall timeout of every request
     prompt_tokens: int = 1000  # the latency probe's prompt; the comparison probe is a few tokens
     probe_tokens: int = 32  # output tokens the latency probe asks for
+    cache_prefix_tokens: int = 2048  # the caching check's prefix: above every provider's minimum cacheable length
 
 
 @dataclass
@@ -628,6 +634,50 @@ def check_streaming(ctx: Doctor) -> CheckResult:
                        details=details)
 
 
+def check_caching(ctx: Doctor) -> CheckResult:
+    """Two identical requests with a long, never-seen prefix: does the second read it from the prompt cache?
+
+    Coding assistants resend the same long prefix every turn; a channel that honours
+    caching answers those turns sooner and cheaper. Anthropic needs `cache_control`
+    breakpoints (sent here); OpenAI caches long prefixes automatically. Evidence is
+    the usage fields (`cache_read_input_tokens`, `cached_tokens`); a channel that
+    reports none is judged by whether the second TTFT fell well below the first.
+    """
+    lim = ctx.limits
+    prefix = synth_prompt(lim.cache_prefix_tokens, seed=int.from_bytes(os.urandom(4), "big"))
+    conversation = Conversation((("user", "Reply with OK."),), system=prefix, cache_control=True)
+    first, second = (stream_exchange(ctx.channel, conversation, 1)[0] for _ in range(2))
+    details: dict[str, Any] = {"prefix_tokens": first["input_tokens"], "ttft_first_s": first["ttft_s"],
+                               "ttft_second_s": second["ttft_s"],
+                               "cache_read_second": second["cache_read_input_tokens"],
+                               "cache_creation_first": first["cache_creation_input_tokens"]}
+    failed = next((r for r in (first, second) if r["status"] != "ok"), None)
+    if failed is not None:
+        return CheckResult("caching", "prompt caching", SKIP,
+                           f"a caching probe failed: {failed['error_kind']} (HTTP {failed['http_status']})",
+                           details=details, blocking=False)
+    read = second["cache_read_input_tokens"]
+    fix = ("prompt caching is lost between you and the model: ask the relay operator to pass cache_control through "
+           "(Anthropic) and to keep a conversation on one backend; until then, long prompts pay full prefill every turn")
+    if read is not None:
+        if read > 0:
+            return CheckResult("caching", "prompt caching", OK,
+                               f"the repeat request read {read} of {second['input_tokens']} input tokens from the cache "
+                               f"(TTFT {_s(second['ttft_s'])} vs {_s(first['ttft_s'])})", details=details, blocking=False)
+        return CheckResult("caching", "prompt caching", FAIL,
+                           f"an identical {first['input_tokens']}-token prefix sent twice: the second read 0 tokens "
+                           f"from the cache (TTFT {_s(second['ttft_s'])} vs {_s(first['ttft_s'])})",
+                           fix, details, blocking=False)
+    ttft1, ttft2 = first["ttft_s"], second["ttft_s"]
+    if ttft1 is not None and ttft2 is not None and ttft2 <= CACHE_TTFT_GAIN * ttft1:
+        return CheckResult("caching", "prompt caching", OK,
+                           f"no cache usage reported, but the repeat's TTFT fell from {_s(ttft1)} to {_s(ttft2)}",
+                           details=details, blocking=False)
+    return CheckResult("caching", "prompt caching", FAIL,
+                       f"no cache usage reported and the repeat of a {first['input_tokens']}-token prefix was not faster "
+                       f"(TTFT {_s(ttft2)} vs {_s(ttft1)})", fix, details, blocking=False)
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -644,6 +694,7 @@ CHECKS: tuple[Check, ...] = (
     Check("model", "model", check_model, ("auth",)),
     Check("latency", "latency", check_latency, ("model",)),
     Check("streaming", "streaming", check_streaming, ("model",)),
+    Check("caching", "prompt caching", check_caching, ("model",)),
 )
 
 

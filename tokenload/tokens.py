@@ -37,6 +37,11 @@ def estimate_tokens(text: str) -> int:
     return len(_TOKEN_RE.findall(text))
 
 
+def tokens_of(text: str) -> list[str]:
+    """The tokens `estimate_tokens` counts, in order (the simulator's prompt cache hashes them)."""
+    return _TOKEN_RE.findall(text)
+
+
 def synth_prompt(n_tokens: int, seed: int = 0, prefix: str = "") -> str:
     """A prompt of exactly `n_tokens` estimated tokens (including `prefix`).
 

@@ -20,6 +20,8 @@ tried online (#1), because neither means anything until the earlier one holds:
                     > --slo-e2e (cap max tokens)
   7 streaming       tokens arrive incrementally (not one burst from a buffering proxy)
                     and the stream ends with its final event
+  8 caching         two identical requests with a long new prefix: the second reads it from
+                    the prompt cache (usage fields, else a TTFT drop); a relay may strip caching
 
 `--json` prints the same as a list of objects {name, title, status, saw, fix, details}.
 Exit 0 when every check passes, 1 when one fails, 2 when the configuration
@@ -36,7 +38,8 @@ from pathlib import Path
 
 from tokenload.channel import add_channel_arguments
 
-HELP = "check the seven common channel mistakes in order: ok, or FAIL with what was seen and the fix"
+HELP = ("check the seven common channel mistakes in order, then prompt caching: ok, or FAIL with what was seen "
+        "and the fix")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """Run a load scenario with Locust and record every request.
 
 SCENARIO is a .toml file (see `scenarios/`) or a packaged name: demo, smoke,
-ramp, prompt-sweep, output-sweep, peak-vs-offpeak. Locust runs headless in a
+ramp, prompt-sweep, output-sweep, peak-vs-offpeak, coding-session. Locust runs headless in a
 child process (`--web` for its UI on 127.0.0.1); a live line on stderr shows
 the step, users, request rate, TTFT/TPOT p50/p95 of the current step and errors.
 

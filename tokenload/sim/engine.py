@@ -11,6 +11,10 @@ slots wait in one FIFO queue per model; that wait is part of their TTFT.
 
 One timer callback per replica step (not a task per token) is what lets one
 core drive thousands of streams: a step is a plain loop over the batch.
+
+Each engine keeps a `PrefixCache` of prompt prefixes: tokens read from it skip
+prefill, so a conversation's later turns start faster, as on a channel that
+honours prompt caching.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from random import Random
 
 from tokenload.sim.profile import Profile, effective_slots, model_scale
+from tokenload.tokens import tokens_of
 
 LATENESS_BUCKET_S = 0.0001
 LATENESS_BUCKETS = 1000  # 0.1 ms resolution up to 100 ms; the last bucket is overflow
@@ -48,11 +53,12 @@ class Sequence:
     the truth line exists by the time a client sees the end.
     """
 
-    __slots__ = ("n_input", "n_out", "emitted", "stall_at", "stall_s", "resume_at",
+    __slots__ = ("n_input", "n_cached", "n_out", "emitted", "stall_at", "stall_s", "resume_at",
                  "arrival", "admitted", "first_token", "last_token", "replica", "on_end")
 
     def __init__(self, n_input: int, n_out: int, stall_at: int = -1, stall_s: float = 0.0) -> None:
         self.n_input = n_input
+        self.n_cached = 0  # prompt tokens read from the prefix cache: they skip prefill
         self.n_out = n_out
         self.emitted = 0
         self.stall_at = stall_at
@@ -101,7 +107,7 @@ class Replica:
         seq.admitted = time.time()
         seq.replica = self.index
         start = max(now, self.prefill_free_at)
-        end = start + engine.prefill_time(seq.n_input)
+        end = start + engine.prefill_time(seq.n_input - seq.n_cached)
         self.prefill_free_at = end
         self.prefilling += 1
         engine.loop.call_at(end, self._prefilled, seq, end)
@@ -191,8 +197,45 @@ class Replica:
         self.engine.slot_freed(self)
 
 
+class PrefixCache:
+    """An LRU cache of prompt prefixes in blocks of `BLOCK` tokens, like vLLM's automatic prefix caching.
+
+    A block's key chains the previous block's key, so a block is found only when
+    everything before it matches too. `use` reads the longest cached run of
+    leading blocks and stores the rest at once (at arrival, not after prefill:
+    a simplification that only matters for identical prefixes sent together).
+    """
+
+    BLOCK = 16
+
+    def __init__(self, capacity_tokens: int) -> None:
+        self.capacity = capacity_tokens // self.BLOCK
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def use(self, texts: list[str]) -> tuple[int, int]:
+        """(tokens read from the cache, tokens written to it) for a prompt prefix made of `texts`."""
+        if not self.capacity:
+            return 0, 0
+        tokens = [tok for text in texts for tok in tokens_of(text)]
+        blocks = self._blocks
+        key, read, written, hit = 0, 0, 0, True
+        for i in range(0, len(tokens) - self.BLOCK + 1, self.BLOCK):
+            key = hash((key, *tokens[i:i + self.BLOCK]))
+            if key in blocks:
+                blocks.move_to_end(key)
+                if hit:
+                    read += self.BLOCK
+                continue
+            hit = False
+            blocks[key] = None
+            written += self.BLOCK
+            if len(blocks) > self.capacity:
+                blocks.popitem(last=False)
+        return read, written
+
+
 class Engine:
-    """All replicas serving one model, with the model's shared waiting queue."""
+    """All replicas serving one model, with the model's shared waiting queue and prefix cache."""
 
     def __init__(self, profile: Profile, model: str, stats: Stats, rng: Random,
                  itl_observer: Callable[[float, int], None] | None = None) -> None:
@@ -206,6 +249,7 @@ class Engine:
         base_step_s = profile.decode_base_s * self.scale
         self.replicas = [Replica(self, k, base_step_s * k / profile.replicas) for k in range(profile.replicas)]
         self.waiting: deque[Sequence] = deque()
+        self.cache = PrefixCache(profile.prefix_cache_tokens)
         self.itl_observer = itl_observer or (lambda seconds, count: None)
 
     def _noise(self) -> float:

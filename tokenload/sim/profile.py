@@ -46,6 +46,7 @@ class Profile:
     prefill_interference: float = _knob(0.15, "decode steps run this fraction slower while a newcomer's prefill is in progress on the replica", min=0.0)
     decode_base_s: float = _knob(0.02, "time of one decode step with one active sequence (TPOT at batch size 1)", min=0.0)
     decode_per_seq_s: float = _knob(0.0004, "extra decode-step time per additional active sequence (a batch of 32 steps slower than a batch of 1)", min=0.0)
+    prefix_cache_tokens: int = _knob(1_000_000, "prompt-prefix tokens each model keeps in its prompt cache (LRU, 16-token blocks): cached tokens skip prefill and are reported in usage (Anthropic only with cache_control, OpenAI automatically); 0 = no prompt caching, as behind a relay that strips it", min=0)
     model_size_exponent: float = _knob(0.63, "time scales as (size / 7B)^x, size parsed from the model id (`sim-30b` -> 30): 0.63 makes 30B about 2.5x 7B", min=0.0)
     load: float = _knob(1.0, "other tenants' load: multiplies prefill and decode times and divides the effective slots (peak > 1)", min=0.1)
     noise: float = _knob(0.0, "sigma of a mean-1 log-normal factor on every prefill and decode step; 0 = deterministic", min=0.0)

@@ -484,11 +484,15 @@ class Generation:
             faults = FaultPlan.build(markers_in(parsed.texts), rates, server.rng, n_out)
         except ValueError as exc:
             return self._error(400, f"fault marker: {exc}", error="bad_request")
+        engine = server.engines[parsed.model]
+        cache_read, cache_written = engine.cache.use(parsed.texts[:parsed.cacheable])
         plan = wire.Plan(self.request_id, parsed.model, n_in, n_out, n_think, early,
                          include_usage=parsed.include_usage or self.proto is not wire.OpenAIChat,
-                         unicode=faults.has("unicode"), offset=server.rng.randrange(1 << 16))
+                         unicode=faults.has("unicode"), offset=server.rng.randrange(1 << 16),
+                         cache_read=cache_read, cache_creation=cache_written)
         self.record.update(fault=faults.describe(), planned_output_tokens=n_out, thinking_tokens=n_think,
-                           max_tokens=parsed.max_tokens, stream=parsed.stream)
+                           max_tokens=parsed.max_tokens, stream=parsed.stream, cached_tokens=cache_read,
+                           cache_creation_tokens=cache_written)
         action = faults.action
         if action == "status":
             code = int(faults.num("status", "code"))
@@ -502,7 +506,6 @@ class Generation:
             return True
         if faults.has("slow_headers"):
             await asyncio.sleep(faults.num("slow_headers", "seconds"))
-        engine = server.engines[parsed.model]
         if engine.profile.max_queue and len(engine.waiting) >= engine.profile.max_queue:
             if self.proto is wire.Anthropic:
                 return self._error(529, "Overloaded", error="overloaded")
@@ -516,6 +519,7 @@ class Generation:
         if not parsed.stream or action == "json_body":
             return await self._run_body(engine, framer)
         seq = StreamSequence(n_in, n_out, writer.transport, framer, faults)
+        seq.n_cached = cache_read
         writer.write(_head(200, [("content-type", "text/event-stream; charset=utf-8"), ("cache-control", "no-cache"),
                                  ("transfer-encoding", "chunked"), *self._id_headers]))
         if action == "silence":
@@ -561,6 +565,7 @@ class Generation:
 
     async def _run_body(self, engine: Engine, framer: wire.Protocol) -> bool:
         seq = BodySequence(framer.plan.input_tokens, framer.plan.n_out, self.writer.transport)
+        seq.n_cached = framer.plan.cache_read
 
         def on_end() -> None:
             self._ended(seq, framer.plan.model)

@@ -53,6 +53,8 @@ class Plan:
     unicode: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     offset: int = 0
+    cache_read: int = 0  # of input_tokens, read from the prefix cache
+    cache_creation: int = 0  # of input_tokens, written to it (Anthropic reports it)
 
     def words(self, start: int, stop: int) -> str:
         """Decoded text of output tokens [start, stop)."""
@@ -73,6 +75,7 @@ class Parsed:
     min_tokens: int = 0
     ignore_eos: bool = False
     include_usage: bool = True
+    cacheable: int | None = None  # leading texts that may be cached: None = all (automatic caching)
 
 
 class SSE:
@@ -123,6 +126,27 @@ def _texts(obj: Any) -> list[str]:
     if isinstance(obj, dict):
         return _texts(obj.get("text")) + _texts(obj.get("content"))
     return []
+
+
+def _breakpoint(objs: list[Any]) -> int:
+    """How many leading texts (in `_texts` order) end at the last `cache_control` breakpoint; 0 without one."""
+    n = last = 0
+
+    def walk(obj: Any) -> None:
+        nonlocal n, last
+        if isinstance(obj, str):
+            n += 1
+        elif isinstance(obj, list):
+            for item in obj:
+                walk(item)
+        elif isinstance(obj, dict):
+            walk(obj.get("text"))
+            walk(obj.get("content"))
+            if obj.get("cache_control"):
+                last = n
+
+    walk(objs)
+    return last
 
 
 def _int(body: dict[str, Any], key: str, default: int | None) -> int | None:
@@ -221,13 +245,15 @@ class Anthropic(Protocol):
             raise BadRequest("messages: Field required")
         thinking = body.get("thinking") or {}
         enabled = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+        contents = [body.get("system")] + [m.get("content") for m in messages if isinstance(m, dict)]
         return Parsed(
             model=_model(body),
-            texts=_texts(body.get("system")) + [t for m in messages if isinstance(m, dict) for t in _texts(m.get("content"))],
+            texts=[t for c in contents for t in _texts(c)],
             stream=bool(body.get("stream", False)),
             max_tokens=max_tokens,
             thinking=enabled,
             thinking_budget=thinking.get("budget_tokens") if enabled else None,
+            cacheable=_breakpoint(contents),  # Anthropic caches only up to an explicit breakpoint
         )
 
     @classmethod
@@ -239,7 +265,9 @@ class Anthropic(Protocol):
         return {
             "id": self.msg_id, "type": "message", "role": "assistant", "model": self.plan.model,
             "content": content, "stop_reason": stop_reason, "stop_sequence": None,
-            "usage": {"input_tokens": self.plan.input_tokens, "output_tokens": output_tokens},
+            "usage": {"input_tokens": self.plan.input_tokens - self.plan.cache_read - self.plan.cache_creation,
+                      "cache_creation_input_tokens": self.plan.cache_creation,
+                      "cache_read_input_tokens": self.plan.cache_read, "output_tokens": output_tokens},
         }
 
     def preamble(self) -> bytes:
@@ -351,6 +379,7 @@ class OpenAIChat(Protocol):
     def _usage(self) -> dict[str, Any]:
         n_in, n_out = self.plan.input_tokens, self.plan.n_out
         return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out,
+                "prompt_tokens_details": {"cached_tokens": self.plan.cache_read},
                 "completion_tokens_details": {"reasoning_tokens": self.plan.n_think}}
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
@@ -443,7 +472,7 @@ class OpenAIResponses(Protocol):
         if status == "completed" and not self.no_usage:
             n_in, n_out = self.plan.input_tokens, self.plan.n_out
             response["usage"] = {
-                "input_tokens": n_in, "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens": n_in, "input_tokens_details": {"cached_tokens": self.plan.cache_read},
                 "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": self.plan.n_think},
                 "total_tokens": n_in + n_out,
             }
