@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tokenload.errors import ConfigError
-from tokenload.load.prompts import PromptSource, Sampler, read_dataset
+from tokenload.load.datasets import load_dataset
+from tokenload.load.prompts import PromptSource, Sampler
 from tokenload.load.scenario import Distribution, Scenario, _Ctx, load_scenario, packaged
 from tokenload.tokens import estimate_tokens
 
@@ -120,7 +121,7 @@ def test_dataset_replays_in_order_with_unique_markers(tmp_path: Path) -> None:
     prompts = [source.next().prompt for _ in range(4)]
     assert [p.endswith(q) for p, q in zip(prompts, ["first question", "second question"] * 2)] == [True] * 4
     assert len(set(prompts)) == 4
-    assert read_dataset(str(data)) == ["first question", "second question"]
+    assert [row.prompt for row in load_dataset(str(data))] == ["first question", "second question"]
 
 
 @pytest.mark.parametrize("lines, problem", [
@@ -131,7 +132,7 @@ def test_dataset_replays_in_order_with_unique_markers(tmp_path: Path) -> None:
 def test_bad_dataset_is_one_clear_line(tmp_path: Path, lines: str, problem: str) -> None:
     (tmp_path / "bad.jsonl").write_text(lines, encoding="utf-8")
     with pytest.raises(ConfigError) as err:
-        read_dataset(str(tmp_path / "bad.jsonl"))
+        load_dataset(str(tmp_path / "bad.jsonl"))
     assert problem in str(err.value) and "\n" not in str(err.value)
 
 

@@ -7,6 +7,7 @@ simulator's truth file.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,114 @@ def test_coding_session_is_packaged_and_documented() -> None:
     assert scenario.session is not None and scenario.session.cache_control and scenario.session.system_tokens >= 2048
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert "`coding-session`" in readme and "tokenload run coding-session" in readme
+
+
+# ------------------------------------------------------------------------------------------- datasets
+
+SHAREGPT = [
+    {"id": "a", "conversations": [{"from": "human", "value": "first question"},
+                                  {"from": "gpt", "value": "an answer of six words here"}]},
+    {"id": "b", "conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "q one"},
+                                  {"from": "gpt", "value": "a one"}, {"from": "human", "value": "q two"}]},
+]
+DATASET_LINES = {
+    "plain.jsonl": ['{"prompt": "plain prompt text", "max_tokens": 7}', '{"text": "other text"}'],
+    "openai.jsonl": ['{"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}, '
+                     '{"role": "assistant", "content": "hello there"}, {"role": "user", "content": "more"}], '
+                     '"output_tokens": 5}'],
+    "anthropic.jsonl": ['{"system": [{"type": "text", "text": "sys"}], "messages": [{"role": "user", "content": '
+                        '[{"type": "text", "text": "block text"}]}]}'],
+}
+
+
+def test_each_dataset_format_loads(tmp_path: Path) -> None:
+    from tokenload.load.datasets import load_dataset
+
+    for name, lines in DATASET_LINES.items():
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    (tmp_path / "sharegpt.json").write_text(json.dumps(SHAREGPT, indent=1))
+    plain = load_dataset(str(tmp_path / "plain.jsonl"))
+    assert [(r.conversation.messages, r.max_tokens) for r in plain] == [
+        ((("user", "plain prompt text"),), 7), ((("user", "other text"),), None)]
+    (chat,) = load_dataset(str(tmp_path / "openai.jsonl"))
+    assert chat.conversation.system == "sys" and chat.max_tokens == 5
+    assert chat.conversation.messages == (("user", "hi"), ("assistant", "hello there"), ("user", "more"))
+    (anthropic,) = load_dataset(str(tmp_path / "anthropic.jsonl"))
+    assert anthropic.conversation.system == "sys" and anthropic.conversation.messages == (("user", "block text"),)
+    first, second = load_dataset(str(tmp_path / "sharegpt.json"))
+    assert first.conversation.messages == (("user", "first question"),) and first.max_tokens == 6  # the reply's length
+    assert second.conversation.system == "be brief" and second.max_tokens is None
+    assert second.conversation.messages == (("user", "q one"), ("assistant", "a one"), ("user", "q two"))
+
+
+@pytest.mark.parametrize(("name", "text", "where", "problem"), [
+    ("bad.jsonl", '{"prompt": "ok"}\n{"prompt": "fine"}\n{"messages": [{"role": "robot", "content": "x"}]}\n',
+     "line 3", "message 1: expected an object with 'role' one of"),
+    ("bad.jsonl", '{"prompt": "ok"}\n{"prompt": \n', "line 2", "not valid JSON"),
+    ("bad.jsonl", '{"prompt": "ok", "max_tokens": 0}\n', "line 1", "max_tokens / output_tokens must be an integer >= 1"),
+    ("bad.json", '[{"conversations": [{"from": "gpt", "value": "only the bot"}]}]', "item 1",
+     "no non-empty user message"),
+])
+def test_malformed_dataset_is_one_line_naming_file_and_line_exit_2(tmp_path: Path, name: str, text: str, where: str,
+                                                                    problem: str) -> None:
+    (tmp_path / name).write_text(text)
+    scenario = write_scenario(tmp_path, f'[prompt]\ndataset = "{name}"\n[load]\nkind = "constant"\n')
+    result = subprocess.run([sys.executable, "-m", "tokenload", "run", str(scenario), "--base-url",
+                             "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert f"dataset {tmp_path / name} {where}: {problem}" in line and "Traceback" not in result.stderr
+
+
+def test_dataset_order_shuffle_is_seeded(tmp_path: Path) -> None:
+    from tokenload.load.prompts import PromptSource
+    from tokenload.load.scenario import load_scenario
+
+    (tmp_path / "d.jsonl").write_text("".join(f'{{"prompt": "row {i}"}}\n' for i in range(20)))
+
+    def order(extra: str, seed: int = 1) -> list[str]:
+        path = write_scenario(tmp_path, f'seed = {seed}\n[prompt]\ndataset = "d.jsonl"\n{extra}\n[load]\n'
+                                        'kind = "constant"\n')
+        source = PromptSource(load_scenario(path), ("sim-7b",), salt=3)
+        return [source.next().prompt.split("] ", 1)[1] for _ in range(20)]
+
+    assert order("") == [f"row {i}" for i in range(20)]
+    shuffled = order('order = "shuffle"')
+    assert sorted(shuffled) == sorted(order("")) and shuffled != order("")
+    assert order('order = "shuffle"') == shuffled and order('order = "shuffle"', seed=2) != shuffled
+
+
+def test_dataset_rows_replay_with_history_and_their_output_length(tmp_path: Path) -> None:
+    """The packaged coding dataset through `tokenload run`: the server sees each row's whole history."""
+    from tokenload.load.datasets import load_dataset
+    from tokenload.load.scenario import packaged_file
+
+    df, truth, _ = _run(tmp_path, """
+[prompt]
+dataset = "coding-dataset.jsonl"
+[output]
+ignore_eos = true
+[load]
+kind = "constant"
+users = 2
+step_s = 2
+[stop]
+max_requests = 12
+drain_s = 5
+""")
+    assert 4 <= len(df) <= 12 and (df.status == "ok").all()
+    rows = load_dataset(str(packaged_file("coding-dataset.jsonl")))
+    assert set(df.max_tokens) <= {r.max_tokens for r in rows}
+    assert (df.output_tokens == df.max_tokens).all()
+    joined = df.merge(truth, left_on="server_request_id", right_on="request_id", suffixes=("", "_truth"))
+    assert (joined.input_tokens_truth == joined.context_tokens).all()
+    assert joined.context_tokens.max() > 1000  # system prompt and history included
+
+
+def test_coding_dataset_is_generated_by_its_script() -> None:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scenarios"))
+    try:
+        import make_coding_dataset
+    finally:
+        sys.path.pop(0)
+    assert make_coding_dataset.OUT.read_text(encoding="utf-8") == make_coding_dataset.render()

@@ -10,21 +10,20 @@ prompts by it, recording both the target and the server's count per request.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import random
 from dataclasses import dataclass
 from itertools import count
-from pathlib import Path
 from typing import Any
 
-from tokenload.errors import ConfigError
+from tokenload.load.datasets import load_dataset
 from tokenload.load.sampling import Sampler
 from tokenload.load.scenario import Scenario
 from tokenload.load.sessions import Session, Sessions
 from tokenload.protocols.base import Conversation
 from tokenload.tokens import estimate_tokens, synth_prompt
 
-__all__ = ["Calibration", "PromptSource", "RequestPlan", "Sampler", "read_dataset"]
+__all__ = ["Calibration", "PromptSource", "RequestPlan", "Sampler"]
 
 # Calibration ratio bounds: a ratio outside them means the server counts something
 # else entirely (images, a huge system prompt), and scaling by it would mislead.
@@ -71,26 +70,6 @@ class Calibration:
         return min(high, max(low, self.server / self.local))
 
 
-def read_dataset(path: str) -> list[str]:
-    """Prompts from a JSONL file: one object per line with a `prompt` (or `text`) string."""
-    prompts = []
-    with Path(path).open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"dataset {path} line {n}: not valid JSON: {exc.msg}") from None
-            text = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else None
-            if not isinstance(text, str) or not text:
-                raise ConfigError(f"dataset {path} line {n}: expected an object with a non-empty \"prompt\" string")
-            prompts.append(text)
-    if not prompts:
-        raise ConfigError(f"dataset {path} holds no prompts")
-    return prompts
-
-
 class PromptSource:
     """Per-process request generator; `salt` keeps processes' texts and draws apart."""
 
@@ -102,7 +81,9 @@ class PromptSource:
         self._n = count()
         self._tokens = Sampler(scenario.prompt.tokens, rng) if scenario.prompt.tokens else None
         self._max_tokens = Sampler(scenario.output.max_tokens, rng)
-        self._dataset = read_dataset(scenario.prompt.dataset) if scenario.prompt.dataset else None
+        self._dataset = list(load_dataset(scenario.prompt.dataset)) if scenario.prompt.dataset else None
+        if self._dataset is not None and scenario.prompt.order == "shuffle":
+            random.Random(f"{scenario.seed}:dataset").shuffle(self._dataset)  # the same order in every process
         shared = scenario.prompt.shared_prefix_tokens
         self._prefix = synth_prompt(shared, seed=scenario.seed) if shared else ""
         self._calibrate = scenario.prompt.calibrate
@@ -121,13 +102,16 @@ class PromptSource:
             estimate = sum(estimate_tokens(t) for t in conversation.texts())
             return RequestPlan(model, conversation, estimate, estimate, max_tokens, session.session_id, session.turn)
         if self._dataset is not None:
-            text = self._dataset[n % len(self._dataset)]
-            prompt = f"[{self._salt}-{n}] {text}" if not self._prefix else text
-            target = estimate_tokens(prompt)
-        else:
-            assert self._tokens is not None
-            target = self._tokens.draw()
-            prompt = self._synth(target, n, self._prefix)
+            row = self._dataset[n % len(self._dataset)]
+            *history, (_, text) = row.conversation.messages
+            if not self._prefix:  # unique per request: a prompt cache may only reuse the row's history
+                text = f"[{self._salt}-{n}] {text}"
+            conversation = dataclasses.replace(row.conversation, messages=(*history, ("user", text)))
+            estimate = sum(estimate_tokens(t) for t in conversation.texts())
+            return RequestPlan(model, conversation, estimate, estimate, row.max_tokens or max_tokens)
+        assert self._tokens is not None
+        target = self._tokens.draw()
+        prompt = self._synth(target, n, self._prefix)
         return RequestPlan(model, Conversation.single(prompt), target, estimate_tokens(prompt), max_tokens)
 
     def _synth(self, target: int, n: int, prefix: str) -> str:

@@ -29,7 +29,11 @@ Schema (all sections optional except `[load]`):
     tokens = 500                  # fixed; [128, 512] sweeps round-robin; or a table:
                                   # {dist="uniform", min, max} | {dist="normal", mean, std, min?, max?}
                                   # | {dist="lognormal", median, sigma, min?, max?}
-    dataset = "prompts.jsonl"     # instead of tokens: JSONL lines {"prompt": "..."}, replayed in order
+    dataset = "prompts.jsonl"     # instead of tokens: one request per row, format told by the row:
+                                  # JSONL {"prompt"} | {"messages", "system"?} (OpenAI chat, Anthropic)
+                                  # | ShareGPT {"conversations": [{"from", "value"}]} (JSON array or JSONL);
+                                  # a row's max_tokens / output_tokens (or trailing reply) sets its output
+    order = "sequential"          # dataset rows in file order, or "shuffle" (seeded)
     shared_prefix_tokens = 0      # a prefix common to every request (prompt-cache hits); 0 = all unique
     calibrate = true              # scale synthetic prompts by the server's reported input tokens
 
@@ -76,6 +80,7 @@ from typing import Any
 from tokenload.channel import PROTOCOLS
 from tokenload.compat import tomllib
 from tokenload.errors import ConfigError
+from tokenload.load.datasets import load_dataset
 
 # The schema part of this docstring is also `tokenload run --help`'s reference.
 SCHEMA_HELP = __doc__[__doc__.index("Schema (all sections"):]
@@ -89,6 +94,7 @@ DISTRIBUTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "sweep": (("values",), ()),
 }
 LOAD_KINDS = ("steps", "constant", "poisson")
+DATASET_ORDERS = ("sequential", "shuffle")
 ARRIVALS = ("poisson", "constant")
 
 
@@ -236,12 +242,16 @@ class PromptSection:
     dataset: str | None = None
     shared_prefix_tokens: int = 0
     calibrate: bool = True
+    order: str = "sequential"
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx, base_dir: Path, session: bool = False) -> PromptSection:
         """With a [session], messages come from there: only `calibrate` applies."""
         w = "[prompt]"
-        d = ctx.table(data, w, ("tokens", "dataset", "shared_prefix_tokens", "calibrate"))
+        d = ctx.table(data, w, ("tokens", "dataset", "shared_prefix_tokens", "calibrate", "order"))
+        order = ctx.text(d, "order", w, "sequential", choices=DATASET_ORDERS) or "sequential"
+        if order != "sequential" and "dataset" not in d:
+            raise ctx.fail(f"{w} order", "only applies to a dataset")
         if session:
             clash = [k for k in ("tokens", "dataset") if k in d] + (["shared_prefix_tokens"] if d.get("shared_prefix_tokens") else [])
             if clash:
@@ -255,12 +265,15 @@ class PromptSection:
         tokens = None
         if dataset is not None:
             path = (base_dir / dataset).resolve()
+            if not path.is_file() and packaged_file(dataset).is_file():  # a dataset shipped with tokenload
+                path = packaged_file(dataset)
             if not path.is_file():
                 raise ctx.fail(f"{w} dataset", f"file {path} does not exist")
             dataset = str(path)
+            load_dataset(dataset)  # every row checked now, before any load starts
         else:
             tokens = Distribution.parse(d.get("tokens", 256), f"{w} tokens", ctx, floor=max(1, shared))
-        return cls(tokens, dataset, shared, ctx.flag(d, "calibrate", w, True))
+        return cls(tokens, dataset, shared, ctx.flag(d, "calibrate", w, True), order)
 
 
 @dataclass(frozen=True)
@@ -490,9 +503,14 @@ class Scenario:
 
 def packaged(name: str) -> Path:
     """The path of a scenario shipped with tokenload (`demo` -> .../scenarios/demo.toml)."""
+    return packaged_file(f"{name}.toml")
+
+
+def packaged_file(name: str) -> Path:
+    """The path of a file shipped in tokenload's scenarios folder (scenarios, datasets)."""
     import tokenload.scenarios
 
-    return Path(tokenload.scenarios.__file__).parent / f"{name}.toml"
+    return Path(tokenload.scenarios.__file__).parent / name
 
 
 def load_scenario(path: str | Path) -> Scenario:
