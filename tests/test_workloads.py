@@ -280,3 +280,63 @@ def test_coding_dataset_is_generated_by_its_script() -> None:
     finally:
         sys.path.pop(0)
     assert make_coding_dataset.OUT.read_text(encoding="utf-8") == make_coding_dataset.render()
+
+
+# ---------------------------------------------------------------------------------------------- traces
+
+BURSTGPT_CSV = """Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
+5.0,ChatGPT,40,6,46,Conversation log
+5.3,ChatGPT,120,4,124,Conversation log
+5.9,GPT-4,64,8,72,Conversation log
+6.0,ChatGPT,30,3,33,Conversation log
+7.2,ChatGPT,200,5,205,Conversation log
+8.0,GPT-4,16,2,18,Conversation log
+"""
+
+
+def test_trace_replay_at_speed_2_sends_each_request_at_half_its_offset(tmp_path: Path) -> None:
+    (tmp_path / "burst.csv").write_text(BURSTGPT_CSV)
+    df, truth, run_dir = _run(tmp_path, """
+[output]
+ignore_eos = true
+[load]
+kind = "trace"
+trace = "burst.csv"
+speed = 2
+max_users = 8
+[stop]
+drain_s = 5
+""")
+    assert len(df) == 6 and (df.status == "ok").all()
+    df = df.sort_values("scheduled_at")
+    offsets = (df.scheduled_at - df.scheduled_at.iloc[0]).to_numpy()
+    assert offsets == pytest.approx([0.0, 0.15, 0.45, 0.5, 1.1, 1.5], abs=1e-3)
+    assert df.input_tokens.tolist() == [40, 120, 64, 30, 200, 16]  # the simulator counts what we send exactly
+    assert df.max_tokens.tolist() == df.output_tokens.tolist() == [6, 4, 8, 3, 5, 2]
+    lateness = json.loads((run_dir / "manifest.json").read_text())["open_loop_lateness"]
+    assert lateness["p99_s"] < 0.25 and (df.late_s < 0.25).all()  # generous: the machine is shared
+
+
+def test_trace_formats_gaps_and_units(tmp_path: Path) -> None:
+    from tokenload.load.traces import TraceRow, load_trace
+
+    (tmp_path / "gaps.jsonl").write_text('{"interval_s": 0, "input_tokens": 5, "output_tokens": 1}\n'
+                                         '{"interval_s": 0.25, "input_tokens": 6, "output_tokens": 2}\n')
+    (tmp_path / "mooncake.jsonl").write_text('{"timestamp": 1500, "input_length": 9, "output_length": 3}\n'
+                                             '{"timestamp": 0, "input_length": 7, "output_length": 4}\n')
+    assert load_trace(str(tmp_path / "gaps.jsonl")) == (TraceRow(0.0, 5, 1), TraceRow(0.25, 6, 2))
+    with pytest.raises(Exception, match="lies before the first row"):
+        load_trace(str(tmp_path / "mooncake.jsonl"), "ms")
+    (tmp_path / "mooncake.jsonl").write_text('{"timestamp": 0, "input_length": 7, "output_length": 4}\n'
+                                             '{"timestamp": 1500, "input_length": 9, "output_length": 3}\n')
+    assert load_trace(str(tmp_path / "mooncake.jsonl"), "ms") == (TraceRow(0.0, 7, 4), TraceRow(1.5, 9, 3))
+
+
+def test_malformed_trace_row_names_file_and_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_text("timestamp,input_tokens,output_tokens\n0,10,2\n1,ten,2\n")
+    scenario = write_scenario(tmp_path, '[load]\nkind = "trace"\ntrace = "t.csv"\n')
+    result = subprocess.run([sys.executable, "-m", "tokenload", "run", str(scenario), "--base-url",
+                             "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f'tokenload: error: trace {tmp_path / "t.csv"} line 3: input: expected a number, got "ten"']

@@ -86,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
     if args.processes < 0 or (args.processes and (args.master or args.worker)):
         raise ConfigError("--processes N needs N >= 1 and cannot be combined with --master or --worker")
     scenario = load_scenario(args.scenario)
+    if scenario.load.kind == "trace" and (args.processes or args.master or args.worker):
+        raise ConfigError("a trace replay runs in one Locust process (every process would send the whole trace); "
+                          "drop --processes / --master / --worker")
     section = scenario.channel
     for flag, value in (("protocol", section.protocol), ("base_url", section.base_url)):
         if getattr(args, flag) is None and value is not None:

@@ -38,6 +38,7 @@ from tokenload.load.control import LoadState, RunControl, install_step_listener
 from tokenload.load.lag import LagProbe
 from tokenload.load.prompts import PromptSource
 from tokenload.load.scenario import Scenario, load_scenario
+from tokenload.load.traces import TraceArrivals, load_trace
 from tokenload.load.transport import Transport
 from tokenload.load.user import Arrivals, ProcessContext
 from tokenload.protocols import adapter_for
@@ -124,6 +125,9 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
     arrivals = None
     if load.kind == "poisson":
         arrivals = Arrivals(state, random.Random(f"{scenario.seed}:arrivals:{salt}"), load.arrival == "poisson")
+    elif load.kind == "trace":
+        assert load.trace is not None
+        arrivals = TraceArrivals(state, load_trace(load.trace, load.time_unit), load.speed)
     ctx = ProcessContext(
         run_id=opts.run_id,
         worker=worker,

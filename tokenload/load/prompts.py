@@ -20,6 +20,7 @@ from tokenload.load.datasets import load_dataset
 from tokenload.load.sampling import Sampler
 from tokenload.load.scenario import Scenario
 from tokenload.load.sessions import Session, Sessions
+from tokenload.load.traces import TraceRow
 from tokenload.protocols.base import Conversation
 from tokenload.tokens import estimate_tokens, synth_prompt
 
@@ -90,11 +91,15 @@ class PromptSource:
         self.calibration = Calibration()
         self.sessions = Sessions(scenario.session, scenario.seed, salt, rng) if scenario.session else None
 
-    def next(self, session: Session | None = None) -> RequestPlan:
-        """The next request: the next turn of `session` when given, else an independent prompt."""
+    def next(self, session: Session | None = None, row: TraceRow | None = None) -> RequestPlan:
+        """The next request: the next turn of `session`, a trace row's lengths, or an independent prompt."""
         n = next(self._n)
         model = self._models[0] if len(self._models) == 1 else self._rng.choice(self._models)
         max_tokens = self._max_tokens.draw()
+        if row is not None:
+            prompt = self._synth(row.input_tokens, n, self._prefix)
+            return RequestPlan(model, Conversation.single(prompt), row.input_tokens, estimate_tokens(prompt),
+                               row.output_tokens)
         if session is not None:
             assert self.sessions is not None
             text = self._synth(self.sessions.user_tokens.draw(), n, "")

@@ -38,7 +38,7 @@ from typing import Any
 from tokenload.channel import Channel
 from tokenload.errors import ConfigError, HarnessError
 from tokenload.load import handoff, lag, records
-from tokenload.load.scenario import Scenario
+from tokenload.load.scenario import OPEN_LOOP_KINDS, Scenario
 from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
 
 RUN_INFO = "run.json"
@@ -286,7 +286,7 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None) -
 
 def _lateness(table: Any, scenario: dict[str, Any]) -> dict[str, Any]:
     """How late open-loop sends were against their schedule (empty for closed loop)."""
-    if (scenario.get("load") or {}).get("kind") != "poisson" or not len(table):
+    if (scenario.get("load") or {}).get("kind") not in OPEN_LOOP_KINDS or not len(table):
         return {}
     import numpy as np
 

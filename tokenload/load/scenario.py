@@ -50,7 +50,7 @@ Schema (all sections optional except `[load]`):
     min_tokens = 0                # sent as "min_tokens" when > 0
 
     [load]
-    kind = "steps"                # steps | constant | poisson
+    kind = "steps"                # steps | constant | poisson | trace
     users = [1, 2, 4]             # steps: list, or {start=1, factor=2, max=64}; constant: one number
     step_s = 10                   # steps/poisson: hold time of each level; constant: duration
     spawn_rate = 100              # users started per second
@@ -58,6 +58,10 @@ Schema (all sections optional except `[load]`):
     rate = 5.0                    # poisson: requests/s, or a list of rates stepped every step_s
     max_users = 64                # poisson: user pool that sends the scheduled requests
     arrival = "poisson"           # poisson | constant (evenly spaced)
+    trace = "trace.jsonl"         # trace: JSONL or CSV rows with a timestamp (or interval_s) and input and
+                                  # output token counts (BurstGPT, Mooncake columns understood)
+    speed = 1.0                   # trace: replay this many times faster (2 = each request at half its offset)
+    time_unit = "s"               # trace: unit of the timestamps, s or ms (intervals are always seconds)
 
     [stop]
     duration_s = 0                # cap on the whole run; 0 = the load plan's length
@@ -93,7 +97,8 @@ DISTRIBUTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "lognormal": (("median", "sigma"), ("min", "max")),
     "sweep": (("values",), ()),
 }
-LOAD_KINDS = ("steps", "constant", "poisson")
+LOAD_KINDS = ("steps", "constant", "poisson", "trace")
+OPEN_LOOP_KINDS = ("poisson", "trace")
 DATASET_ORDERS = ("sequential", "shuffle")
 ARRIVALS = ("poisson", "constant")
 
@@ -338,19 +343,24 @@ class LoadSection:
     rate: tuple[float, ...] = ()
     max_users: int = 0
     arrival: str = "poisson"
+    trace: str | None = None
+    speed: float = 1.0
+    time_unit: str = "s"
 
     @classmethod
-    def parse(cls, data: Any, ctx: _Ctx) -> LoadSection:
+    def parse(cls, data: Any, ctx: _Ctx, base_dir: Path = Path()) -> LoadSection:
         w = "[load]"
         if data is None:
             raise ctx.fail(w, "missing; every scenario needs a [load] section")
-        d = ctx.table(data, w, ("kind", "users", "step_s", "spawn_rate", "think_time_s", "rate", "max_users", "arrival"))
+        d = ctx.table(data, w, ("kind", "users", "step_s", "spawn_rate", "think_time_s", "rate", "max_users", "arrival",
+                                "trace", "speed", "time_unit"))
         kind = ctx.text(d, "kind", w, "steps", choices=LOAD_KINDS)
         assert kind is not None
         allowed = {
             "steps": {"users", "step_s", "spawn_rate", "think_time_s"},
             "constant": {"users", "step_s", "spawn_rate", "think_time_s"},
             "poisson": {"rate", "step_s", "spawn_rate", "max_users", "arrival"},
+            "trace": {"trace", "speed", "time_unit", "spawn_rate", "max_users"},
         }[kind]
         extra = sorted(set(d) - allowed - {"kind"})
         if extra:
@@ -360,6 +370,21 @@ class LoadSection:
             step_s=ctx.number(d, "step_s", w, 10.0, above=0),
             spawn_rate=ctx.number(d, "spawn_rate", w, 100.0, above=0),
         )
+        if kind == "trace":
+            from tokenload.load.traces import TIME_UNITS, load_trace, trace_span_s
+
+            trace = ctx.text(d, "trace", w)
+            if trace is None:
+                raise ctx.fail(f"{w} trace", "missing; kind = \"trace\" replays a trace file (JSONL or CSV)")
+            path = (base_dir / trace).resolve()
+            if not path.is_file():
+                raise ctx.fail(f"{w} trace", f"file {path} does not exist")
+            speed = ctx.number(d, "speed", w, 1.0, above=0)
+            unit = ctx.text(d, "time_unit", w, "s", choices=tuple(TIME_UNITS)) or "s"
+            rows = load_trace(str(path), unit)  # every row checked now, before any load starts
+            span = trace_span_s(rows, speed)
+            return cls(**{**common, "step_s": span}, rate=(len(rows) / span,), trace=str(path), speed=speed,
+                       time_unit=unit, max_users=ctx.number(d, "max_users", w, 64, integer=True, minimum=1))
         if kind == "poisson":
             rate = d.get("rate")
             rates = rate if isinstance(rate, list) else [rate]
@@ -377,6 +402,9 @@ class LoadSection:
 
     def to_dict(self) -> dict[str, Any]:
         """Only the keys this kind uses, so the dict parses back to the same section."""
+        if self.kind == "trace":
+            return {"kind": self.kind, "trace": self.trace, "speed": self.speed, "time_unit": self.time_unit,
+                    "spawn_rate": self.spawn_rate, "max_users": self.max_users}
         out: dict[str, Any] = {"kind": self.kind, "step_s": self.step_s, "spawn_rate": self.spawn_rate}
         if self.kind == "poisson":
             return {**out, "rate": list(self.rate), "max_users": self.max_users, "arrival": self.arrival}
@@ -385,7 +413,7 @@ class LoadSection:
 
     def limit_users(self, cap: int) -> LoadSection:
         """`--users N`: constant runs N users, a ramp stops at N, a Poisson pool holds N."""
-        if self.kind == "poisson":
+        if self.kind in OPEN_LOOP_KINDS:
             return dataclasses.replace(self, max_users=cap)
         if self.kind == "constant":
             return dataclasses.replace(self, users=(cap,))
@@ -457,6 +485,8 @@ class Scenario:
         d = ctx.table(data, "top level", ("name", "description", "seed", "channel", "prompt", "session", "output", "load",
                                           "stop"))
         session = SessionSection.parse(d["session"], ctx) if "session" in d else None
+        if session is not None and isinstance(d.get("load"), dict) and d["load"].get("kind") == "trace":
+            raise ctx.fail("[session]", "a trace replay sends the trace's own lengths; remove [session]")
         return cls(
             session=session,
             name=ctx.text(d, "name", "top level", default_name) or default_name,
@@ -465,7 +495,7 @@ class Scenario:
             channel=ChannelSection.parse(d.get("channel"), ctx),
             prompt=PromptSection.parse(d.get("prompt"), ctx, base_dir, session is not None),
             output=OutputSection.parse(d.get("output"), ctx),
-            load=LoadSection.parse(d.get("load"), ctx),
+            load=LoadSection.parse(d.get("load"), ctx, base_dir),
             stop=StopSection.parse(d.get("stop"), ctx),
         )
 

@@ -9,6 +9,8 @@ one shape class and one set of stop conditions:
 - `poisson`: open loop; a fixed pool of `max_users` sends requests at scheduled
   arrival times (rate per phase), so a slow channel cannot slow the arrivals
   down (no coordinated omission). Users record how late each send was.
+- `trace`: open loop; one phase as long as the trace (at its mean rate) in which
+  the users send each recorded request at its offset / speed.
 
 The shape runs only on the master (or the local runner). Each tick it checks
 the stop conditions (`[stop]`: duration, request count, token budget, and the
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 
 from locust import LoadTestShape
 
-from tokenload.load.scenario import Scenario
+from tokenload.load.scenario import OPEN_LOOP_KINDS, Scenario
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +42,7 @@ class Phase:
 def build_plan(scenario: Scenario) -> list[Phase]:
     """The scenario's phases, cut at `[stop] duration_s` when set."""
     load = scenario.load
-    if load.kind == "poisson":
+    if load.kind in OPEN_LOOP_KINDS:  # a trace is one phase at its mean rate
         levels = [(load.max_users, r) for r in load.rate]
     else:
         levels = [(u, None) for u in load.users]

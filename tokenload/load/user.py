@@ -34,6 +34,7 @@ from tokenload.load.control import E2E, REQUEST_TYPE, TPOT, TTFT, LoadState
 from tokenload.load.prompts import PromptSource
 from tokenload.load.records import SegmentWriter
 from tokenload.load.sessions import Session
+from tokenload.load.traces import TraceArrivals, TraceRow
 from tokenload.load.transport import Transport
 from tokenload.measure import TOKEN_TEXT
 from tokenload.protocols.base import Protocol
@@ -99,7 +100,7 @@ class ProcessContext:
     prompts: PromptSource
     writer: SegmentWriter
     state: LoadState
-    arrivals: Arrivals | None
+    arrivals: Arrivals | TraceArrivals | None
     extra_body: dict[str, Any]
     think_time_s: float
 
@@ -149,16 +150,21 @@ class LLMUser(User):
         if budget is not None and not budget.admit():
             self.parked = True  # this process's share of the limits is spent: wait for the stop
             return
-        scheduled = ctx.arrivals.wait() if ctx.arrivals is not None else time.time()
+        row: TraceRow | None = None
+        if isinstance(ctx.arrivals, TraceArrivals):
+            slot = ctx.arrivals.wait_row()
+            scheduled, row = slot if slot is not None else (None, None)
+        else:
+            scheduled = ctx.arrivals.wait() if ctx.arrivals is not None else time.time()
         if scheduled is None:  # the open-loop plan is over: no more sends, wait for the stop
             self.parked = True
             return
-        self.send(scheduled)
+        self.send(scheduled, row)
 
-    def send(self, scheduled_at: float) -> None:
+    def send(self, scheduled_at: float, row: TraceRow | None = None) -> None:
         ctx = self.ctx
         conversation = self._session()
-        plan = ctx.prompts.next(conversation)
+        plan = ctx.prompts.next(conversation, row)
         adapter = ctx.adapters[plan.model]
         step, users, budget = ctx.state.step, ctx.state.users, ctx.state.budget
         answer: list[str] = []
