@@ -340,3 +340,42 @@ def test_malformed_trace_row_names_file_and_line_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f'tokenload: error: trace {tmp_path / "t.csv"} line 3: input: expected a number, got "ten"']
+
+
+# -------------------------------------------------------------------------------------- arrival shapes
+
+OPEN_LOOP = """
+seed = 7
+[prompt]
+tokens = 8
+[output]
+max_tokens = 1
+[load]
+kind = "poisson"
+rate = {rate}
+step_s = {step_s}
+max_users = 64
+{extra}
+[stop]
+drain_s = 3
+"""
+
+
+@pytest.mark.parametrize("burstiness", [0.5, 2.0])
+def test_gamma_arrivals_have_the_burstiness_coefficient_of_variation(tmp_path: Path, burstiness: float) -> None:
+    """vLLM's --burstiness: gamma gaps with shape b and mean 1/rate have CV sqrt(1/b) (1 = Poisson)."""
+    df, _, _ = _run(tmp_path, OPEN_LOOP.format(rate=150, step_s=6,
+                                               extra=f'arrival = "gamma"\nburstiness = {burstiness}'))
+    assert (df.status == "ok").all() and len(df) > 600
+    gaps = df.scheduled_at.sort_values().diff().dropna()
+    assert gaps.mean() == pytest.approx(1 / 150, rel=0.1)
+    assert gaps.std() / gaps.mean() == pytest.approx((1 / burstiness) ** 0.5, rel=0.10)
+
+
+@pytest.mark.parametrize(("ramp", "ratio"), [("none", 1.0), ("linear", 2.38), ("exponential", 3.16)])
+def test_rate_ramps_within_a_step(tmp_path: Path, ramp: str, ratio: float) -> None:
+    """Ramping from a tenth of the rate to the rate over the step: sends in its 2nd half / its 1st half."""
+    df, _, _ = _run(tmp_path, OPEN_LOOP.format(rate=100, step_s=4, extra=f'ramp = "{ramp}"'))
+    t = df.scheduled_at - df.scheduled_at.min()
+    first, second = int((t < 2).sum()), int(((t >= 2) & (t < 4)).sum())
+    assert second / first == pytest.approx(ratio, rel=0.25)

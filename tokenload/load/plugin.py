@@ -124,7 +124,9 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
     load = scenario.load
     arrivals = None
     if load.kind == "poisson":
-        arrivals = Arrivals(state, random.Random(f"{scenario.seed}:arrivals:{salt}"), load.arrival == "poisson")
+        # Seeded by the worker id: a single-process run repeats its schedule exactly, workers differ.
+        arrivals = Arrivals(state, random.Random(f"{scenario.seed}:arrivals:{worker}"), load.arrival, load.burstiness,
+                            load.ramp, load.step_s)
     elif load.kind == "trace":
         assert load.trace is not None
         arrivals = TraceArrivals(state, load_trace(load.trace, load.time_unit), load.speed)

@@ -57,7 +57,10 @@ Schema (all sections optional except `[load]`):
     think_time_s = 0              # closed loop: pause between a user's requests
     rate = 5.0                    # poisson: requests/s, or a list of rates stepped every step_s
     max_users = 64                # poisson: user pool that sends the scheduled requests
-    arrival = "poisson"           # poisson | constant (evenly spaced)
+    arrival = "poisson"           # poisson | constant (evenly spaced) | gamma (bursty, as vLLM's --burstiness)
+    burstiness = 1.0              # gamma: shape factor; 1 = Poisson, < 1 burstier, > 1 more even (CV = 1/sqrt(b))
+    ramp = "none"                 # poisson: none | linear | exponential rise of the rate within each step, from
+                                  # the previous step's rate (the first step from a tenth of its own)
     trace = "trace.jsonl"         # trace: JSONL or CSV rows with a timestamp (or interval_s) and input and
                                   # output token counts (BurstGPT, Mooncake columns understood)
     speed = 1.0                   # trace: replay this many times faster (2 = each request at half its offset)
@@ -100,7 +103,8 @@ DISTRIBUTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 LOAD_KINDS = ("steps", "constant", "poisson", "trace")
 OPEN_LOOP_KINDS = ("poisson", "trace")
 DATASET_ORDERS = ("sequential", "shuffle")
-ARRIVALS = ("poisson", "constant")
+ARRIVALS = ("poisson", "constant", "gamma")
+RAMPS = ("none", "linear", "exponential")
 
 
 class _Ctx:
@@ -343,6 +347,8 @@ class LoadSection:
     rate: tuple[float, ...] = ()
     max_users: int = 0
     arrival: str = "poisson"
+    burstiness: float = 1.0
+    ramp: str = "none"
     trace: str | None = None
     speed: float = 1.0
     time_unit: str = "s"
@@ -353,13 +359,13 @@ class LoadSection:
         if data is None:
             raise ctx.fail(w, "missing; every scenario needs a [load] section")
         d = ctx.table(data, w, ("kind", "users", "step_s", "spawn_rate", "think_time_s", "rate", "max_users", "arrival",
-                                "trace", "speed", "time_unit"))
+                                "burstiness", "ramp", "trace", "speed", "time_unit"))
         kind = ctx.text(d, "kind", w, "steps", choices=LOAD_KINDS)
         assert kind is not None
         allowed = {
             "steps": {"users", "step_s", "spawn_rate", "think_time_s"},
             "constant": {"users", "step_s", "spawn_rate", "think_time_s"},
-            "poisson": {"rate", "step_s", "spawn_rate", "max_users", "arrival"},
+            "poisson": {"rate", "step_s", "spawn_rate", "max_users", "arrival", "burstiness", "ramp"},
             "trace": {"trace", "speed", "time_unit", "spawn_rate", "max_users"},
         }[kind]
         extra = sorted(set(d) - allowed - {"kind"})
@@ -390,9 +396,13 @@ class LoadSection:
             rates = rate if isinstance(rate, list) else [rate]
             if rate is None or not rates or any(isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0 for r in rates):
                 raise ctx.fail(f"{w} rate", f"expected requests/s > 0 or a list of them, got {_show(rate)}")
+            arrival = ctx.text(d, "arrival", w, "poisson", choices=ARRIVALS) or "poisson"
+            if "burstiness" in d and arrival != "gamma":
+                raise ctx.fail(f"{w} burstiness", 'only applies to arrival = "gamma"')
             return cls(**common, rate=tuple(float(r) for r in rates),
-                       max_users=ctx.number(d, "max_users", w, 64, integer=True, minimum=1),
-                       arrival=ctx.text(d, "arrival", w, "poisson", choices=ARRIVALS) or "poisson")
+                       max_users=ctx.number(d, "max_users", w, 64, integer=True, minimum=1), arrival=arrival,
+                       burstiness=ctx.number(d, "burstiness", w, 1.0, above=0),
+                       ramp=ctx.text(d, "ramp", w, "none", choices=RAMPS) or "none")
         think = ctx.number(d, "think_time_s", w, 0.0, minimum=0)
         if kind == "constant":
             users = (ctx.number(d, "users", w, 1, integer=True, minimum=1),)
@@ -407,7 +417,9 @@ class LoadSection:
                     "spawn_rate": self.spawn_rate, "max_users": self.max_users}
         out: dict[str, Any] = {"kind": self.kind, "step_s": self.step_s, "spawn_rate": self.spawn_rate}
         if self.kind == "poisson":
-            return {**out, "rate": list(self.rate), "max_users": self.max_users, "arrival": self.arrival}
+            extra = {"burstiness": self.burstiness} if self.arrival == "gamma" else {}
+            return {**out, "rate": list(self.rate), "max_users": self.max_users, "arrival": self.arrival, **extra,
+                    "ramp": self.ramp}
         users: Any = self.users[0] if self.kind == "constant" else list(self.users)
         return {**out, "users": users, "think_time_s": self.think_time_s}
 

@@ -45,19 +45,29 @@ PARK_S = 3600.0
 
 
 class Arrivals:
-    """Open-loop send times for this process: Poisson (or evenly spaced) at the current rate.
+    """Open-loop send times for this process: Poisson, evenly spaced or gamma at the current rate.
 
     The schedule starts at each phase's start on the shape's clock (`LoadState.started_at`),
     so users that start a little later send the first slots late (and record it) instead
     of shifting the whole schedule; slots at or after the plan's end are never sent.
+    Gamma gaps have shape `burstiness` and mean 1/rate (vLLM's `--burstiness`): the gaps'
+    coefficient of variation is 1/sqrt(burstiness), 1 being Poisson. With a `ramp` the rate
+    rises within each phase from the previous phase's rate (the first phase from a tenth
+    of its own), linearly or exponentially; each gap is drawn at the rate of its start.
     """
 
-    def __init__(self, state: LoadState, rng: random.Random, poisson: bool) -> None:
+    def __init__(self, state: LoadState, rng: random.Random, arrival: str = "poisson", burstiness: float = 1.0,
+                 ramp: str = "none", step_s: float = 0.0) -> None:
         self._state = state
         self._rng = rng
-        self._poisson = poisson
+        self._arrival = arrival
+        self._burstiness = burstiness
+        self._ramp = ramp
+        self._step_s = step_s
         self._next: float | None = None
         self._phase_start: float | None = None
+        self._phase_rate: float | None = None
+        self._ramp_from = 0.0
         self._lock = Semaphore()
 
     def wait(self) -> float | None:
@@ -66,6 +76,9 @@ class Arrivals:
             state = self._state
             if state.started_at != self._phase_start:  # a new phase: its schedule starts at its start
                 self._phase_start = state.started_at
+                rate = state.rate or 1.0
+                self._ramp_from = self._phase_rate if self._phase_rate is not None else rate / 10
+                self._phase_rate = rate
                 start = state.started_at or time.time()
                 if self._next is None or self._next > start:
                     self._next = start
@@ -76,10 +89,23 @@ class Arrivals:
             now = time.time()
             if due > now:
                 gevent.sleep(due - now)
-            rate = self._state.rate or 1.0
-            gap = self._rng.expovariate(rate) if self._poisson else 1.0 / rate
-            self._next = due + gap
+            self._next = due + self._gap(self._rate_at(due))
             return due
+
+    def _rate_at(self, t: float) -> float:
+        rate = self._state.rate or 1.0
+        if self._ramp == "none" or not self._step_s or self._phase_start is None:
+            return rate
+        frac = min(1.0, max(0.0, (t - self._phase_start) / self._step_s))
+        start = self._ramp_from
+        return start + (rate - start) * frac if self._ramp == "linear" else start * (rate / start) ** frac
+
+    def _gap(self, rate: float) -> float:
+        if self._arrival == "constant":
+            return 1.0 / rate
+        if self._arrival == "gamma":
+            return self._rng.gammavariate(self._burstiness, 1.0 / (rate * self._burstiness))
+        return self._rng.expovariate(rate)
 
 
 class StreamError(Exception):
