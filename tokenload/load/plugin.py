@@ -41,6 +41,7 @@ from tokenload.load.scenario import Scenario, load_scenario
 from tokenload.load.traces import TraceArrivals, load_trace
 from tokenload.load.transport import Transport
 from tokenload.load.user import Arrivals, ProcessContext
+from tokenload.load.warmup import Warmup
 from tokenload.protocols import adapter_for
 
 FLUSH_INTERVAL_S = 1.0
@@ -143,6 +144,7 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         arrivals=arrivals,
         extra_body=scenario.output.extra_body(),
         think_time_s=load.think_time_s,
+        warmup=Warmup(load.warmup_requests, load.warmup_s) if load.warmup_requests or load.warmup_s else None,
     )
     environment.tokenload_process = ctx  # type: ignore[attr-defined]
     probe = LagProbe()

@@ -51,6 +51,8 @@ Schema (all sections optional except `[load]`):
 
     [load]
     kind = "steps"                # steps | constant | poisson | trace
+    warmup_requests = 0           # each load process's first N requests are warm-up (phase = "warmup" in the
+    warmup_s = 0                  # records, left out of the analysis), and so is all it sends in the first S seconds
     users = [1, 2, 4]             # steps: list, or {start=1, factor=2, max=64}; constant: one number
     step_s = 10                   # steps/poisson: hold time of each level; constant: duration
     spawn_rate = 100              # users started per second
@@ -352,6 +354,8 @@ class LoadSection:
     trace: str | None = None
     speed: float = 1.0
     time_unit: str = "s"
+    warmup_requests: int = 0
+    warmup_s: float = 0.0
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx, base_dir: Path = Path()) -> LoadSection:
@@ -359,7 +363,7 @@ class LoadSection:
         if data is None:
             raise ctx.fail(w, "missing; every scenario needs a [load] section")
         d = ctx.table(data, w, ("kind", "users", "step_s", "spawn_rate", "think_time_s", "rate", "max_users", "arrival",
-                                "burstiness", "ramp", "trace", "speed", "time_unit"))
+                                "burstiness", "ramp", "trace", "speed", "time_unit", "warmup_requests", "warmup_s"))
         kind = ctx.text(d, "kind", w, "steps", choices=LOAD_KINDS)
         assert kind is not None
         allowed = {
@@ -368,13 +372,15 @@ class LoadSection:
             "poisson": {"rate", "step_s", "spawn_rate", "max_users", "arrival", "burstiness", "ramp"},
             "trace": {"trace", "speed", "time_unit", "spawn_rate", "max_users"},
         }[kind]
-        extra = sorted(set(d) - allowed - {"kind"})
+        extra = sorted(set(d) - allowed - {"kind", "warmup_requests", "warmup_s"})
         if extra:
             raise ctx.fail(f"{w} {extra[0]}", f"not used by kind = {kind!r}; its keys: {', '.join(sorted(allowed))}")
         common = dict(
             kind=kind,
             step_s=ctx.number(d, "step_s", w, 10.0, above=0),
             spawn_rate=ctx.number(d, "spawn_rate", w, 100.0, above=0),
+            warmup_requests=ctx.number(d, "warmup_requests", w, 0, integer=True, minimum=0),
+            warmup_s=ctx.number(d, "warmup_s", w, 0.0, minimum=0),
         )
         if kind == "trace":
             from tokenload.load.traces import TIME_UNITS, load_trace, trace_span_s
@@ -412,10 +418,11 @@ class LoadSection:
 
     def to_dict(self) -> dict[str, Any]:
         """Only the keys this kind uses, so the dict parses back to the same section."""
+        warmup = {"warmup_requests": self.warmup_requests, "warmup_s": self.warmup_s}
         if self.kind == "trace":
             return {"kind": self.kind, "trace": self.trace, "speed": self.speed, "time_unit": self.time_unit,
-                    "spawn_rate": self.spawn_rate, "max_users": self.max_users}
-        out: dict[str, Any] = {"kind": self.kind, "step_s": self.step_s, "spawn_rate": self.spawn_rate}
+                    "spawn_rate": self.spawn_rate, "max_users": self.max_users, **warmup}
+        out: dict[str, Any] = {"kind": self.kind, "step_s": self.step_s, "spawn_rate": self.spawn_rate, **warmup}
         if self.kind == "poisson":
             extra = {"burstiness": self.burstiness} if self.arrival == "gamma" else {}
             return {**out, "rate": list(self.rate), "max_users": self.max_users, "arrival": self.arrival, **extra,

@@ -36,6 +36,7 @@ from tokenload.load.records import SegmentWriter
 from tokenload.load.sessions import Session
 from tokenload.load.traces import TraceArrivals, TraceRow
 from tokenload.load.transport import Transport
+from tokenload.load.warmup import MEASURE, Warmup
 from tokenload.measure import TOKEN_TEXT
 from tokenload.protocols.base import Protocol
 from tokenload.stream import StreamSession
@@ -129,6 +130,7 @@ class ProcessContext:
     arrivals: Arrivals | TraceArrivals | None
     extra_body: dict[str, Any]
     think_time_s: float
+    warmup: Warmup | None = None
 
     def __post_init__(self) -> None:
         self._requests = count(1)
@@ -193,6 +195,7 @@ class LLMUser(User):
         plan = ctx.prompts.next(conversation, row)
         adapter = ctx.adapters[plan.model]
         step, users, budget = ctx.state.step, ctx.state.users, ctx.state.budget
+        phase = ctx.warmup.phase(ctx.state) if ctx.warmup is not None else MEASURE
         answer: list[str] = []
         on_text = None if conversation is None else lambda text, kind: answer.append(text) if kind == TOKEN_TEXT else None
         session = StreamSession(adapter, time.perf_counter(), estimated_input_tokens=plan.estimated_input_tokens,
@@ -217,7 +220,7 @@ class LLMUser(User):
                 late_s=max(0.0, record["started_at"] - scheduled_at), protocol=ctx.protocol, model=plan.model,
                 max_tokens=plan.max_tokens, prompt_tokens_target=plan.prompt_tokens_target, in_flight=in_flight,
                 finished_at=None if duration is None else record["started_at"] + duration,
-                session_id=plan.session_id, turn=plan.turn, context_tokens=plan.estimated_input_tokens,
+                session_id=plan.session_id, turn=plan.turn, context_tokens=plan.estimated_input_tokens, phase=phase,
             )
             if conversation is not None:
                 conversation.answered("".join(answer) if record["status"] == "ok" and not in_flight else None)
