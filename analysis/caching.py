@@ -49,13 +49,13 @@ def caching_summary(df: pd.DataFrame) -> dict[str, Any] | None:
     hits = read.fillna(0) > 0
     out: dict[str, Any] = {
         "usage_reported": reported,
-        "requests": int(len(ok)),
+        "requests": len(ok),
         "requests_with_cache_reads": int(hits.sum()),
         "cache_read_tokens": int(read.fillna(0).sum()),
         "cache_creation_tokens": int(created.fillna(0).sum()),
         "input_tokens": int(inputs.sum()),
         "hit_ratio": _ratio(float(read.fillna(0).sum()), float(inputs.sum())) if reported else None,
-        "later_turns": int(len(later)),
+        "later_turns": len(later),
         "later_turns_hit_ratio": (_ratio(float(read[later.index].fillna(0).sum()), float(inputs[later.index].sum()))
                                   if reported else None),
         "ttft_p50_cached_s": _median(ok.loc[hits, "ttft_s"]) if reported else None,
@@ -109,7 +109,7 @@ def report_rows(summary: dict[str, Any]) -> list[list[Any]]:
     return [["verdict", c["verdict"]], ["usage fields reported", c["usage_reported"]],
             ["cache hit ratio (all requests)", c["hit_ratio"]], ["cache hit ratio (later turns)", c["later_turns_hit_ratio"]],
             ["requests with cache reads", f"{c['requests_with_cache_reads']} of {c['requests']}"],
-            ["tokens read / written / input", f"{c['cache_read_tokens']:,} / {c['cache_creation_tokens']:,} / "
-                                              f"{c['input_tokens']:,}"],
+            ["tokens read / written / input",
+             f"{c['cache_read_tokens']:,} / {c['cache_creation_tokens']:,} / {c['input_tokens']:,}"],
             ["TTFT p50 with / without cache reads (s)", f"{c['ttft_p50_cached_s']} / {c['ttft_p50_uncached_s']}"],
             ["TTFT p50 first / later turns (s)", f"{c['ttft_p50_first_turn_s']} / {c['ttft_p50_later_turns_s']}"]]

@@ -68,7 +68,7 @@ def _assistant(rng: random.Random) -> str:
 
 def rows(n: int = ROWS, seed: int = SEED) -> list[dict[str, object]]:
     rng = random.Random(seed)
-    out = []
+    out: list[dict[str, object]] = []
     for _ in range(n):
         turns = rng.randint(1, 4)
         messages: list[dict[str, str]] = []

@@ -15,7 +15,6 @@ from typing import Any
 
 import pandas as pd
 import pytest
-
 from loadkit import run_cli, truth_frame, write_scenario
 
 from tokenload.sim import launch

@@ -123,8 +123,8 @@ def stream_exchange(
     own = client is None
     http = client or httpx.Client(timeout=timeouts(channel), follow_redirects=False)
     t0 = time.perf_counter()
-    texts = [prompt] if isinstance(prompt, str) else prompt.texts()
-    session = StreamSession(adapter, t0, estimated_input_tokens=sum(map(estimate_tokens, texts)), on_text=on_text)
+    estimate = estimate_tokens(prompt) if isinstance(prompt, str) else prompt.estimated_tokens()
+    session = StreamSession(adapter, t0, estimated_input_tokens=estimate, on_text=on_text)
     tl = session.timeline
     deadline = _Deadline(t0 + channel.first_token_timeout_s)
 

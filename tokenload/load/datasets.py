@@ -83,10 +83,11 @@ def parse_row(obj: Any) -> DatasetRow:
         turns = _turns(obj["messages"], "role", "content")
         if obj.get("system"):
             turns.insert(0, ("system", _text(obj["system"])))
-    elif isinstance(obj.get("prompt", obj.get("text")), str) and obj.get("prompt", obj.get("text")):
-        turns = [("user", obj.get("prompt", obj.get("text")))]
     else:
-        raise _RowError(f"expected an object like {_SHAPES}")
+        prompt = obj.get("prompt", obj.get("text"))
+        if not isinstance(prompt, str) or not prompt:
+            raise _RowError(f"expected an object like {_SHAPES}")
+        turns = [("user", prompt)]
     system = "\n\n".join(text for role, text in turns if role == "system")
     messages = [(role, text) for role, text in turns if role != "system" and text]
     while messages and messages[0][0] != "user":  # APIs want the user first (ShareGPT rows may open with the bot)

@@ -123,7 +123,7 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
     salt = random.SystemRandom().getrandbits(31)
     state: LoadState = environment.tokenload_state  # type: ignore[attr-defined]
     load = scenario.load
-    arrivals = None
+    arrivals: Arrivals | TraceArrivals | None = None
     if load.kind == "poisson":
         # Seeded by the worker id: a single-process run repeats its schedule exactly, workers differ.
         arrivals = Arrivals(state, random.Random(f"{scenario.seed}:arrivals:{worker}"), load.arrival, load.burstiness,

@@ -104,16 +104,16 @@ class PromptSource:
             assert self.sessions is not None
             text = self._synth(self.sessions.user_tokens.draw(), n, "")
             conversation = session.ask(text)
-            estimate = sum(estimate_tokens(t) for t in conversation.texts())
+            estimate = conversation.estimated_tokens()
             return RequestPlan(model, conversation, estimate, estimate, max_tokens, session.session_id, session.turn)
         if self._dataset is not None:
-            row = self._dataset[n % len(self._dataset)]
-            *history, (_, text) = row.conversation.messages
+            data = self._dataset[n % len(self._dataset)]
+            *history, (_, text) = data.conversation.messages
             if not self._prefix:  # unique per request: a prompt cache may only reuse the row's history
                 text = f"[{self._salt}-{n}] {text}"
-            conversation = dataclasses.replace(row.conversation, messages=(*history, ("user", text)))
-            estimate = sum(estimate_tokens(t) for t in conversation.texts())
-            return RequestPlan(model, conversation, estimate, estimate, row.max_tokens or max_tokens)
+            conversation = dataclasses.replace(data.conversation, messages=(*history, ("user", text)))
+            estimate = conversation.estimated_tokens()
+            return RequestPlan(model, conversation, estimate, estimate, data.max_tokens or max_tokens)
         assert self._tokens is not None
         target = self._tokens.draw()
         prompt = self._synth(target, n, self._prefix)

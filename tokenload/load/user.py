@@ -41,7 +41,6 @@ from tokenload.measure import TOKEN_TEXT
 from tokenload.protocols.base import Protocol
 from tokenload.stream import StreamSession
 
-
 PARK_S = 3600.0
 
 

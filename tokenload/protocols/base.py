@@ -19,6 +19,7 @@ from tokenload import errors as ek
 from tokenload.channel import Channel
 from tokenload.measure import Timeline
 from tokenload.sse import SSEEvent
+from tokenload.tokens import estimate_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +43,12 @@ class Conversation:
         return cls((("user", prompt),))
 
     def texts(self) -> list[str]:
-        """Every text sent, in wire order (for local token estimates)."""
+        """Every text sent, in wire order."""
         return ([self.system] if self.system else []) + [text for _, text in self.messages]
+
+    def estimated_tokens(self) -> int:
+        """The local estimate of the whole context's tokens (system prompt and history included)."""
+        return sum(estimate_tokens(text) for text in self.texts())
 
 
 @dataclass(frozen=True, slots=True)
