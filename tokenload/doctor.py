@@ -105,7 +105,7 @@ class Limits:
     timeout_s: float = 20.0  # connect, first token and stall timeout of every request
     prompt_tokens: int = 1000  # the latency probe's prompt; the comparison probe is a few tokens
     probe_tokens: int = 32  # output tokens the latency probe asks for
-    cache_prefix_tokens: int = 2048  # the caching check's prefix: above every provider's minimum cacheable length
+    cache_prefix_tokens: int = 4500  # the caching check's prefix: above every provider's minimum (up to 4,096)
 
 
 @dataclass

@@ -89,7 +89,7 @@ class PromptSource:
         self._prefix = synth_prompt(shared, seed=scenario.seed) if shared else ""
         self._calibrate = scenario.prompt.calibrate
         self.calibration = Calibration()
-        self.sessions = Sessions(scenario.session, scenario.seed, salt, rng) if scenario.session else None
+        self.sessions = Sessions(scenario.session, scenario.seed, rng) if scenario.session else None
 
     def next(self, session: Session | None = None, row: TraceRow | None = None) -> RequestPlan:
         """The next request: the next turn of `session`, a trace row's lengths, or an independent prompt."""

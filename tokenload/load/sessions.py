@@ -61,12 +61,11 @@ class Session:
 class Sessions:
     """Per-process factory of sessions and their user messages (draws are seeded, texts unique)."""
 
-    def __init__(self, section: SessionSection, seed: int, salt: int, rng: random.Random) -> None:
+    def __init__(self, section: SessionSection, seed: int, rng: random.Random) -> None:
         self.section = section
         self._turns = Sampler(section.turns, rng)
         self.user_tokens = Sampler(section.user_tokens, rng)
         self.system = synth_prompt(section.system_tokens, seed=seed ^ _SYSTEM_SEED) if section.system_tokens else ""
-        self._salt = salt
         self._n = count(1)
 
     @property

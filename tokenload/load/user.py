@@ -196,9 +196,13 @@ class LLMUser(User):
         step, users, budget = ctx.state.step, ctx.state.users, ctx.state.budget
         phase = ctx.warmup.phase(ctx.state) if ctx.warmup is not None else MEASURE
         answer: list[str] = []
-        on_text = None if conversation is None else lambda text, kind: answer.append(text) if kind == TOKEN_TEXT else None
+
+        def keep_answer(text: str, kind: str) -> None:  # a session's next turn resends the answer as it streamed
+            if kind == TOKEN_TEXT:
+                answer.append(text)
+
         session = StreamSession(adapter, time.perf_counter(), estimated_input_tokens=plan.estimated_input_tokens,
-                                on_text=on_text)
+                                on_text=None if conversation is None else keep_answer)
         in_flight = False
         try:
             request = adapter.prepare(plan.conversation, plan.max_tokens, ctx.extra_body)
