@@ -26,6 +26,11 @@ Behaviour model (all times scale with model size and `load`):
     thinking blocks, OpenAI `reasoning_content` / Responses reasoning text) come
     first and count as output. Input tokens are `tokenload.tokens.estimate_tokens`
     of all prompt text; output text is one word per token.
+  * Prompt caching: each model keeps an LRU prefix cache (`prefix_cache_tokens`,
+    16-token blocks); tokens read from it skip prefill. Anthropic requests cache
+    up to their last `cache_control` breakpoint only, OpenAI ones automatically;
+    usage reports them as `cache_read_input_tokens` / `cache_creation_input_tokens`
+    (Anthropic) or `prompt_tokens_details` / `input_tokens_details.cached_tokens`.
   * Rate limits (rpm, tpm, concurrency) answer 429 + retry-after + the protocol's body.
   * Faults by profile rate or by prompt marker; every request gets a truth line.
 
@@ -38,13 +43,14 @@ request. Kinds (N/2 = half the planned output):
 Truth file (`--truth FILE`): one JSON line per request, flushed as written, with
 request_id (also the `x-request-id` / `request-id` response headers), path,
 protocol, model, status, arrival, admitted, first_token, last_token (unix
-seconds), input_tokens, output_tokens (tokens actually written),
+seconds), input_tokens, cached_tokens and cache_creation_tokens (of the input,
+read from and written to the prefix cache), output_tokens (tokens actually written),
 planned_output_tokens, thinking_tokens, max_tokens, stream, fault, queue_s,
 replica, outcome (ok, client_closed, disconnect, reset, error_event,
 no_final_chunk) and error (the error kind of an early answer).
 
 Profile knobs (TOML keys; built-in profiles: default, fast, offpeak, peak,
-ratelimited; `extends = "NAME"` inherits):
+ratelimited, nocache; `extends = "NAME"` inherits):
 {knobs}
 """
 

@@ -368,6 +368,7 @@ def _record(request_id: str, request: Request, protocol: str | None) -> dict[str
         "request_id": request_id, "path": request.path, "protocol": protocol, "model": None,
         "status": None, "arrival": request.arrival, "admitted": None, "first_token": None, "last_token": None,
         "input_tokens": None, "output_tokens": 0, "fault": None, "queue_s": None, "error": None,
+        "cached_tokens": None, "cache_creation_tokens": None,
     }
 
 
