@@ -73,7 +73,7 @@ def _e2e_advice(ttft: float, tpot: float, n_out: float, slo: Slo) -> list[str]:
             f"TPOT <= {_g(need)} s; today {_g(tpot)} s: cap max_tokens at {cap} or use a smaller model"]
 
 
-def diagnose(
+def diagnose_latency(
     *,
     slo: Slo,
     requests: int,

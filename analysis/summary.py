@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from tokenload.analysis.breakpoint import find_breakpoint
-from tokenload.analysis.diagnosis import diagnose
+from tokenload.analysis.diagnosis import diagnose_latency
 from tokenload.analysis.fits import MIN_FIT_POINTS, linear_dict, linear_fit, ttft_vs_input
 from tokenload.analysis.records import Run
 from tokenload.analysis.steps import (FORMULA_STEP_TOLERANCE, PERCENTILES, Slo, errors_by_kind,
@@ -182,7 +182,7 @@ def summarize(run: Run, slo: Slo = Slo(), low_load_users: int | None = None) -> 
     share = float(ok["ttft_s"].sum() / ok["e2e_s"].sum()) if len(ok) and ok["e2e_s"].sum() > 0 else None
     top = table[table["ok"] > 0].sort_values("active_users").iloc[-1] if len(ok) else None
     high_rows = ok[ok["step"] == top.name] if top is not None else ok
-    diagnosis = diagnose(
+    diagnosis = diagnose_latency(
         slo=slo, requests=int(len(df)), errors_total=int(df["status"].eq("error").sum()),
         errors_by_kind=error_counts, share_ttft=share,
         low=_side(low, table.loc[low_steps, "active_users"].max()) if len(low) else {},

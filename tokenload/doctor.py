@@ -675,7 +675,7 @@ def unreadable(error: ConfigError, env: Mapping[str, str]) -> list[CheckResult]:
     return [first, *rest]
 
 
-def diagnose(
+def diagnose_channel(
     *,
     flags: Mapping[str, str | None],
     env: Mapping[str, str],

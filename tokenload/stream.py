@@ -14,7 +14,7 @@ from typing import Any
 
 from tokenload import errors as ek
 from tokenload.measure import Timeline, measure
-from tokenload.protocols.base import Protocol, classify_http, looks_like_html
+from tokenload.protocols.base import ProtocolAdapter, classify_http, looks_like_html
 from tokenload.sse import SSEDecoder
 
 _MAX_ERROR_BODY = 64 * 1024
@@ -27,7 +27,7 @@ class StreamSession:
 
     def __init__(
         self,
-        adapter: Protocol,
+        adapter: ProtocolAdapter,
         t0: float,
         *,
         estimated_input_tokens: int | None = None,

@@ -34,7 +34,7 @@ from tokenload.load.control import E2E, REQUEST_TYPE, TPOT, TTFT, LoadState
 from tokenload.load.prompts import PromptSource
 from tokenload.load.records import SegmentWriter
 from tokenload.load.transport import Transport
-from tokenload.protocols.base import Protocol
+from tokenload.protocols.base import ProtocolAdapter
 from tokenload.stream import StreamSession
 
 
@@ -92,7 +92,7 @@ class ProcessContext:
     worker: str
     tag: str
     protocol: str
-    adapters: dict[str, Protocol]
+    adapters: dict[str, ProtocolAdapter]
     transport: Transport
     prompts: PromptSource
     writer: SegmentWriter

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenload.measure import TOKEN_OTHER, TOKEN_TEXT, TOKEN_THINKING, Timeline
-from tokenload.protocols.base import Protocol
+from tokenload.protocols.base import ProtocolAdapter
 
 _DELTA_KINDS = {
     "text_delta": ("text", TOKEN_TEXT),
@@ -20,7 +20,7 @@ _DELTA_KINDS = {
 }
 
 
-class AnthropicMessages(Protocol):
+class AnthropicMessages(ProtocolAdapter):
     name = "anthropic"
 
     def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:

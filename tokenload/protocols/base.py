@@ -139,7 +139,7 @@ def classify_http(status: int, content_type: str, body: bytes) -> tuple[str, str
     return ek.MALFORMED_STREAM, f"HTTP {status} {content_type or 'without content-type'}, not an event stream: {message}"
 
 
-class Protocol(ABC):
+class ProtocolAdapter(ABC):
     """One wire format. Subclasses set `name` and implement `body` and `handle`."""
 
     name: str
