@@ -21,7 +21,6 @@ import pandas as pd
 from tokenload.errors import ConfigError
 from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
 
-
 # SPEC.md's "at least" columns. All must exist (a missing one is named in the error),
 # but analysis reads only ANALYSIS_COLUMNS to keep memory low on million-row runs.
 REQUIRED_COLUMNS: tuple[str, ...] = (

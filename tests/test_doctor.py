@@ -20,10 +20,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from fakeserver import Received, Script, body_script, json_script, stream_script
 
 from tokenload.channel import fingerprint, resolve
-from tokenload.doctor import CHECKS, FAIL, OK, SKIP, CheckResult, Doctor, Limits, base_variants, check_config, check_key, diagnose_channel, is_local
+from tokenload.doctor import (
+    CHECKS,
+    FAIL,
+    OK,
+    SKIP,
+    CheckResult,
+    Doctor,
+    Limits,
+    base_variants,
+    check_config,
+    check_key,
+    diagnose_channel,
+    is_local,
+)
 from tokenload.sim import serve_in_thread
 
 KEY = "sk-doctor-7QxWv2LmZr9Tq4Hn"  # distinctive: must never appear in any output

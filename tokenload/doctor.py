@@ -685,7 +685,7 @@ def diagnose_channel(
 ) -> tuple[list[CheckResult], Channel | None]:
     """Resolve and check a channel; `(results, None)` when the configuration could not be read."""
     try:
-        resolution = resolve(env=env, cwd=cwd, home=home, **flags)  # type: ignore[arg-type]
+        resolution = resolve(env=env, cwd=cwd, home=home, **flags)
     except ConfigError as exc:
         return unreadable(exc, env), None
     ctx = Doctor(resolution, env, cwd, home, limits or Limits())

@@ -78,7 +78,7 @@ SCHEMA = pa.schema([
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     write(tmp)
     os.replace(tmp, path)

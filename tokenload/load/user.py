@@ -37,7 +37,6 @@ from tokenload.load.transport import Transport
 from tokenload.protocols.base import ProtocolAdapter
 from tokenload.stream import StreamSession
 
-
 PARK_S = 3600.0
 
 
@@ -121,7 +120,7 @@ class LLMUser(User):
         return self.ctx.think_time_s if self.ctx.arrivals is None else 0.0
 
     def on_start(self) -> None:
-        self.ctx: ProcessContext = self.environment.tokenload_process  # type: ignore[attr-defined]
+        self.ctx: ProcessContext = self.environment.tokenload_process
         self.user_id = self.ctx.new_user_id()
         self.parked = False
 

@@ -37,7 +37,7 @@ _TITLE = re.compile(rb"<title[^>]*>(.*?)</title>", re.I | re.S)
 # The C scanner under `json.loads`, called directly: on a string that is exactly one JSON
 # value it returns what `json.loads` would, without loads' two regex whitespace scans and
 # three Python frames (1.5 of about 2.2 us per token event). Anything else goes to `json.loads`.
-_scan = json.JSONDecoder().scan_once
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def looks_like_html(content_type: str, body: bytes) -> bool:
@@ -184,7 +184,7 @@ class ProtocolAdapter(ABC):
             # Valid JSON of the wrong shape (a string where an object belongs): a bad event, not our crash.
             tl.malformed += 1
 
-    def on_done(self, tl: Timeline) -> None:
+    def on_done(self, tl: Timeline) -> None:  # noqa: B027 (a hook whose default does nothing)
         """`data: [DONE]`: only OpenAI Chat sends it; elsewhere it is ignored."""
 
     @abstractmethod

@@ -80,7 +80,7 @@ class StreamSequence(Sequence):
     __slots__ = ("transport", "framer", "faults", "done", "outcome", "keep_alive", "preamble_sent",
                  "_special", "_prefix", "_split", "_cut_at", "_malformed_at", "_send")
 
-    def __init__(self, n_input: int, n_out: int, transport: asyncio.Transport, framer: wire.Framer,
+    def __init__(self, n_input: int, n_out: int, transport: asyncio.WriteTransport, framer: wire.Framer,
                  faults: FaultPlan) -> None:
         stall_at = faults.after("stall")
         super().__init__(n_input, n_out, stall_at, faults.num("stall", "seconds") if stall_at >= 0 else 0.0)
@@ -177,7 +177,7 @@ class BodySequence(Sequence):
 
     __slots__ = ("transport", "done", "outcome")
 
-    def __init__(self, n_input: int, n_out: int, transport: asyncio.Transport) -> None:
+    def __init__(self, n_input: int, n_out: int, transport: asyncio.WriteTransport) -> None:
         super().__init__(n_input, n_out)
         self.transport = transport
         self.done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
