@@ -35,6 +35,7 @@ from tokenload.load.prompts import PromptSource
 from tokenload.load.records import SegmentWriter
 from tokenload.load.transport import Transport
 from tokenload.protocols.base import ProtocolAdapter
+from tokenload.record import RequestRecord
 from tokenload.stream import StreamSession
 
 PARK_S = 3600.0
@@ -157,13 +158,13 @@ class LLMUser(User):
         finally:
             record = session.record()
             duration = record["duration_s"]
-            record.update(
-                request_id=ctx.new_request_id(), run_id=ctx.run_id, worker=ctx.worker, user_id=self.user_id,
-                step=step, active_users=users, scheduled_at=scheduled_at,
-                late_s=max(0.0, record["started_at"] - scheduled_at), protocol=ctx.protocol, model=plan.model,
-                max_tokens=plan.max_tokens, prompt_tokens_target=plan.prompt_tokens_target, in_flight=in_flight,
-                finished_at=None if duration is None else record["started_at"] + duration,
-            )
+            record.update({
+                "request_id": ctx.new_request_id(), "run_id": ctx.run_id, "worker": ctx.worker,
+                "user_id": self.user_id, "step": step, "active_users": users, "scheduled_at": scheduled_at,
+                "late_s": max(0.0, record["started_at"] - scheduled_at), "protocol": ctx.protocol,
+                "model": plan.model, "max_tokens": plan.max_tokens, "prompt_tokens_target": plan.prompt_tokens_target,
+                "in_flight": in_flight, "finished_at": None if duration is None else record["started_at"] + duration,
+            })
             ctx.writer.append(record)
             if budget is not None:
                 budget.finished((record["input_tokens"] or 0) + (record["output_tokens"] or 0))
@@ -171,7 +172,7 @@ class LLMUser(User):
                 ctx.prompts.observe(record, plan)
                 self._fire(record)
 
-    def _fire(self, r: dict[str, Any]) -> None:
+    def _fire(self, r: RequestRecord) -> None:
         fire = self.environment.events.request.fire
         model = r["model"]
         ok = r["status"] == "ok"
