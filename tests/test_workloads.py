@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+
 from loadkit import run_cli, truth_frame, write_scenario
 
 from tokenload.sim import launch
@@ -142,7 +143,7 @@ def test_caching_stripped_channel_is_not_honoured_and_pays_full_prefill(tmp_path
 
 @pytest.mark.parametrize(("profile", "status"), [("default", "ok"), ("nocache", "fail")])
 def test_doctor_caching_check(tmp_path: Path, profile: str, status: str) -> None:
-    from tokenload.doctor import Limits, diagnose
+    from tokenload.doctor import Limits, diagnose_channel
     from tokenload.sim import serve_in_thread
 
     home = tmp_path / "home"
@@ -150,7 +151,7 @@ def test_doctor_caching_check(tmp_path: Path, profile: str, status: str) -> None
     with serve_in_thread(profile) as sim:
         flags = {"protocol": "anthropic", "base_url": sim.base_url, "api_key": None, "auth_token": None,
                  "model": "sim-7b", "settings": None}
-        results, _ = diagnose(flags=flags, env={}, cwd=tmp_path, home=home, limits=Limits(timeout_s=10))
+        results, _ = diagnose_channel(flags=flags, env={}, cwd=tmp_path, home=home, limits=Limits(timeout_s=10))
     caching = {r.name: r for r in results}["caching"]
     assert caching.status == status, caching.saw
     if status == "ok":

@@ -14,7 +14,6 @@ import dataclasses
 import random
 from dataclasses import dataclass
 from itertools import count
-from typing import Any
 
 from tokenload.load.datasets import load_dataset
 from tokenload.load.sampling import Sampler
@@ -22,6 +21,7 @@ from tokenload.load.scenario import Scenario
 from tokenload.load.sessions import Session, Sessions
 from tokenload.load.traces import TraceRow
 from tokenload.protocols.base import Conversation
+from tokenload.record import RequestRecord
 from tokenload.tokens import estimate_tokens, synth_prompt
 
 __all__ = ["Calibration", "PromptSource", "RequestPlan", "Sampler"]
@@ -126,7 +126,8 @@ class PromptSource:
             local = max(estimate_tokens(prefix) + 1, round(target / self.calibration.ratio))
         return synth_prompt(local, seed=(self._salt << 32) | n, prefix=prefix)
 
-    def observe(self, record: dict[str, Any], plan: RequestPlan) -> None:
+    def observe(self, record: RequestRecord, plan: RequestPlan) -> None:
         """Learn from a finished request's server-reported input tokens."""
-        if record.get("input_tokens_source") == "server" and record.get("input_tokens"):
-            self.calibration.observe(int(record["input_tokens"]), plan.estimated_input_tokens)
+        tokens = record.get("input_tokens")
+        if record.get("input_tokens_source") == "server" and tokens:
+            self.calibration.observe(tokens, plan.estimated_input_tokens)

@@ -399,7 +399,7 @@ class LoadSection:
                        time_unit=unit, max_users=ctx.number(d, "max_users", w, 64, integer=True, minimum=1))
         if kind == "poisson":
             rate = d.get("rate")
-            rates = rate if isinstance(rate, list) else [rate]
+            rates: list[Any] = rate if isinstance(rate, list) else [rate]
             if rate is None or not rates or any(isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0 for r in rates):
                 raise ctx.fail(f"{w} rate", f"expected requests/s > 0 or a list of them, got {_show(rate)}")
             arrival = ctx.text(d, "arrival", w, "poisson", choices=ARRIVALS) or "poisson"
@@ -410,6 +410,7 @@ class LoadSection:
                        burstiness=ctx.number(d, "burstiness", w, 1.0, above=0),
                        ramp=ctx.text(d, "ramp", w, "none", choices=RAMPS) or "none")
         think = ctx.number(d, "think_time_s", w, 0.0, minimum=0)
+        users: tuple[int, ...]
         if kind == "constant":
             users = (ctx.number(d, "users", w, 1, integer=True, minimum=1),)
         else:
@@ -509,7 +510,7 @@ class Scenario:
         return cls(
             session=session,
             name=ctx.text(d, "name", "top level", default_name) or default_name,
-            description=ctx.text(d, "description", "top level") if d.get("description") else "",
+            description=(ctx.text(d, "description", "top level") or "") if d.get("description") else "",
             seed=ctx.number(d, "seed", "top level", 0, integer=True),
             channel=ChannelSection.parse(d.get("channel"), ctx),
             prompt=PromptSection.parse(d.get("prompt"), ctx, base_dir, session is not None),

@@ -38,7 +38,8 @@ from tokenload.load.traces import TraceArrivals, TraceRow
 from tokenload.load.transport import Transport
 from tokenload.load.warmup import MEASURE, Warmup
 from tokenload.measure import TOKEN_TEXT
-from tokenload.protocols.base import Protocol
+from tokenload.protocols.base import ProtocolAdapter
+from tokenload.record import RequestRecord
 from tokenload.stream import StreamSession
 
 PARK_S = 3600.0
@@ -121,7 +122,7 @@ class ProcessContext:
     worker: str
     tag: str
     protocol: str
-    adapters: dict[str, Protocol]
+    adapters: dict[str, ProtocolAdapter]
     transport: Transport
     prompts: PromptSource
     writer: SegmentWriter
@@ -156,7 +157,7 @@ class LLMUser(User):
         return self.ctx.think_time_s
 
     def on_start(self) -> None:
-        self.ctx: ProcessContext = self.environment.tokenload_process  # type: ignore[attr-defined]
+        self.ctx: ProcessContext = self.environment.tokenload_process
         self.user_id = self.ctx.new_user_id()
         self.parked = False
         self.session: Session | None = None
@@ -217,14 +218,15 @@ class LLMUser(User):
         finally:
             record = session.record()
             duration = record["duration_s"]
-            record.update(
-                request_id=ctx.new_request_id(), run_id=ctx.run_id, worker=ctx.worker, user_id=self.user_id,
-                step=step, active_users=users, scheduled_at=scheduled_at,
-                late_s=max(0.0, record["started_at"] - scheduled_at), protocol=ctx.protocol, model=plan.model,
-                max_tokens=plan.max_tokens, prompt_tokens_target=plan.prompt_tokens_target, in_flight=in_flight,
-                finished_at=None if duration is None else record["started_at"] + duration,
-                session_id=plan.session_id, turn=plan.turn, context_tokens=plan.estimated_input_tokens, phase=phase,
-            )
+            record.update({
+                "request_id": ctx.new_request_id(), "run_id": ctx.run_id, "worker": ctx.worker,
+                "user_id": self.user_id, "step": step, "active_users": users, "scheduled_at": scheduled_at,
+                "late_s": max(0.0, record["started_at"] - scheduled_at), "protocol": ctx.protocol,
+                "model": plan.model, "max_tokens": plan.max_tokens, "prompt_tokens_target": plan.prompt_tokens_target,
+                "in_flight": in_flight, "finished_at": None if duration is None else record["started_at"] + duration,
+                "session_id": plan.session_id, "turn": plan.turn, "context_tokens": plan.estimated_input_tokens,
+                "phase": phase,
+            })
             if conversation is not None:
                 conversation.answered("".join(answer) if record["status"] == "ok" and not in_flight else None)
             ctx.writer.append(record)
@@ -234,7 +236,7 @@ class LLMUser(User):
                 ctx.prompts.observe(record, plan)
                 self._fire(record)
 
-    def _fire(self, r: dict[str, Any]) -> None:
+    def _fire(self, r: RequestRecord) -> None:
         fire = self.environment.events.request.fire
         model = r["model"]
         ok = r["status"] == "ok"

@@ -11,10 +11,13 @@ analysis drops warm-up rows when it loads a run.
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from tokenload.load.control import LoadState
 
-WARMUP, MEASURE = "warmup", "measure"
+Phase = Literal["warmup", "measure"]
+WARMUP: Phase = "warmup"
+MEASURE: Phase = "measure"
 
 
 class Warmup:
@@ -25,7 +28,7 @@ class Warmup:
         self._seconds = seconds
         self._until: float | None = None
 
-    def phase(self, state: LoadState) -> str:
+    def phase(self, state: LoadState) -> Phase:
         if self._until is None and state.started_at:  # the first phase's start is the load's start
             self._until = state.started_at + self._seconds
         if self._left > 0:
