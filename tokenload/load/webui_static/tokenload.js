@@ -56,7 +56,7 @@
         pts.push(x.toFixed(1) + "," + y.toFixed(1));
       });
       svg.appendChild(el("svg:polyline", { points: pts.join(" "), fill: "none", stroke: COLORS[i], "stroke-width": 2 }));
-      svg.appendChild(el("svg:text", { x: w - 80, y: 30 + 14 * i, "font-size": 11, fill: COLORS[i] }, line[1]));
+      svg.appendChild(el("svg:text", { x: pad + 150 + 60 * i, y: 14, "font-size": 11, fill: COLORS[i] }, line[1]));
     });
     return svg;
   }
@@ -77,10 +77,19 @@
     }));
   }
 
+  function place() {
+    // Right under the tab's table when it is on the page (Locust's page fills the window: below it is far away).
+    var table = document.querySelector("#root table");
+    var box = table && (table.closest(".MuiTableContainer-root") || table.parentElement);
+    var target = box || document.body.lastChild;
+    if (target && target.nextSibling !== panel) target.after(panel);
+  }
+
   function tick() {
     var open = tabOpen();
     panel.style.display = open ? "block" : "none";
     if (!open) return;
+    place();
     fetch("./tokenload/stats.json").then(function (r) { return r.json(); }).then(render).catch(function () {});
   }
 
