@@ -9,11 +9,17 @@ Importing this module (the locustfile does) registers the listeners once:
 - `init` (checked again at `test_start`): every process that runs users builds
   its `ProcessContext` (channel, one shared transport, prompts, segment writer,
   lag probe) and a greenlet that flushes records every second.
-- `test_stop` / `quit`: flush what is left; at `quit` mark the process done.
+- `init`: every process feeds its live token statistics (`tokenstats`: the
+  request event carries each record; workers' deltas merge on the master), and
+  the master or local process tracks the runs (`series`: with the web UI each
+  start is a run directory of its own) and adds the tokenload tab (`webui`).
+- `test_stop`: the test's users are stopped: flush what is left and close the
+  writer (its run is complete); `quit`: the same for a process that never stopped.
 
-When Locust runs without `tokenload run` (plain `locust -f`), the master or
-local process also finalises the run directory at interpreter exit, after
-Locust has reaped its local workers.
+When Locust runs headless without `tokenload run` (plain `locust -f`), the
+master or local process also finalises the run directory at interpreter exit,
+after Locust has reaped its local workers; with the web UI, `series` finalises
+each run when it stops.
 """
 
 from __future__ import annotations
