@@ -190,23 +190,27 @@ def test_master_and_two_workers_merge_their_token_stats(tmp_path: Path) -> None:
     with launch() as sim:
         web = WebRun(scenario, sim.base_url, out, "--processes", "2")
         try:
-            data = web.wait(_done(1), timeout=90)
+            first = web.wait(_done(1), timeout=90)
+            web.start()  # the workers switch to the second run's directory too
+            second = web.wait(_done(2), timeout=90)
             rc, _, stderr = web.stop()
         finally:
             web.kill()
     assert rc == 0, stderr
-    df = pd.read_parquet(out / "requests.parquet")
-    assert df.worker.nunique() == 2
-    summary = data["summary"]
-    assert summary["requests"] == len(df)  # every worker's requests, none twice
-    assert summary["output_tokens"] == df.output_tokens.sum()
-    assert summary["ttft_p50_s"] == pytest.approx(float(np.percentile(df.ttft_s.dropna(), 50)), rel=0.10)
-    steps = {row["name"]: row for row in data["rows"]}
-    assert steps["Aggregated"]["requests"] == len(df)
+    for data, run_dir in ((first, out), (second, tmp_path / "run-2")):
+        df = pd.read_parquet(run_dir / "requests.parquet")
+        assert df.worker.nunique() == 2 and set(df.run_id) == {data["run"]["run_id"]}
+        summary = data["summary"]
+        assert summary["requests"] == len(df)  # every worker's requests, none twice
+        assert summary["output_tokens"] == df.output_tokens.sum()
+        assert summary["ttft_p50_s"] == pytest.approx(float(np.percentile(df.ttft_s.dropna(), 50)), rel=0.10)
+        assert data["rows"][-1]["name"] == "Aggregated" and data["rows"][-1]["requests"] == len(df)
 
 
 def test_headless_locust_csv_has_the_token_statistics(tmp_path: Path) -> None:
-    """Plain `locust --headless --csv PREFIX`: Locust's stats count requests only; PREFIX_tokenload.csv the tokens."""
+    """Plain `locust --headless --processes 2 --csv PREFIX`: Locust's stats count requests only,
+    PREFIX_tokenload.csv has the token statistics, and the workers (no --run-dir of their own)
+    write into the master's run directory."""
     scenario = write_scenario(tmp_path, SCENARIO.replace("step_s = 6", "step_s = 3"))
     prefix = tmp_path / "csv" / "out"
     with launch() as sim:
@@ -214,10 +218,11 @@ def test_headless_locust_csv_has_the_token_statistics(tmp_path: Path) -> None:
 
         result = subprocess.run(
             [sys.executable, "-m", "locust", "-f", str(locustfile()), "--headless", "--scenario", str(scenario),
-             "--host", sim.base_url, "--run-dir", str(tmp_path / "run"), "--csv", str(prefix)],
+             "--host", sim.base_url, "--run-dir", str(tmp_path / "run"), "--csv", str(prefix), "--processes", "2"],
             capture_output=True, text=True, timeout=90, cwd=tmp_path, env={**os.environ, "ANTHROPIC_MODEL": "sim-7b"})
     assert result.returncode == 0, result.stderr[-2000:]
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert df.worker.nunique() == 2 and not (tmp_path / "segments").exists()
     stats = pd.read_csv(f"{prefix}_stats.csv")
     assert set(stats["Type"].dropna()) == {"POST"}
     # Locust rewrites its CSV once a second and not at exit: it may miss the last second's requests.

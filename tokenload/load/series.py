@@ -132,7 +132,14 @@ class Series:
         self._quitting = True
 
     def on_quit(self, **_: Any) -> None:
-        """Locust is exiting: a run still being finalised gets the time to finish (its records matter)."""
+        """Locust is exiting: a run still being finalised gets the time to finish (its records matter).
+
+        A run that was never started is finalised too (empty): its directory is
+        already there, and a run directory is either finalised or still running.
+        """
+        if self.current.state == "ready":
+            self.current.state = "finalising"
+            self._finalisers.append(gevent.spawn(self._finalise, self.current, False))
         gevent.joinall(self._finalisers, timeout=self.environment.stop_timeout + 2 * FINALISE_GRACE_S)
 
     def _finalise(self, run: Run, analyse: bool) -> None:
