@@ -28,13 +28,14 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from locust.env import Environment
-from locust.runners import MasterRunner, WorkerRunner
 
 from tokenload.errors import LOAD_KINDS
+
+if TYPE_CHECKING:  # importing Locust patches the interpreter with gevent: only where Locust runs
+    from locust.env import Environment
 
 TOKENSTATS_MESSAGE = "tokenload_tokenstats"
 REPORT_KEY = "tokenload_tokenstats"
@@ -260,6 +261,8 @@ class TokenStats:
 
 def install(environment: Environment) -> TokenStats:
     """Feed this process's `TokenStats` from the request events and merge workers' deltas on the master."""
+    from locust.runners import MasterRunner, WorkerRunner
+
     stats = TokenStats()
     environment.tokenload_tokens = stats  # type: ignore[attr-defined]
     events = environment.events
