@@ -286,3 +286,24 @@ def test_browser_sees_live_token_stats_and_two_runs(tmp_path: Path) -> None:
     assert live_ttft_ms / 1000 == pytest.approx(float(np.percentile(seen.ttft_s, 50)), rel=0.10, abs=0.002)
     assert live_tpot_ms / 1000 == pytest.approx(float(np.percentile(seen.tpot_s, 50)), rel=0.10, abs=0.002)
     assert (tmp_path / "run-2" / "requests.parquet").is_file() and stdout[-2:] == [str(out), str(tmp_path / "run-2")]
+
+
+def test_tokenload_options_are_documented_where_locust_help_cannot_show_them() -> None:
+    """Locust prints `--help` before it loads a locustfile: the locustfile's docstring and the README list them."""
+    from tokenload.load.runner import locustfile
+
+    probe = ("import tokenload.load.plugin\n"
+             "from locust.argument_parser import get_parser\n"
+             "group = next(g for g in get_parser()._action_groups if g.title == 'tokenload')\n"
+             "print(' '.join(a.option_strings[0] for a in group._group_actions))\n")
+    ours = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True,
+                          timeout=60).stdout.split()
+    assert ours == ["--scenario", "--run-dir", "--run-id"]
+    shown = subprocess.run([sys.executable, "-m", "locust", "-f", str(locustfile()), "--help"], check=False,
+                           capture_output=True, text=True, timeout=60).stdout
+    assert "--headless" in shown
+    docstring = locustfile().read_text()
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for option in ours:
+        if option not in shown:
+            assert option in docstring and f"`{option}" in readme, option
