@@ -218,7 +218,8 @@ def test_headless_locust_csv_has_the_token_statistics(tmp_path: Path) -> None:
         result = subprocess.run(
             [sys.executable, "-m", "locust", "-f", str(locustfile()), "--headless", "--scenario", str(scenario),
              "--host", sim.base_url, "--run-dir", str(tmp_path / "run"), "--csv", str(prefix), "--processes", "2"],
-            check=False, capture_output=True, text=True, timeout=90, cwd=tmp_path, env={**os.environ, "ANTHROPIC_MODEL": "sim-7b"})
+            check=False, capture_output=True, text=True, timeout=90, cwd=tmp_path,
+            env={**os.environ, "ANTHROPIC_MODEL": "sim-7b"})
     assert result.returncode == 0, result.stderr[-2000:]
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     assert df.worker.nunique() == 2 and not (tmp_path / "segments").exists()
