@@ -52,8 +52,8 @@ class WebRun:
     def __init__(self, scenario: Path, base_url: str, out: Path, *extra: str) -> None:
         self.port = free_port()
         self.out = out
-        self.proc = subprocess.Popen(run_command(scenario, base_url, out, "--web", "--web-port", str(self.port), *extra),
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        command = run_command(scenario, base_url, out, "--web", "--web-port", str(self.port), *extra)
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "TERM": "dumb"})
         self._lines: queue.Queue[str] = queue.Queue()
         self._stderr: list[str] = []
