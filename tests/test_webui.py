@@ -104,9 +104,14 @@ class WebRun:
         return self.proc.returncode, [self.url, *lines], "".join(self._stderr)
 
     def kill(self) -> None:
+        """After a failed test: Ctrl-C (so `tokenload run` stops Locust, which runs in a session of its own)."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGINT)  # a second Ctrl-C kills Locust's process group
+                self.proc.wait(timeout=30)
 
 
 def _listening(port: int) -> set[str]:
@@ -229,7 +234,9 @@ def test_headless_locust_csv_has_the_token_statistics(tmp_path: Path) -> None:
     assert 0 < int(stats.loc[stats.Name == "Aggregated", "Request Count"].iloc[0]) <= len(df)
     tokens = pd.read_csv(f"{prefix}_tokenload.csv")
     agg = tokens[tokens.Step == "Aggregated"].iloc[0]
-    assert agg["Request Count"] == len(df)
+    # Like Locust's own, the master's view misses what workers finish after they were told to quit
+    # (Locust waits 0.5 s for their last report); requests.parquet has every request.
+    assert 0.5 * len(df) < agg["Request Count"] <= len(df)
     assert agg["TTFT 50% (ms)"] / 1000 == pytest.approx(float(np.percentile(df.ttft_s.dropna(), 50)), rel=0.10)
 
 

@@ -14,7 +14,10 @@ hook adds to Locust's page: it draws them under the table while the tokenload
 tab is open, from `tokenload/stats.json`. `extended_csv_files` puts the token
 statistics CSV next to Locust's own downloads; with `--csv PREFIX`
 (headless runs) the same table is written to `PREFIX_tokenload.csv` every
-few seconds and at exit, like Locust's `PREFIX_stats.csv`.
+few seconds and at exit, like Locust's `PREFIX_stats.csv`. Like Locust's own
+numbers, a headless master's file misses what workers finish after they are
+told to quit (Locust gives their last report 0.5 s); requests.parquet has
+every request.
 """
 
 from __future__ import annotations
