@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+
 from loadkit import free_port, run_command, write_scenario
 
 from tokenload.sim import launch

@@ -36,9 +36,9 @@ from tokenload.load.prompts import PromptSource
 from tokenload.load.records import SegmentWriter
 from tokenload.load.tokenstats import CHUNK_TIMES_KEY, RECORD_KEY
 from tokenload.load.transport import Transport
-from tokenload.protocols.base import Protocol
+from tokenload.protocols.base import ProtocolAdapter
+from tokenload.record import RequestRecord
 from tokenload.stream import StreamSession
-
 
 PARK_S = 3600.0
 
@@ -94,7 +94,7 @@ class ProcessContext:
     worker: str
     tag: str
     protocol: str
-    adapters: dict[str, Protocol]
+    adapters: dict[str, ProtocolAdapter]
     transport: Transport
     prompts: PromptSource
     writer: SegmentWriter
@@ -123,7 +123,7 @@ class LLMUser(User):
         return self.ctx.think_time_s if self.ctx.arrivals is None else 0.0
 
     def on_start(self) -> None:
-        self.ctx: ProcessContext = self.environment.tokenload_process  # type: ignore[attr-defined]
+        self.ctx: ProcessContext = self.environment.tokenload_process
         self.user_id = self.ctx.new_user_id()
         self.parked = False
 
@@ -160,13 +160,13 @@ class LLMUser(User):
         finally:
             record = session.record()
             duration = record["duration_s"]
-            record.update(
-                request_id=ctx.new_request_id(), run_id=ctx.run_id, worker=ctx.worker, user_id=self.user_id,
-                step=step, active_users=users, scheduled_at=scheduled_at,
-                late_s=max(0.0, record["started_at"] - scheduled_at), protocol=ctx.protocol, model=plan.model,
-                max_tokens=plan.max_tokens, prompt_tokens_target=plan.prompt_tokens_target, in_flight=in_flight,
-                finished_at=None if duration is None else record["started_at"] + duration,
-            )
+            record.update({
+                "request_id": ctx.new_request_id(), "run_id": ctx.run_id, "worker": ctx.worker,
+                "user_id": self.user_id, "step": step, "active_users": users, "scheduled_at": scheduled_at,
+                "late_s": max(0.0, record["started_at"] - scheduled_at), "protocol": ctx.protocol,
+                "model": plan.model, "max_tokens": plan.max_tokens, "prompt_tokens_target": plan.prompt_tokens_target,
+                "in_flight": in_flight, "finished_at": None if duration is None else record["started_at"] + duration,
+            })
             ctx.writer.append(record)
             if budget is not None:
                 budget.finished((record["input_tokens"] or 0) + (record["output_tokens"] or 0))
@@ -174,7 +174,7 @@ class LLMUser(User):
                 ctx.prompts.observe(record, plan)
                 self._fire(record, session.timeline.chunk_times)
 
-    def _fire(self, r: dict[str, Any], chunk_times: list[float]) -> None:
+    def _fire(self, r: RequestRecord, chunk_times: list[float]) -> None:
         """One Locust request per LLM request; the token metrics ride in `context` to `tokenstats`."""
         ok = r["status"] == "ok"
         exc = None if ok else StreamError(f"{r['error_kind']} (HTTP {r['http_status']})")
