@@ -675,6 +675,28 @@ def unreadable(error: ConfigError, env: Mapping[str, str]) -> list[CheckResult]:
     return [first, *rest]
 
 
+# The check that explains each configuration error kind a load run can meet.
+CHECK_FOR_KIND: dict[str, str] = {ek.BAD_BASE_URL: "base_url", ek.AUTH: "auth", ek.NOT_FOUND_MODEL: "model"}
+
+
+def explain(channel: Channel, kind: str, timeout_s: float = 5.0) -> CheckResult | None:
+    """Doctor's own check for a configuration error a load run hit: what it sees and the exact fix.
+
+    The run's channel is already resolved, so every field counts as given by flag
+    (`set --base-url to ...`). None when the kind has no check or the check passes
+    now (the channel changed, or the error came from elsewhere).
+    """
+    name = CHECK_FOR_KIND.get(kind)
+    if name is None:
+        return None
+    raw = {f: v for f in SECRET_FIELDS if (v := getattr(channel, f, None))}
+    sources = {f: "flag" for f in Resolution.FIELD_LABELS}
+    ctx = Doctor(Resolution(channel, sources, [], [], raw), {}, Path.cwd(), Path.home(), Limits(timeout_s=timeout_s))
+    check = next(c for c in CHECKS if c.name == name)
+    result = _redacted(ctx, check.run(ctx))
+    return result if result.status == FAIL else None
+
+
 def diagnose(
     *,
     flags: Mapping[str, str | None],

@@ -65,7 +65,7 @@ def _init(environment: Environment, **_: Any) -> None:
     global _ENVIRONMENT
     _ENVIRONMENT = environment
     scenario = load_scenario(opts.scenario)
-    state = LoadState()
+    state = LoadState.for_scenario(scenario)
     environment.tokenload_state = state  # type: ignore[attr-defined]
     if isinstance(environment.runner, WorkerRunner):
         install_step_listener(environment, state)
@@ -80,7 +80,8 @@ def _init(environment: Environment, **_: Any) -> None:
     run_dir = Path(opts.run_dir)
     if not opts.stop_timeout:
         environment.stop_timeout = scenario.stop.drain_s
-    environment.tokenload = RunControl(environment, scenario, run_dir, state)  # type: ignore[attr-defined]
+    environment.tokenload = RunControl(environment, scenario, run_dir, state,  # type: ignore[attr-defined]
+                                       _channel(scenario, environment.host))
     if not os.environ.get(MANAGED_ENV):
         write_run_info(run_dir, opts.run_id, scenario, _channel(scenario, environment.host).public())
         atexit.register(_finalise_standalone, run_dir)
@@ -137,6 +138,7 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         arrivals=arrivals,
         extra_body=scenario.output.extra_body(),
         think_time_s=load.think_time_s,
+        retry=load.retry,
     )
     environment.tokenload_process = ctx  # type: ignore[attr-defined]
     probe = LagProbe()

@@ -74,6 +74,17 @@ SCHEMA = pa.schema([
     ("reasoning_tokens", pa.int64()),
     ("thinking_chunks", pa.int64()),
     ("malformed_events", pa.int64()),
+    # being kind to the channel (tokenload.load.pacing): the wait this request caused after a push-back,
+    # the time it was held at the process's gate before it was sent, the first request of a retry chain,
+    # and the rate-limit values its response carried (never the headers themselves)
+    ("backoff_s", pa.float64()),
+    ("held_s", pa.float64()),
+    ("retry_of", pa.string()),
+    ("retry_after_s", pa.float64()),
+    ("rl_requests_limit", pa.int64()),
+    ("rl_requests_remaining", pa.int64()),
+    ("rl_tokens_limit", pa.int64()),
+    ("rl_tokens_remaining", pa.int64()),
 ])
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 
