@@ -53,7 +53,7 @@ from tokenload.load.pacing import Pacer
 from tokenload.load.records import SEGMENTS_DIR, write_json
 from tokenload.load.scenario import Scenario
 from tokenload.load.shapes import Phase, build_plan
-from tokenload.load.stoprules import Counts, Live
+from tokenload.load.stoprules import Counts, FailFast, Live
 
 STEP_MESSAGE = "tokenload_step"
 BUDGET_MESSAGE = "tokenload_budget_spent"
@@ -111,37 +111,6 @@ def shares(total: int, workers: list[str]) -> dict[str, int | None]:
     """Split a limit between workers as evenly as integers allow (a limit of 0 means none: None each)."""
     n = len(workers)
     return {w: (total // n + (i < total % n)) if total else None for i, w in enumerate(workers)}
-
-
-class FailFast:
-    """This process's configuration errors in a row (auth, unknown model, wrong base URL).
-
-    Any other outcome ends the streak. At `limit` the process's users park: the run
-    is about to stop, and every further request would fail the same way.
-    """
-
-    __slots__ = ("limit", "streak", "last", "report")
-
-    def __init__(self, limit: int = 0, report: Callable[[int, dict[str, Any] | None], None] | None = None) -> None:
-        self.limit = limit
-        self.streak = 0
-        self.last: dict[str, Any] | None = None
-        self.report = report  # a worker tells the master at once
-
-    @property
-    def tripped(self) -> bool:
-        return bool(self.limit) and self.streak >= self.limit
-
-    def observe(self, kind: str | None, http_status: int | None, message: str | None) -> None:
-        if error_class(kind) == "config":
-            self.streak += 1
-            self.last = {"kind": kind, "http_status": http_status, "message": message}
-        elif self.streak:
-            self.streak = 0
-        else:
-            return
-        if self.report is not None:
-            self.report(self.streak, self.last)
 
 
 @dataclass
@@ -347,8 +316,7 @@ class RunControl:
         all_spent = bool(self.budgets) and set(self.budgets) <= set(self.spent)
         streak, last = self._config_streak()
         live = Live(
-            elapsed_s=elapsed_s, phase=phase, stop=self.scenario.stop, totals=totals, ended_step=ended,
-            ended_phase=current if ended is not None else None,
+            elapsed_s=elapsed_s, plan_over=phase is None, stop=self.scenario.stop, totals=totals, ended_step=ended,
             budget_spent=budget.spent if budget is not None else None,
             workers_spent=self.spent if all_spent else {}, config_streak=streak, config_error=last,
             storm_failed_probes=storm["failed_probes"] if storm else 0, storm_detail=storm["detail"] if storm else None,

@@ -14,7 +14,7 @@ to wait, in one of several dialects:
 header that could hold a secret is kept). `Pacer` is one process's gate in
 front of every send: it holds all users of the process after a push-back (the
 server's wait, else a capped exponential back-off: 1, 2, 4 ... 60 s over
-consecutive push-backs), holds them until the reset when a response says
+consecutive waves of push-backs), holds them until the reset when a response says
 nothing is left, spaces sends under `[load] max_rps` / `max_tokens_per_min` (this
 process's share), and, once the channel has limited us, under the request limit it
 announced. Nothing is retried here: a pushed-back request stays recorded as what it
@@ -177,7 +177,7 @@ class Pacer:
         self.max_tokens_per_min = max_tokens_per_min
         self.workers = 1
         self.hold_until = 0.0
-        self.streak = 0  # push-backs in a row
+        self.streak = 0  # waves of push-backs in a row
         self.limited = False  # the channel has pushed back at least once: pace under its announced limits
         self.learned_rpm: int | None = None
         self.learned_tpm: int | None = None
@@ -220,8 +220,9 @@ class Pacer:
             self.learned_tpm = info.tokens_limit
         if pushback:
             self.limited = True
-            self.streak += 1
-            wait = backoff_s(info, self.streak)
+            if now >= self.hold_until:  # push-backs that land during a hold were sent before it: one wave
+                self.streak += 1
+            wait = backoff_s(info, max(1, self.streak))
             self.hold(now + wait)
             return wait
         self.streak = 0

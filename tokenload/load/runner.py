@@ -266,6 +266,7 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None) -
         "workers_lost": lost,
         "plan": control.get("plan", []),
         "steps": control.get("steps", []),
+        "storms": control.get("storms", []),
         "records": {
             "total": len(table),
             "in_flight": int(sum(table.column("in_flight").to_pylist())) if len(table) else 0,

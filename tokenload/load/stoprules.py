@@ -20,11 +20,42 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenload.errors import error_class
 from tokenload.load.scenario import StopSection
-from tokenload.load.shapes import Phase
 
 # The breaker needs this many requests in its window before a share means anything.
 STORM_MIN_REQUESTS = 10
+
+
+class FailFast:
+    """One process's configuration errors in a row (auth, unknown model, wrong base URL).
+
+    Any other outcome ends the streak. At `limit` the process's users park: the run
+    is about to stop, and every further request would fail the same way.
+    """
+
+    __slots__ = ("limit", "streak", "last", "report")
+
+    def __init__(self, limit: int = 0, report: Callable[[int, dict[str, Any] | None], None] | None = None) -> None:
+        self.limit = limit
+        self.streak = 0
+        self.last: dict[str, Any] | None = None
+        self.report = report  # a worker tells the master at once
+
+    @property
+    def tripped(self) -> bool:
+        return bool(self.limit) and self.streak >= self.limit
+
+    def observe(self, kind: str | None, http_status: int | None, message: str | None) -> None:
+        if error_class(kind) == "config":
+            self.streak += 1
+            self.last = {"kind": kind, "http_status": http_status, "message": message}
+        elif self.streak:
+            self.streak = 0
+        else:
+            return
+        if self.report is not None:
+            self.report(self.streak, self.last)
 
 
 @dataclass(frozen=True)
@@ -50,11 +81,10 @@ class Live:
     """What the stop rules read at one tick."""
 
     elapsed_s: float
-    phase: Phase | None  # the plan's phase now (None: the plan is over)
+    plan_over: bool  # no phase of the plan is left
     stop: StopSection
     totals: Counts = Counts()
-    ended_step: dict[str, Any] | None = None  # the step that ended at this tick, with its counts
-    ended_phase: Phase | None = None
+    ended_step: dict[str, Any] | None = None  # the step that ended at this tick: its phase and counts
     budget_spent: str | None = None  # a local runner's own budget
     workers_spent: dict[str, dict[str, Any]] = field(default_factory=dict)  # master: every share used up
     config_streak: int = 0  # configuration errors in a row, summed over processes
@@ -64,7 +94,7 @@ class Live:
 
 
 def plan_over(live: Live) -> str | None:
-    if live.phase is not None:
+    if not live.plan_over:
         return None
     return "duration" if live.stop.duration_s and live.elapsed_s >= live.stop.duration_s else "plan complete"
 
@@ -101,11 +131,9 @@ def token_limit(live: Live) -> str | None:
     return f"token budget: {live.totals.tokens} >= {limit}" if limit and live.totals.tokens >= limit else None
 
 
-def _at(live: Live) -> str:
-    phase = live.ended_phase
-    assert phase is not None
-    level = f"{phase.rate:g} req/s" if phase.rate is not None else f"{phase.users} users"
-    return f"step {phase.step} ({level})"
+def _at(step: dict[str, Any]) -> str:
+    level = f"{step['rate']:g} req/s" if step.get("rate") is not None else f"{step['users']} users"
+    return f"step {step['step']} ({level})"
 
 
 def breakpoint_errors(live: Live) -> str | None:
@@ -113,15 +141,15 @@ def breakpoint_errors(live: Live) -> str | None:
     step, limit = live.ended_step, live.stop.breakpoint_error_rate
     if not limit or step is None or not step["requests"] or step["load_error_rate"] <= limit:
         return None
-    return f"breakpoint: {_at(live)} load error rate {step['load_error_rate']:.2f} > {limit:g}"
+    return f"breakpoint: {_at(step)} load error rate {step['load_error_rate']:.2f} > {limit:g}"
 
 
 def breakpoint_ttft(live: Live) -> str | None:
     step, limit = live.ended_step, live.stop.breakpoint_ttft_p95_s
     p95 = None if step is None else step.get("ttft_p95_s")
-    if not limit or p95 is None or p95 <= limit:
+    if not limit or step is None or p95 is None or p95 <= limit:
         return None
-    return f"breakpoint: {_at(live)} TTFT p95 {p95:.2f} s > {limit:g} s"
+    return f"breakpoint: {_at(step)} TTFT p95 {p95:.2f} s > {limit:g} s"
 
 
 def storm_unresolved(live: Live) -> str | None:
