@@ -217,3 +217,25 @@ drain_s = 2
     assert df.worker.nunique() == 2 and len(df) == len(truth)
     assert 10 <= len(df) <= 4 * 5 + 2
     assert df.held_s.max() > 0  # the gate, not the channel, set the pace
+
+
+def test_input_errors_neither_trip_the_breakpoint_nor_fail_fast(tmp_path: Path) -> None:
+    """Every request is refused as too long (an input error): no load-error breakpoint, no misconfiguration stop."""
+    scenario = write_scenario(tmp_path, """
+[prompt]
+tokens = 16
+[output]
+max_tokens = 4
+[load]
+kind = "steps"
+users = [1, 2]
+step_s = 2
+[stop]
+breakpoint_error_rate = 0.1
+drain_s = 2
+""")
+    sim = ["--profile", str(profile(tmp_path, 'extends = "fast"\nmax_output_tokens = 2\n'))]
+    _, df, manifest, _, _ = run_and_read(tmp_path, scenario, sim)
+    assert df.error_kind.eq("bad_request").all() and len(df) > 10
+    assert manifest["stop_reason"] == "plan complete", manifest["stop_reason"]
+    assert df.step.max() == 2

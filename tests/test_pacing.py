@@ -79,45 +79,46 @@ def test_what_counts_as_a_push_back() -> None:
 
 def test_a_push_back_holds_the_process_and_a_success_resets_the_streak() -> None:
     pacer = Pacer()
-    assert pacer.delay(100, 0.0) == 0  # no caps, no hold: send now
+    assert pacer.held(0.0) == 0 and pacer.book(100, 0.0) == 0  # no caps, no hold: send now
     assert pacer.observe(True, RateInfo(), 10.0) == 1  # no header: 1 s
     assert pacer.observe(True, RateInfo(), 10.2) == 1  # sent before the hold: the same wave
-    assert pacer.delay(100, 10.5) == pytest.approx(0.7)
+    assert pacer.held(10.5) == pytest.approx(0.7)
     assert pacer.observe(True, RateInfo(), 11.5) == 2  # the next wave waits twice as long
     assert pacer.observe(False, RateInfo(), 14.0) is None and pacer.streak == 0
-    assert pacer.delay(100, 14.0) == 0
+    assert pacer.held(14.0) == 0
 
 
 def test_an_exhausted_limit_holds_until_its_reset_without_a_429() -> None:
     pacer = Pacer()
     pacer.observe(False, RateInfo(requests_limit=60, requests_remaining=0, requests_reset_s=20), 100.0)
-    assert pacer.delay(10, 100.0) == pytest.approx(20)
+    assert pacer.held(100.0) == pytest.approx(20)
 
 
 def test_caps_space_sends_and_are_shared_by_workers() -> None:
     pacer = Pacer(max_rps=4)
-    assert [pacer.delay(0, 0.0) for _ in range(4)] == pytest.approx([0, 0.25, 0.5, 0.75])
+    assert [pacer.book(0, 0.0) for _ in range(4)] == pytest.approx([0, 0.25, 0.5, 0.75])
     pacer = Pacer(max_rps=4)
     pacer.workers = 2  # each of two processes takes half
-    assert [pacer.delay(0, 0.0) for _ in range(3)] == pytest.approx([0, 0.5, 1.0])
+    assert [pacer.book(0, 0.0) for _ in range(3)] == pytest.approx([0, 0.5, 1.0])
     pacer = Pacer(max_tokens_per_min=6000)  # 100 tokens/s
-    assert [pacer.delay(50, 0.0) for _ in range(3)] == pytest.approx([0, 0.5, 1.0])
+    assert [pacer.book(50, 0.0) for _ in range(3)] == pytest.approx([0, 0.5, 1.0])
 
 
 def test_announced_limits_pace_only_after_the_channel_pushed_back() -> None:
     pacer = Pacer()
     pacer.observe(False, RateInfo(requests_limit=120, requests_remaining=100), 0.0)
-    assert [pacer.delay(0, 0.0) for _ in range(3)] == [0, 0, 0]  # the user's load, as asked
+    assert [pacer.book(0, 0.0) for _ in range(3)] == [0, 0, 0]  # the user's load, as asked
     pacer.observe(True, RateInfo(retry_after_s=1), 0.0)
-    assert [pacer.delay(0, 1.0) for _ in range(3)] == pytest.approx([0, 0.5, 1.0])  # then 120/min = 2/s
+    assert pacer.held(0.5) == pytest.approx(0.5)
+    assert [pacer.book(0, 1.0) for _ in range(3)] == pytest.approx([0, 0.5, 1.0])  # then 120/min = 2/s
 
 
 def test_a_lifted_pause_frees_the_gate() -> None:
     pacer = Pacer()
     pacer.hold(1e9)
-    assert pacer.delay(0, 0.0) > 1e8
+    assert pacer.held(0.0) > 1e8
     pacer.release()
-    assert pacer.delay(0, 0.0) == 0
+    assert pacer.held(0.0) == 0
 
 
 @pytest.mark.parametrize("path, protocol", [("/v1/messages", "anthropic"), ("/v1/chat/completions", "openai")])

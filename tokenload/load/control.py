@@ -348,7 +348,7 @@ class RunControl:
         stop, now = self.scenario.stop, time.monotonic()
         if storm is None:
             self._window.append((now, totals))
-            while self._window and self._window[0][0] < now - stop.storm_s:
+            while len(self._window) > 1 and self._window[1][0] <= now - stop.storm_s:  # keep one at the window's start
                 self._window.popleft()
             if now - self._window[0][0] < stop.storm_s * 0.9:  # not a whole window yet
                 return None

@@ -163,10 +163,9 @@ def pushed_back(http_status: int | None, error_kind: str | None) -> bool:
 class Pacer:
     """One process's gate in front of every send (see the module docstring).
 
-    `delay(tokens, now)` says how long a request of about `tokens` tokens must
-    wait: while a hold is on, the time left (the caller sleeps and asks again, so
-    a lifted hold frees it); else it books the next send slot under the caps and
-    returns the time to it. Spacing is strict (no burst above the rate), which
+    A sender first waits out any hold (`held`, asked again at least every second,
+    so a lifted pause frees it at once), then books its slot under the caps
+    (`book`) and sleeps until it. Spacing is strict (no burst above the rate), which
     keeps any minute under the cap. Caps and announced limits are for the whole
     run: each of `workers` processes takes an even share, as `Budget` does.
     Times are `time.monotonic()`.
@@ -191,10 +190,12 @@ class Pacer:
         tps = [r for r in (self.max_tokens_per_min / 60, learned[1] / 60) if r > 0]
         return (min(rps) / self.workers if rps else 0.0), (min(tps) / self.workers if tps else 0.0)
 
-    def delay(self, tokens: int, now: float) -> float:
-        """Seconds to wait before sending; 0 means send now (the slot is booked)."""
-        if self.hold_until > now:
-            return self.hold_until - now
+    def held(self, now: float) -> float:
+        """Seconds left of a hold (back-off, exhausted limit, breaker pause); 0 when none."""
+        return max(0.0, self.hold_until - now)
+
+    def book(self, tokens: int, now: float) -> float:
+        """Book the next send slot under the caps for a request of about `tokens` tokens; seconds until it."""
         rps, tps = self._rates()
         if not rps and not tps:
             return 0.0

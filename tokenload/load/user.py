@@ -163,14 +163,19 @@ class LLMUser(User):
             first = first or record["request_id"]
 
     def _pace(self, tokens: int) -> float:
-        """Wait at the process's gate (holds, caps); returns how long it took."""
+        """Wait at the process's gate (holds, then caps); returns how long it took."""
         pacer = self.ctx.state.pacer
         start = time.monotonic()
         while True:
-            wait = pacer.delay(tokens, time.monotonic())
-            if wait <= 0:
+            held = pacer.held(time.monotonic())
+            if held:
+                self._pause(min(held, 1.0))  # ask again at least every second: a breaker pause may be lifted
+                continue
+            slot = pacer.book(tokens, time.monotonic())
+            if slot > 0:
+                self._pause(slot)
+            if not pacer.held(time.monotonic()):  # else a push-back arrived meanwhile: wait it out, book again
                 return time.monotonic() - start
-            self._pause(min(wait, 1.0))  # re-ask at least every second: a breaker pause may be lifted
 
     def _pause(self, seconds: float) -> None:
         """Sleep as Locust's `TaskSet.wait` does: a stopping run ends this user at once instead of after the drain."""
