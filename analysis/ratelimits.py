@@ -24,8 +24,8 @@ import pandas as pd
 from tokenload import errors as ek
 from tokenload.rundir import REQUESTS_FILE
 
-COLUMNS = ("step", "started_at", "finished_at", "worker", "error_kind", "in_flight", "rl_requests_limit", "rl_requests_remaining",
-           "rl_tokens_limit", "rl_tokens_remaining", "backoff_s", "held_s", "retry_of")
+COLUMNS = ("step", "started_at", "finished_at", "worker", "error_kind", "in_flight", "rl_requests_limit",
+           "rl_requests_remaining", "rl_tokens_limit", "rl_tokens_remaining", "backoff_s", "held_s", "retry_of")
 
 
 def _int(value: Any) -> int | None:
@@ -74,7 +74,7 @@ def rate_limits(run_dir: str | Path, ended_at: float | None = None) -> dict[str,
     path = Path(run_dir) / REQUESTS_FILE
     names = set(pq.read_schema(path).names) if path.exists() else set()
     if not {"rl_requests_limit", "backoff_s"} <= names:
-        return {"seen": False, "note": "this run recorded no rate-limit information (recorded before tokenload kept it)"}
+        return {"seen": False, "note": "the run recorded no rate-limit information (recorded before tokenload kept it)"}
     df = pq.read_table(path, columns=[c for c in COLUMNS if c in names]).to_pandas()
     limited = df[df["error_kind"] == ek.RATE_LIMITED]
     overloaded = df[df["error_kind"] == ek.OVERLOADED]
@@ -85,8 +85,8 @@ def rate_limits(run_dir: str | Path, ended_at: float | None = None) -> dict[str,
         "tokens_per_min": _int(df["rl_tokens_limit"].max()),
         "lowest_requests_remaining": _lowest(df, "requests"),
         "lowest_tokens_remaining": _lowest(df, "tokens"),
-        "rate_limited": int(len(limited)),
-        "overloaded": int(len(overloaded)),
+        "rate_limited": len(limited),
+        "overloaded": len(overloaded),
         "limited_from_step": _int(first["step"]) if first is not None else None,
         "limited_after_s": (round(float(first["started_at"] - df["started_at"].min()), 3)
                             if first is not None else None),

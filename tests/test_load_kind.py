@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from loadkit import run_cli, run_command, truth_frame, write_scenario
+from loadkit import run_cli, truth_frame, write_scenario
 
 from tokenload.sim import launch
 
@@ -68,7 +68,7 @@ step_s = 10
 drain_s = 5
 """)
     sim = ["--profile", str(profile(tmp_path, 'extends = "ratelimited"\nrate_limit_rpm = 20\n'))]
-    result, df, manifest, truth, wall = run_and_read(tmp_path, scenario, sim, "--protocol", protocol)
+    result, df, _, truth, wall = run_and_read(tmp_path, scenario, sim, "--protocol", protocol)
     assert result.returncode == 0, result.stderr
     assert len(truth) <= 20 + 8, truth.status.value_counts()  # the limit plus the requests in flight at most
     assert (truth.status == 200).sum() == 20  # and it was used in full
@@ -97,7 +97,7 @@ retry = 1
 drain_s = 2
 """)
     sim = ["--profile", str(profile(tmp_path, 'extends = "fast"\n[faults]\n"status code=429 body=json" = 1.0\n'))]
-    result, df, manifest, truth, _ = run_and_read(tmp_path, scenario, sim)
+    _, df, manifest, truth, _ = run_and_read(tmp_path, scenario, sim)
     df = df[~df.in_flight]  # cut by the end of the run
     assert len(df) == len(truth) <= 4 * 8  # about one wave a second, not hundreds
     assert df.error_kind.eq("rate_limited").all() and df.backoff_s.eq(1.0).all() and df.retry_after_s.eq(1.0).all()
@@ -168,7 +168,7 @@ storm_s = 2
 storm_probes = 2
 """)
     sim = ["--profile", str(profile(tmp_path, 'extends = "fast"\n[faults]\n"status code=500 body=json" = 1.0\n'))]
-    result, df, manifest, truth, wall = run_and_read(tmp_path, scenario, sim)
+    _, df, manifest, truth, wall = run_and_read(tmp_path, scenario, sim)
     assert wall < 25, manifest["stop_reason"]
     assert manifest["stop_reason"].startswith("error storm:") and "2 probe requests" in manifest["stop_reason"]
     storm = manifest["storms"][0]

@@ -355,7 +355,8 @@ class RunControl:
             detail = stoprules.storm(totals.minus(self._window[0][1]), stop)
             if detail is None:
                 return None
-            storm = {"paused_at": time.time(), "detail": detail, "failed_probes": 0, "outcome": None, "_next": now + stop.storm_s}
+            storm = {"paused_at": time.time(), "detail": detail, "failed_probes": 0, "outcome": None,
+                     "_next": now + stop.storm_s}
             self.storms.append(storm)
             self._pause(True)
             return storm

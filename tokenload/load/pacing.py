@@ -133,18 +133,16 @@ def parse_rate_headers(headers: dict[str, str] | None, now: float) -> RateInfo:
         if retry is None:
             retry = _seconds_until(raw, now)
     if any(name.startswith(_ANTHROPIC) for name in headers):
-        def a(what: str, field: str) -> str | None:
-            return headers.get(f"{_ANTHROPIC}{what}-{field}")
-
-        tokens = "tokens" if a("tokens", "limit") is not None else "input-tokens"
-        return RateInfo(_int(a("requests", "limit")), _int(a("requests", "remaining")), _reset(a("requests", "reset"), now),
-                        _int(a(tokens, "limit")), _int(a(tokens, "remaining")), _reset(a(tokens, "reset"), now), retry)
-
-    def o(field: str, what: str) -> str | None:
-        return headers.get(f"{_OPENAI}{field}-{what}")
-
-    return RateInfo(_int(o("limit", "requests")), _int(o("remaining", "requests")), _reset(o("reset", "requests"), now),
-                    _int(o("limit", "tokens")), _int(o("remaining", "tokens")), _reset(o("reset", "tokens"), now), retry)
+        tokens = "tokens" if f"{_ANTHROPIC}tokens-limit" in headers else "input-tokens"
+        kinds = {"requests": "requests", "tokens": tokens}
+        names = {(what, field): f"{_ANTHROPIC}{kinds[what]}-{field}" for what in kinds
+                 for field in ("limit", "remaining", "reset")}
+    else:
+        names = {(what, field): f"{_OPENAI}{field}-{what}" for what in ("requests", "tokens")
+                 for field in ("limit", "remaining", "reset")}
+    requests, tokens_ = ((_int(headers.get(names[what, "limit"])), _int(headers.get(names[what, "remaining"])),
+                          _reset(headers.get(names[what, "reset"]), now)) for what in ("requests", "tokens"))
+    return RateInfo(*requests, *tokens_, retry)
 
 
 def backoff_s(info: RateInfo, streak: int) -> float:

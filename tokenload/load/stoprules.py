@@ -34,7 +34,7 @@ class FailFast:
     is about to stop, and every further request would fail the same way.
     """
 
-    __slots__ = ("limit", "streak", "last", "report")
+    __slots__ = ("last", "limit", "report", "streak")
 
     def __init__(self, limit: int = 0, report: Callable[[int, dict[str, Any] | None], None] | None = None) -> None:
         self.limit = limit

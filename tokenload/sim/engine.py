@@ -302,7 +302,8 @@ def rate_limit_headers(state: dict[str, float], anthropic: bool) -> list[tuple[s
                         (f"anthropic-ratelimit-{what}-remaining", f"{remaining:.0f}"),
                         (f"anthropic-ratelimit-{what}-reset", at)]
         else:
-            headers += [(f"x-ratelimit-limit-{what}", f"{limit:.0f}"), (f"x-ratelimit-remaining-{what}", f"{remaining:.0f}"),
+            headers += [(f"x-ratelimit-limit-{what}", f"{limit:.0f}"),
+                        (f"x-ratelimit-remaining-{what}", f"{remaining:.0f}"),
                         (f"x-ratelimit-reset-{what}", f"{reset:.3f}s")]
     return headers
 
