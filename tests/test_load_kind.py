@@ -76,7 +76,8 @@ drain_s = 5
     assert df.error_kind.eq("rate_limited").sum() == (truth.status == 429).sum()
     assert df.loc[df.error_kind.eq("rate_limited"), "backoff_s"].gt(0).all()
     assert wall < 30  # holds end with the run: a held user does not wait for the drain
-    subprocess.run([sys.executable, "-m", "tokenload", "analyze", str(tmp_path / "run")], capture_output=True, check=True)
+    subprocess.run([sys.executable, "-m", "tokenload", "analyze", str(tmp_path / "run")], capture_output=True,
+                   check=True)
     limits = json.loads((tmp_path / "run" / "summary.json").read_text())["rate_limits"]
     assert limits["seen"] and limits["requests_per_min"] == 20 and limits["tokens_per_min"] == 40000
     assert limits["lowest_requests_remaining"]["remaining"] == 0
@@ -85,21 +86,29 @@ drain_s = 5
     assert "Rate limits" in report and "20 per minute" in report
 
 
-def test_back_off_honours_retry_after_and_a_retry_is_a_new_linked_request(tmp_path: Path) -> None:
-    """Every request gets 429 + retry-after: 1. Users wait 1 s between waves; a retry names its first request."""
-    scenario = write_scenario(tmp_path, SHORT + """
+def pushed_back_run(tmp_path: Path, code: int, step_s: float,
+                    retry: int = 0) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
+    """4 users against a channel that answers every stream with HTTP `code`: the finished records, manifest, truth."""
+    scenario = write_scenario(tmp_path, SHORT + f"""
 [load]
 kind = "constant"
 users = 4
-step_s = 6
-retry = 1
+step_s = {step_s}
+retry = {retry}
 [stop]
 drain_s = 2
 """)
-    sim = ["--profile", str(profile(tmp_path, 'extends = "fast"\n[faults]\n"status code=429 body=json" = 1.0\n'))]
+    sim = ["--profile", str(profile(tmp_path, f'extends = "fast"\n[faults]\n"status code={code} body=json" = 1.0\n'))]
     _, df, manifest, truth, _ = run_and_read(tmp_path, scenario, sim)
     df = df[~df.in_flight]  # cut by the end of the run
-    assert len(df) == len(truth) <= 4 * 8  # about one wave a second, not hundreds
+    assert len(df) == len(truth)
+    return df, manifest, truth
+
+
+def test_back_off_honours_retry_after_and_a_retry_is_a_new_linked_request(tmp_path: Path) -> None:
+    """Every request gets 429 + retry-after: 1. Users wait 1 s between waves; a retry names its first request."""
+    df, manifest, _ = pushed_back_run(tmp_path, 429, step_s=6, retry=1)
+    assert len(df) <= 4 * 8  # about one wave a second, not hundreds
     assert df.error_kind.eq("rate_limited").all() and df.backoff_s.eq(1.0).all() and df.retry_after_s.eq(1.0).all()
     retries = df[df.retry_of.notna()]
     firsts = df.set_index("request_id")
@@ -111,19 +120,9 @@ drain_s = 2
 
 def test_without_a_header_back_off_doubles(tmp_path: Path) -> None:
     """503 with no retry-after: the waves are 1, 2, 4 s apart."""
-    scenario = write_scenario(tmp_path, SHORT + """
-[load]
-kind = "constant"
-users = 4
-step_s = 7.5
-[stop]
-drain_s = 2
-""")
-    sim = ["--profile", str(profile(tmp_path, 'extends = "fast"\n[faults]\n"status code=503 body=json" = 1.0\n'))]
-    _, df, _, truth, _ = run_and_read(tmp_path, scenario, sim)
-    df = df[~df.in_flight]  # cut by the end of the run
-    assert len(df) == len(truth) <= 4 * 4
-    assert df.error_kind.eq("overloaded").all()
+    df, _, truth = pushed_back_run(tmp_path, 503, step_s=7.5)
+    assert len(df) <= 4 * 4
+    assert df.error_kind.eq("overloaded").all() and df.retry_of.isna().all()  # no retry unless asked
     waits = sorted(df.backoff_s.unique())
     assert len(waits) >= 3 and waits == [2.0 ** i for i in range(len(waits))]  # 1, 2, 4 (8) s
     gaps = truth.sort_values("arrival").arrival.diff().dropna()
@@ -139,7 +138,8 @@ def test_a_broken_channel_stops_smoke_after_a_handful_with_doctors_fix(tmp_path:
     started = time.monotonic()
     with launch(["--api-key", "sk-right-0123456789", "--truth", str(truth)]) as sim:
         if case == "base-url":
-            base, key, fix = sim.base_url.removesuffix("/api"), "sk-right-0123456789", f"fix: set --base-url to {sim.base_url}"
+            base, key = sim.base_url.removesuffix("/api"), "sk-right-0123456789"
+            fix = f"fix: set --base-url to {sim.base_url}"
         else:
             base, key, fix = sim.base_url, "sk-wrong-9876543210", "fix: check the key"
         result = run_cli(Path("smoke"), base, tmp_path / "run", "--api-key", key, *extra)
@@ -152,7 +152,8 @@ def test_a_broken_channel_stops_smoke_after_a_handful_with_doctors_fix(tmp_path:
     # a handful, not max_requests' 200; the channel also saw doctor's few requests for the fix
     assert 5 <= len(records) <= 12 and len(truth_frame(truth)) <= len(records) + 8
     assert "sk-wrong-9876543210" not in result.stderr + json.dumps(manifest)
-    assert "bottleneck" not in result.stderr and not manifest["scheduler_lag"]["client_bound"]  # all failed: not the client
+    # all failed: the client was not the bottleneck
+    assert "bottleneck" not in result.stderr and not manifest["scheduler_lag"]["client_bound"]
 
 
 def test_the_storm_breaker_pauses_probes_and_stops(tmp_path: Path) -> None:
@@ -180,7 +181,8 @@ storm_probes = 2
 def test_the_storm_breaker_resumes_when_a_probe_succeeds(tmp_path: Path) -> None:
     """The load's prompts fail (a fault marker in each), the probe's does not: the users resume."""
     data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"q{i} [[fault:status code=500 body=json]]"}) + "\n" for i in range(50)))
+    lines = (json.dumps({"prompt": f"q{i} [[fault:status code=500 body=json]]"}) + "\n" for i in range(50))
+    data.write_text("".join(lines))
     scenario = write_scenario(tmp_path, """
 [prompt]
 dataset = "prompts.jsonl"

@@ -61,7 +61,7 @@ Schema (all sections optional except `[load]`):
     breakpoint_ttft_p95_s = 0     # stop after a whole step above this TTFT p95; 0 = off
     config_errors = 5             # stop after this many configuration errors in a row (auth, unknown model,
                                   # wrong base URL; counted across workers), with doctor's fix; 0 = off
-    storm_error_rate = 0.8        # error-storm breaker: more than this share of load errors (429, 5xx,
+    storm_error_rate = 0.8        # error-storm breaker (0 = off): more than this share of load errors (429, 5xx,
     storm_s = 10                  # timeouts, ...) for storm_s seconds pauses every user; a probe request
     storm_probes = 3              # every storm_s then resumes the run or, after this many failed, stops it
 """
