@@ -23,6 +23,10 @@ from tokenload.sim import launch
 NOW = 1_800_000_000.0
 
 
+def limits(info: RateInfo) -> tuple[int | None, ...]:
+    return info.requests_limit, info.requests_remaining, info.tokens_limit, info.tokens_remaining
+
+
 @pytest.mark.parametrize("text, seconds", [
     ("1s", 1.0), ("6m0s", 360.0), ("1h2m3.5s", 3723.5), ("20ms", 0.02), ("0.5", 0.5), ("12", 12.0),
     ("soon", None), ("1x", None), ("", None),
@@ -38,18 +42,19 @@ def test_anthropic_headers_are_read_as_values() -> None:
         "anthropic-ratelimit-requests-reset": reset, "anthropic-ratelimit-input-tokens-limit": "40000",
         "anthropic-ratelimit-input-tokens-remaining": "39000", "anthropic-ratelimit-input-tokens-reset": reset,
     }, NOW)
-    assert (info.requests_limit, info.requests_remaining, info.tokens_limit, info.tokens_remaining) == (50, 0, 40000, 39000)
+    assert limits(info) == (50, 0, 40000, 39000)
     assert info.requests_reset_s == pytest.approx(30)
     assert info.server_wait() == pytest.approx(30)  # no retry-after: the reset of the exhausted limit
 
 
 def test_openai_headers_and_retry_after_ms_wins() -> None:
     info = parse_rate_headers({
-        "x-ratelimit-limit-requests": "500", "x-ratelimit-remaining-requests": "499", "x-ratelimit-reset-requests": "120ms",
+        "x-ratelimit-limit-requests": "500", "x-ratelimit-remaining-requests": "499",
+        "x-ratelimit-reset-requests": "120ms",
         "x-ratelimit-limit-tokens": "30000", "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "6m0s",
         "retry-after": "2", "retry-after-ms": "1500",
     }, NOW)
-    assert (info.requests_limit, info.requests_remaining, info.tokens_limit, info.tokens_remaining) == (500, 499, 30000, 0)
+    assert limits(info) == (500, 499, 30000, 0)
     assert info.retry_after_s == 1.5 and info.server_wait() == 1.5  # retry-after-ms, then retry-after, then resets
     assert parse_rate_headers({"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "6m0s"},
                               NOW).server_wait() == 360

@@ -19,7 +19,8 @@ def live(**kw: object) -> Live:
 
 def test_the_rules_load_without_locust() -> None:
     """The point of the table: a developer's inner loop tests the rules without starting (or importing) Locust."""
-    code = "import sys, tokenload.load.stoprules, tokenload.load.pacing; print(sorted({'locust', 'gevent'} & set(sys.modules)))"
+    code = ("import sys, tokenload.load.stoprules, tokenload.load.pacing; "
+            "print(sorted({'locust', 'gevent'} & set(sys.modules)))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
 
 
@@ -59,9 +60,11 @@ def test_misconfigured_after_n_in_a_row_and_off_at_zero() -> None:
 
 
 def test_request_and_token_limits() -> None:
-    assert stoprules.request_limit(live(totals=Counts(40, 0, 0, 0), stop=stop(max_requests=40))) == "max_requests: 40 >= 40"
+    assert stoprules.request_limit(live(totals=Counts(40, 0, 0, 0), stop=stop(max_requests=40))) == \
+        "max_requests: 40 >= 40"
     assert stoprules.request_limit(live(totals=Counts(39, 0, 0, 0), stop=stop(max_requests=40))) is None
-    assert stoprules.token_limit(live(totals=Counts(1, 0, 0, 900), stop=stop(max_tokens=800))) == "token budget: 900 >= 800"
+    assert stoprules.token_limit(live(totals=Counts(1, 0, 0, 900), stop=stop(max_tokens=800))) == \
+        "token budget: 900 >= 800"
 
 
 def test_breakpoint_counts_load_errors_only() -> None:
