@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from email.utils import formatdate
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ from tokenload.load.pacing import (
     parse_rate_headers,
     pushed_back,
 )
+from tokenload.doctor import OK, diagnose
 from tokenload.sim import launch
 
 NOW = 1_800_000_000.0
@@ -144,3 +146,17 @@ def test_the_ratelimited_simulator_speaks_each_vendors_headers(tmp_path: object,
     assert 55 <= infos[3].server_wait() <= 61
     if protocol == "openai":
         assert "retry-after-ms" in answers[3].headers
+
+
+@pytest.mark.parametrize("profile, expect", [
+    ("ratelimited", "the channel allows 60 requests/min (58 left) and 40,000 tokens/min ("),
+    ("fast", "the channel sent no rate-limit headers"),
+])
+def test_doctor_shows_the_limits_it_saw(tmp_path: Path, profile: str, expect: str) -> None:
+    """One doctor line with the announced limits as seen after its two requests; a channel without them says so."""
+    home = tmp_path / "home"
+    home.mkdir()
+    with launch(["--profile", profile]) as sim:
+        results, _ = diagnose(flags={"base_url": sim.base_url, "model": "sim-7b"}, env={}, cwd=tmp_path, home=home)
+    line = results[-1]
+    assert line.name == "rate_limits" and line.status == OK and line.saw.startswith(expect), line.saw
