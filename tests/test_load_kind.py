@@ -156,8 +156,12 @@ def test_a_broken_channel_stops_smoke_after_a_handful_with_doctors_fix(tmp_path:
     assert "bottleneck" not in result.stderr and not manifest["scheduler_lag"]["client_bound"]
 
 
-def test_the_storm_breaker_pauses_probes_and_stops(tmp_path: Path) -> None:
-    """Every request gets an instant 500: users pause after storm_s, two probes fail, the run stops, saying why."""
+@pytest.mark.parametrize("processes", [0, 2])
+def test_the_storm_breaker_pauses_probes_and_stops(tmp_path: Path, processes: int) -> None:
+    """Every request gets an instant 500: users pause after storm_s, two probes fail, the run stops, saying why.
+
+    With workers, the master pauses them by message and probes the channel itself.
+    """
     scenario = write_scenario(tmp_path, SHORT + """
 [load]
 kind = "constant"
@@ -169,8 +173,9 @@ storm_s = 2
 storm_probes = 2
 """)
     sim = ["--profile", str(profile(tmp_path, 'extends = "fast"\n[faults]\n"status code=500 body=json" = 1.0\n'))]
-    _, df, manifest, truth, wall = run_and_read(tmp_path, scenario, sim)
-    assert wall < 25, manifest["stop_reason"]
+    extra = ("--processes", str(processes)) if processes else ()
+    _, df, manifest, truth, wall = run_and_read(tmp_path, scenario, sim, *extra)
+    assert wall < 30, manifest["stop_reason"]
     assert manifest["stop_reason"].startswith("error storm:") and "2 probe requests" in manifest["stop_reason"]
     storm = manifest["storms"][0]
     assert storm["failed_probes"] == 2
