@@ -178,7 +178,7 @@ storm_probes = 2
     assert wall < 30, manifest["stop_reason"]
     assert manifest["stop_reason"].startswith("error storm:") and "2 probe requests" in manifest["stop_reason"]
     storm = manifest["storms"][0]
-    assert storm["failed_probes"] == 2
+    assert storm["failed_probes"] == 2 and storm["outcome"] == "stopped"
     assert (df.started_at > storm["paused_at"] + 0.5).sum() == 0  # nothing sent while paused
     assert len(truth) == len(df) + 2  # the records plus the two probes
 

@@ -325,6 +325,8 @@ class RunControl:
         if fired is None:
             return None
         rule, reason = fired
+        if storm is not None:  # the run ends with the users paused
+            storm["outcome"] = "stopped"
         if rule == "misconfigured" and last is not None:
             reason += self._doctor_fix(last["kind"])
         return reason
