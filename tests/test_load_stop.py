@@ -18,7 +18,6 @@ from loadkit import free_port, run_command, truth_frame, write_scenario
 
 from tokenload.sim import launch
 
-
 pytestmark = pytest.mark.slow
 
 

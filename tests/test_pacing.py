@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tokenload.doctor import OK, diagnose_channel
 from tokenload.load.pacing import (
     BACKOFF_CAP_S,
     MAX_WAIT_S,
@@ -19,7 +20,6 @@ from tokenload.load.pacing import (
     parse_rate_headers,
     pushed_back,
 )
-from tokenload.doctor import OK, diagnose
 from tokenload.sim import launch
 
 NOW = 1_800_000_000.0
@@ -157,6 +157,6 @@ def test_doctor_shows_the_limits_it_saw(tmp_path: Path, profile: str, expect: st
     home = tmp_path / "home"
     home.mkdir()
     with launch(["--profile", profile]) as sim:
-        results, _ = diagnose(flags={"base_url": sim.base_url, "model": "sim-7b"}, env={}, cwd=tmp_path, home=home)
+        results, _ = diagnose_channel(flags={"base_url": sim.base_url, "model": "sim-7b"}, env={}, cwd=tmp_path, home=home)
     line = results[-1]
     assert line.name == "rate_limits" and line.status == OK and line.saw.startswith(expect), line.saw

@@ -47,9 +47,9 @@ from tokenload.load.pacing import parse_rate_headers, pushed_back
 from tokenload.load.prompts import PromptSource, RequestPlan
 from tokenload.load.records import SegmentWriter
 from tokenload.load.transport import Transport
-from tokenload.protocols.base import Protocol
+from tokenload.protocols.base import ProtocolAdapter
+from tokenload.record import RequestRecord
 from tokenload.stream import StreamSession
-
 
 PARK_S = 3600.0
 
@@ -105,7 +105,7 @@ class ProcessContext:
     worker: str
     tag: str
     protocol: str
-    adapters: dict[str, Protocol]
+    adapters: dict[str, ProtocolAdapter]
     transport: Transport
     prompts: PromptSource
     writer: SegmentWriter
@@ -135,7 +135,7 @@ class LLMUser(User):
         return self.ctx.think_time_s if self.ctx.arrivals is None else 0.0
 
     def on_start(self) -> None:
-        self.ctx: ProcessContext = self.environment.tokenload_process  # type: ignore[attr-defined]
+        self.ctx: ProcessContext = self.environment.tokenload_process
         self.user_id = self.ctx.new_user_id()
         self.parked = False
 
@@ -188,7 +188,7 @@ class LLMUser(User):
         self._state = LOCUST_STATE_RUNNING
 
     def send(self, plan: RequestPlan, scheduled_at: float, held_s: float = 0.0,
-             retry_of: str | None = None) -> dict[str, Any] | None:
+             retry_of: str | None = None) -> RequestRecord | None:
         """One request, recorded in full; returns its record (None when the run ended with it in flight)."""
         ctx = self.ctx
         adapter = ctx.adapters[plan.model]
@@ -212,17 +212,17 @@ class LLMUser(User):
             info = parse_rate_headers(session.timeline.response_headers, time.time())
             pushback = not in_flight and pushed_back(record["http_status"], record["error_kind"])
             backoff = state.pacer.observe(pushback, info, time.monotonic()) if not in_flight else None
-            record.update(
-                request_id=ctx.new_request_id(), run_id=ctx.run_id, worker=ctx.worker, user_id=self.user_id,
-                step=step, active_users=users, scheduled_at=scheduled_at,
-                late_s=max(0.0, record["started_at"] - scheduled_at), protocol=ctx.protocol, model=plan.model,
-                max_tokens=plan.max_tokens, prompt_tokens_target=plan.prompt_tokens_target, in_flight=in_flight,
-                finished_at=None if duration is None else record["started_at"] + duration,
-                backoff_s=backoff, held_s=held_s, retry_of=retry_of,
-                retry_after_s=info.server_wait() if pushback else None,
-                rl_requests_limit=info.requests_limit, rl_requests_remaining=info.requests_remaining,
-                rl_tokens_limit=info.tokens_limit, rl_tokens_remaining=info.tokens_remaining,
-            )
+            record.update({
+                "request_id": ctx.new_request_id(), "run_id": ctx.run_id, "worker": ctx.worker,
+                "user_id": self.user_id, "step": step, "active_users": users, "scheduled_at": scheduled_at,
+                "late_s": max(0.0, record["started_at"] - scheduled_at), "protocol": ctx.protocol,
+                "model": plan.model, "max_tokens": plan.max_tokens, "prompt_tokens_target": plan.prompt_tokens_target,
+                "in_flight": in_flight, "finished_at": None if duration is None else record["started_at"] + duration,
+                "backoff_s": backoff, "held_s": held_s, "retry_of": retry_of,
+                "retry_after_s": info.server_wait() if pushback else None,
+                "rl_requests_limit": info.requests_limit, "rl_requests_remaining": info.requests_remaining,
+                "rl_tokens_limit": info.tokens_limit, "rl_tokens_remaining": info.tokens_remaining,
+            })
             ctx.writer.append(record)
             if budget is not None:
                 budget.finished((record["input_tokens"] or 0) + (record["output_tokens"] or 0))
@@ -232,7 +232,7 @@ class LLMUser(User):
                 self._fire(record)
         return None if in_flight else record
 
-    def _fire(self, r: dict[str, Any]) -> None:
+    def _fire(self, r: RequestRecord) -> None:
         fire = self.environment.events.request.fire
         model = r["model"]
         ok = r["status"] == "ok"
