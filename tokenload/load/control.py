@@ -19,11 +19,12 @@ master in its first step message) and a user takes a ticket before each send.
 Once a process's share is used up its users park, it tells the master
 (`BUDGET_MESSAGE`), and the run stops when every process is spent. A request
 limit is therefore never exceeded; a token budget by at most the requests in
-flight when it ran out. The breakpoint checks still read Locust's stats: good
-enough for deciding when to stop, never used for reported numbers.
+flight when it ran out. The breakpoint checks read the run's live token
+statistics (`tokenstats.current_run`, merged from the workers about every 3 s):
+good enough for deciding when to stop, never used for reported numbers.
 
 The stop rules themselves are pure functions in `stoprules.py`; this module
-gathers their input. Two of them need news faster than Locust's 3-s stats:
+gathers their input. Two of them need news faster than the 3-s worker reports:
 configuration errors are counted where they happen (`FailFast`: a process parks
 its users after `[stop] config_errors` in a row and a worker reports each one to
 the master at once, `FAILFAST_MESSAGE`), and the error-storm breaker pauses every
@@ -34,9 +35,8 @@ process's users (`PAUSE_MESSAGE`) and then probes the channel itself, once every
 
 from __future__ import annotations
 
-import re
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,7 +44,6 @@ from typing import Any
 
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
-from locust.stats import RequestStats, calculate_response_time_percentile
 
 from tokenload.channel import Channel
 from tokenload.errors import error_class
@@ -54,6 +53,7 @@ from tokenload.load.records import SEGMENTS_DIR, write_json
 from tokenload.load.scenario import Scenario
 from tokenload.load.shapes import Phase, build_plan
 from tokenload.load.stoprules import Counts, FailFast, Live
+from tokenload.load.tokenstats import Hist, current_run
 
 STEP_MESSAGE = "tokenload_step"
 BUDGET_MESSAGE = "tokenload_budget_spent"
@@ -61,10 +61,8 @@ FAILFAST_MESSAGE = "tokenload_config_errors"
 PAUSE_MESSAGE = "tokenload_pause"
 CONTROL_FILE = "control.json"
 PAUSE_S = 24 * 3600.0  # a breaker pause lasts until the master lifts it
-# The error kind in a Locust error entry: `rate_limited (HTTP 429)`, or its repr from a worker.
-_KIND = re.compile(r"(\w+) \(HTTP")
-# Locust stats request types; TTFT/TPOT/E2E carry milliseconds (per token for TPOT).
-REQUEST_TYPE, TTFT, TPOT, E2E = "POST", "TTFT", "TPOT", "E2E"
+# Locust's request type for an LLM request (one Locust request per LLM request).
+REQUEST_TYPE = "POST"
 
 
 class Budget:
@@ -131,6 +129,11 @@ class LoadState:
         load = scenario.load
         return cls(pacer=Pacer(load.max_rps, load.max_tokens_per_min), failfast=FailFast(scenario.stop.config_errors))
 
+    def new_test(self) -> None:
+        """A (re)started test: no streak of configuration errors, no hold left from the previous one."""
+        self.failfast.streak = 0
+        self.pacer.release()
+
     def pause(self, paused: bool) -> None:
         """The error-storm breaker: hold every send, or lift the hold."""
         if paused:
@@ -141,11 +144,11 @@ class LoadState:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Cumulative counters from Locust's stats at one moment."""
+    """Cumulative counters of the current run at one moment (from `tokenstats.current_run`)."""
 
     counts: Counts
-    ttft: Counter
-    tpot: Counter
+    ttft: Hist
+    tpot: Hist
 
     @property
     def requests(self) -> int:
@@ -156,23 +159,11 @@ class Snapshot:
         return self.counts.failures
 
     @classmethod
-    def take(cls, stats: RequestStats) -> Snapshot:
-        requests = failures = tokens = 0
-        hist: dict[str, Counter] = {TTFT: Counter(), TPOT: Counter()}
-        for (_, method), entry in list(stats.entries.items()):
-            if method == REQUEST_TYPE:
-                requests += entry.num_requests  # failures included
-                failures += entry.num_failures
-                tokens += entry.total_content_length
-            elif method in hist:
-                hist[method].update(entry.response_times)
-        load_failures = 0
-        for error in list(stats.errors.values()):
-            # The exception itself in this process; its repr once it came from a worker's report.
-            match = _KIND.search(error.error if isinstance(error.error, str) else repr(error.error))
-            if error.method == REQUEST_TYPE and error_class(match.group(1) if match else "unknown") == "load":
-                load_failures += error.occurrences
-        return cls(Counts(requests, failures, load_failures, tokens), hist[TTFT], hist[TPOT])
+    def take(cls, environment: Environment) -> Snapshot:
+        total = current_run(environment).total()
+        load_failures = sum(n for kind, n in total.kinds.items() if error_class(kind) == "load")
+        counts = Counts(total.requests, total.errors, load_failures, total.input_tokens + total.output_tokens)
+        return cls(counts, Hist(total.hists["ttft"]), Hist(total.hists["tpot"]))
 
     def since(self, earlier: Snapshot) -> dict[str, Any]:
         """Counts and TTFT/TPOT percentiles (s) between `earlier` and this snapshot."""
@@ -180,12 +171,10 @@ class Snapshot:
         out: dict[str, Any] = {"requests": counts.requests, "failures": counts.failures,
                                "load_failures": counts.load_failures, "load_error_rate": counts.load_error_rate}
         out["error_rate"] = out["failures"] / out["requests"] if out["requests"] else 0.0
-        for name, now, before in ((TTFT, self.ttft, earlier.ttft), (TPOT, self.tpot, earlier.tpot)):
-            diff = now - before
-            n = sum(diff.values())
+        for name, now, before in (("ttft", self.ttft, earlier.ttft), ("tpot", self.tpot, earlier.tpot)):
+            diff = Hist(now - before)
             for pct in (50, 95):
-                value = calculate_response_time_percentile(diff, n, pct / 100) / 1000 if n else None
-                out[f"{name.lower()}_p{pct}_s"] = value
+                out[f"{name}_p{pct}_s"] = diff.percentile(pct)
         return out
 
 
@@ -208,6 +197,8 @@ def install_step_listener(environment: Environment, state: LoadState) -> None:
         share = (data.get("budget") or {}).get(runner.client_id)
         if share is not None and (state.budget is None or data["step"] == 1):  # step 1: a (re)started test
             state.budget = Budget(share[0], share[1], spent)
+        if data["step"] == 1:
+            state.new_test()
 
     def config_errors(streak: int, last: dict[str, Any] | None) -> None:
         runner.send_message(FAILFAST_MESSAGE, {"worker": runner.client_id, "streak": streak, "last": last})
@@ -241,8 +232,9 @@ class RunControl:
         self._window: deque[tuple[float, Counts]] = deque()  # the breaker's recent snapshots
         runner = environment.runner
         if isinstance(runner, MasterRunner):
-            runner.register_message(BUDGET_MESSAGE, self._on_spent)
-            runner.register_message(FAILFAST_MESSAGE, self._on_config_errors)
+            for name, listener in ((BUDGET_MESSAGE, self._on_spent), (FAILFAST_MESSAGE, self._on_config_errors)):
+                runner.custom_messages.pop(name, None)  # a new run (web UI) takes over from the previous one
+                runner.register_message(name, listener)
 
     def _on_spent(self, environment: Environment, msg: Any, **_: Any) -> None:
         self.spent[msg.data["worker"]] = msg.data
@@ -255,7 +247,7 @@ class RunControl:
         return bool(self.scenario.stop.max_requests or self.scenario.stop.max_tokens)
 
     def _snapshot(self) -> Snapshot:
-        return Snapshot.take(self.environment.runner.stats)  # type: ignore[union-attr]
+        return Snapshot.take(self.environment)
 
     def _close_step(self) -> dict[str, Any] | None:
         if not self.steps or self._step_start is None:
@@ -275,6 +267,8 @@ class RunControl:
         self._close_step()
         if phase.step == 1:  # a test (re)started from the web UI starts with whole budgets
             self.budgets, self.spent, self.state.budget = {}, {}, None
+            self.config_errors = {}
+            self.state.new_test()
         self._step_start = self._snapshot()
         self.steps.append({**asdict(phase), "started_at": time.time()})
         runner = self.environment.runner
