@@ -20,7 +20,9 @@ tried online (#1), because neither means anything until the earlier one holds:
                     > --slo-e2e (cap max tokens)
   7 streaming       tokens arrive incrementally (not one burst from a buffering proxy)
                     and the stream ends with its final event
-  8 caching         two identical requests with a long new prefix: the second reads it from
+  8 rate limits     the limits the channel announced on the latency probe (values only);
+                    one used up fails
+  9 caching         two identical requests with a long new prefix: the second reads it from
                     the prompt cache (usage fields, else a TTFT drop); a relay may strip caching
 
 `--json` prints the same as a list of objects {name, title, status, saw, fix, details}.
@@ -38,8 +40,8 @@ from pathlib import Path
 
 from tokenload.channel import add_channel_arguments
 
-HELP = ("check the seven common channel mistakes in order, then prompt caching: ok, or FAIL with what was seen "
-        "and the fix")
+HELP = ("check the seven common channel mistakes in order, then rate limits and prompt caching: ok, or FAIL "
+        "with what was seen and the fix")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -67,6 +67,10 @@ Schema (all sections optional except `[load]`):
                                   # output token counts (BurstGPT, Mooncake columns understood)
     speed = 1.0                   # trace: replay this many times faster (2 = each request at half its offset)
     time_unit = "s"               # trace: unit of the timestamps, s or ms (intervals are always seconds)
+    max_rps = 0                   # any kind: our own cap on requests/s across all workers; 0 = none
+    max_tokens_per_min = 0        # any kind: cap on tokens/min sent (prompt estimate + max_tokens); 0 = none
+    retry = 0                     # any kind: retries of a request the channel pushed back (429/529/503),
+                                  # each after its back-off and recorded as a new request with retry_of; 0 = none
 
     [stop]
     duration_s = 0                # cap on the whole run; 0 = the load plan's length
@@ -75,6 +79,11 @@ Schema (all sections optional except `[load]`):
     drain_s = 30                  # at the end, in-flight streams get this long to finish
     breakpoint_error_rate = 0     # stop after a whole step above this error rate; 0 = off
     breakpoint_ttft_p95_s = 0     # stop after a whole step above this TTFT p95; 0 = off
+    config_errors = 5             # stop after this many configuration errors in a row (auth, unknown model,
+                                  # wrong base URL; counted across workers), with doctor's fix; 0 = off
+    storm_error_rate = 0.8        # error-storm breaker (0 = off): more than this share of load errors (429, 5xx,
+    storm_s = 10                  # timeouts, ...) for storm_s seconds pauses every user; a probe request
+    storm_probes = 3              # every storm_s then resumes the run or, after this many failed, stops it
 """
 
 from __future__ import annotations
@@ -107,6 +116,7 @@ OPEN_LOOP_KINDS = ("poisson", "trace")
 DATASET_ORDERS = ("sequential", "shuffle")
 ARRIVALS = ("poisson", "constant", "gamma")
 RAMPS = ("none", "linear", "exponential")
+_ANY_KIND = ("max_rps", "max_tokens_per_min", "retry", "warmup_requests", "warmup_s")  # [load] keys every kind takes
 
 
 class _Ctx:
@@ -356,6 +366,9 @@ class LoadSection:
     time_unit: str = "s"
     warmup_requests: int = 0
     warmup_s: float = 0.0
+    max_rps: float = 0.0
+    max_tokens_per_min: float = 0.0
+    retry: int = 0
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx, base_dir: Path = Path()) -> LoadSection:
@@ -363,7 +376,7 @@ class LoadSection:
         if data is None:
             raise ctx.fail(w, "missing; every scenario needs a [load] section")
         d = ctx.table(data, w, ("kind", "users", "step_s", "spawn_rate", "think_time_s", "rate", "max_users", "arrival",
-                                "burstiness", "ramp", "trace", "speed", "time_unit", "warmup_requests", "warmup_s"))
+                                "burstiness", "ramp", "trace", "speed", "time_unit", *_ANY_KIND))
         kind = ctx.text(d, "kind", w, "steps", choices=LOAD_KINDS)
         assert kind is not None
         allowed = {
@@ -372,13 +385,16 @@ class LoadSection:
             "poisson": {"rate", "step_s", "spawn_rate", "max_users", "arrival", "burstiness", "ramp"},
             "trace": {"trace", "speed", "time_unit", "spawn_rate", "max_users"},
         }[kind]
-        extra = sorted(set(d) - allowed - {"kind", "warmup_requests", "warmup_s"})
+        extra = sorted(set(d) - allowed - {"kind", *_ANY_KIND})
         if extra:
             raise ctx.fail(f"{w} {extra[0]}", f"not used by kind = {kind!r}; its keys: {', '.join(sorted(allowed))}")
         common = dict(
             kind=kind,
             step_s=ctx.number(d, "step_s", w, 10.0, above=0),
             spawn_rate=ctx.number(d, "spawn_rate", w, 100.0, above=0),
+            max_rps=ctx.number(d, "max_rps", w, 0.0, minimum=0),
+            max_tokens_per_min=ctx.number(d, "max_tokens_per_min", w, 0.0, minimum=0),
+            retry=ctx.number(d, "retry", w, 0, integer=True, minimum=0),
             warmup_requests=ctx.number(d, "warmup_requests", w, 0, integer=True, minimum=0),
             warmup_s=ctx.number(d, "warmup_s", w, 0.0, minimum=0),
         )
@@ -419,11 +435,11 @@ class LoadSection:
 
     def to_dict(self) -> dict[str, Any]:
         """Only the keys this kind uses, so the dict parses back to the same section."""
-        warmup = {"warmup_requests": self.warmup_requests, "warmup_s": self.warmup_s}
+        common = {k: getattr(self, k) for k in _ANY_KIND}
         if self.kind == "trace":
             return {"kind": self.kind, "trace": self.trace, "speed": self.speed, "time_unit": self.time_unit,
-                    "spawn_rate": self.spawn_rate, "max_users": self.max_users, **warmup}
-        out: dict[str, Any] = {"kind": self.kind, "step_s": self.step_s, "spawn_rate": self.spawn_rate, **warmup}
+                    "spawn_rate": self.spawn_rate, "max_users": self.max_users, **common}
+        out: dict[str, Any] = {"kind": self.kind, "step_s": self.step_s, "spawn_rate": self.spawn_rate, **common}
         if self.kind == "poisson":
             extra = {"burstiness": self.burstiness} if self.arrival == "gamma" else {}
             return {**out, "rate": list(self.rate), "max_users": self.max_users, "arrival": self.arrival, **extra,
@@ -467,14 +483,20 @@ class StopSection:
     drain_s: float = 30.0
     breakpoint_error_rate: float = 0.0
     breakpoint_ttft_p95_s: float = 0.0
+    config_errors: int = 5
+    storm_error_rate: float = 0.8
+    storm_s: float = 10.0
+    storm_probes: int = 3
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx) -> StopSection:
         w = "[stop]"
         d = ctx.table(data, w, tuple(f.name for f in dataclasses.fields(cls)))
         error_rate = ctx.number(d, "breakpoint_error_rate", w, 0.0, minimum=0)
-        if error_rate > 1:
-            raise ctx.fail(f"{w} breakpoint_error_rate", f"is a fraction between 0 and 1, got {error_rate}")
+        storm_rate = ctx.number(d, "storm_error_rate", w, 0.8, minimum=0)
+        for key, value in (("breakpoint_error_rate", error_rate), ("storm_error_rate", storm_rate)):
+            if value > 1:
+                raise ctx.fail(f"{w} {key}", f"is a fraction between 0 and 1, got {value}")
         return cls(
             duration_s=ctx.number(d, "duration_s", w, 0.0, minimum=0),
             max_requests=ctx.number(d, "max_requests", w, 0, integer=True, minimum=0),
@@ -482,6 +504,10 @@ class StopSection:
             drain_s=ctx.number(d, "drain_s", w, 30.0, minimum=0),
             breakpoint_error_rate=error_rate,
             breakpoint_ttft_p95_s=ctx.number(d, "breakpoint_ttft_p95_s", w, 0.0, minimum=0),
+            config_errors=ctx.number(d, "config_errors", w, 5, integer=True, minimum=0),
+            storm_error_rate=storm_rate,
+            storm_s=ctx.number(d, "storm_s", w, 10.0, above=0),
+            storm_probes=ctx.number(d, "storm_probes", w, 3, integer=True, minimum=1),
         )
 
 

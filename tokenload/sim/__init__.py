@@ -31,7 +31,9 @@ Behaviour model (all times scale with model size and `load`):
     up to their last `cache_control` breakpoint only, OpenAI ones automatically;
     usage reports them as `cache_read_input_tokens` / `cache_creation_input_tokens`
     (Anthropic) or `prompt_tokens_details` / `input_tokens_details.cached_tokens`.
-  * Rate limits (rpm, tpm, concurrency) answer 429 + retry-after + the protocol's body.
+  * Rate limits (rpm, tpm, concurrency) answer 429 + retry-after + the protocol's body;
+    with rpm or tpm set, every admitted response carries the vendor's rate-limit headers
+    (`anthropic-ratelimit-*` on /v1/messages, `x-ratelimit-*` on the OpenAI routes).
   * Faults by profile rate or by prompt marker; every request gets a truth line.
 
 Fault markers: put `[[fault:KIND key=value ...]]` anywhere in the prompt text
