@@ -158,5 +158,5 @@ def test_doctor_shows_the_limits_it_saw(tmp_path: Path, profile: str, expect: st
     home.mkdir()
     with launch(["--profile", profile]) as sim:
         results, _ = diagnose_channel(flags={"base_url": sim.base_url, "model": "sim-7b"}, env={}, cwd=tmp_path, home=home)
-    line = results[-1]
-    assert line.name == "rate_limits" and line.status == OK and line.saw.startswith(expect), line.saw
+    line = {r.name: r for r in results}["rate_limits"]
+    assert line.status == OK and line.saw.startswith(expect), line.saw
