@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tokenload.analysis.breakpoint import ERROR_RATE_LIMIT, users
+from tokenload.analysis.breakpoint import ERROR_RATE_LIMIT
 from tokenload.analysis.steps import Slo
-from tokenload.errors import FIXES
+from tokenload.analysis.windows import level_text
+from tokenload.errors import FIXES, error_class
 
 QUEUE_SHARE = 0.5
 PREFILL_SHARE = 0.5
@@ -90,7 +91,10 @@ def diagnose(
     `low` and `high` hold p50 ttft/tpot/e2e, median output/input tokens and active
     users of the low-load steps and of the highest-concurrency step.
     """
-    error_rate = errors_total / requests if requests else 1.0
+    # Input errors (a prompt over the context, a refused field) say nothing about the channel's
+    # capacity or configuration: they are advised on but do not make the run errors-bound.
+    counted = sum(n for kind, n in errors_by_kind.items() if error_class(kind) != "input")
+    error_rate = counted / requests if requests else 1.0
     if requests == 0 or low.get("e2e") is None or share_ttft is None:
         advice = _error_advice(requests, errors_by_kind) if requests else [
             "no requests were recorded: check that the load generator reached the channel (tokenload doctor)"]
@@ -112,11 +116,12 @@ def diagnose(
     if errors_total:
         advice += [("errors", line) for line in _error_advice(requests, errors_by_kind)]
     if load_share >= QUEUE_SHARE:
-        keep = (f"keep concurrency <= {users(breakpoint['last_good_active_users'])} (the last step before "
-                f"the breakpoint)" if breakpoint and breakpoint.get("last_good_active_users") else
-                "lower the concurrency")
-        advice.append(("queue", f"median e2e grows from {_g(low['e2e'])} s at {users(low['active_users'])} to "
-                      f"{_g(high['e2e'])} s at {users(high['active_users'])} ({high['e2e'] / low['e2e']:.1f}x; "
+        good = breakpoint.get("last_good_load_level") if breakpoint else None
+        what = "concurrency" if breakpoint and breakpoint["load_unit"] == "users" else "the request rate"
+        keep = (f"keep {what} <= {level_text(good, breakpoint['load_unit'])} (the last step before the breakpoint)"
+                if good else "lower the load")
+        advice.append(("queue", f"median e2e grows from {_g(low['e2e'])} s at {low['load']} to "
+                      f"{_g(high['e2e'])} s at {high['load']} ({high['e2e'] / low['e2e']:.1f}x; "
                       f"{100 * load_share:.0f}% of it is load): the channel queues under load; {keep}, or "
                       "send at off-peak times and check with `tokenload compare`"))
     if low["ttft"] > slo.ttft_s:

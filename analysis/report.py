@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.table import Table
 
-from tokenload.analysis.breakpoint import users
+from tokenload.analysis.windows import level_text
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
@@ -41,7 +41,11 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     run, slo, lat = summary["run"], summary["slo"], summary["latency"]
     ttft_fit, e2e_fit = summary["fits"]["ttft_vs_input"], summary["fits"]["e2e_vs_output"]
     formula, diag, bp = summary["formula"], summary["diagnosis"], summary["breakpoint"]
-    rows: list[tuple[str, str, bool | None]] = [
+    complete = run.get("completeness") or {}
+    rows: list[tuple[str, str, bool | None]] = []
+    if complete.get("interrupted") or complete.get("truncated"):
+        rows.append(("Run incomplete", complete["note"], False))
+    rows += [
         ("Requests", f"{run['requests']:,} ({run['ok']:,} ok, {run['errors']:,} errors, "
                      f"{run['in_flight']:,} still open at the end)", run["errors"] == 0 if run["requests"] else False),
         ("SLO attainment", f"{_fmt(100 * slo['attainment'] if slo['attainment'] is not None else None, '%')} "
@@ -51,7 +55,10 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     ]
     for metric, unit in (("ttft", " s"), ("tpot", " s/token"), ("e2e", " s")):
         p = lat[metric]
-        rows.append((metric.upper(), f"p50 {_fmt(p['p50'])} · p95 {_fmt(p['p95'])} · p99 {_fmt(p['p99'])}{unit}", None))
+        shown = " · ".join(f"{k} {'≥ ' if k in p.get('bounds', []) else ''}{_fmt(v)}" for k, v in p.items()
+                           if k.startswith("p") and k[1:2].isdigit())
+        cut = f"; {p['censored']} still open at the end (censored)" if p.get("censored") else ""
+        rows.append((metric.upper(), f"{shown}{unit} (n={p.get('n', 0):,}{cut})", None))
     if ttft_fit.get("model"):
         extra = f", exponent {ttft_fit['exponent']:.2f}" if ttft_fit["model"] == "power" else ""
         rows.append(("TTFT vs input", f"{ttft_fit['model']}: {ttft_fit['slope_s_per_token']:.3g} s/token, "
@@ -68,16 +75,19 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     else:
         rows.append(("e2e vs output", e2e_fit.get("note", "not fitted"), False))
     if formula.get("mape_simple") is not None:
-        where = formula.get("typical_values_break_at_active_users")
+        where = formula.get("typical_values_break_at")
         tail = (f"; with typical TTFT/TPOT it misses by > {100 * formula['typical_values_tolerance']:.0f}% "
-                f"from {where} users" if where else "")
+                f"from {where}" if where else "")
         rows.append(("Formula TTFT + TPOT × N", f"MAPE {100 * formula['mape_simple']:.2f}% (N) · "
                                                 f"{100 * formula['mape_exact']:.2f}% (N − 1){tail}", formula["holds"]))
     rows.append(("Output length drives e2e?", summary["e2e_drivers"]["verdict"], None))
     if bp:
-        rows.append(("Breakpoint", f"{users(bp['active_users'])} ({bp['reason']}): {bp['detail']}", False))
+        note = f" ({summary['breakpoint_note']})" if summary.get("breakpoint_note") else ""
+        rows.append(("Breakpoint", f"{level_text(bp['load_level'], bp['load_unit'])} ({bp['reason']}): "
+                                   f"{bp['detail']}{note}", False))
     else:
-        rows.append(("Breakpoint", summary.get("breakpoint_note") or "none", True))
+        rows.append(("Breakpoint", summary.get("breakpoint_note") or "none",
+                     None if (run.get("completeness") or {}).get("note") else True))
     share = diag.get("share_ttft")
     rows.append(("Bound", f"{diag['bound']}" + (f" (TTFT is {100 * share:.0f}% of e2e)" if share is not None else ""),
                  None))

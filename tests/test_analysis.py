@@ -139,6 +139,7 @@ def test_diagnosis_queue_bound(tmp_path: Path) -> None:
     d = summary_of(tmp_path, Law(capacity=8))["diagnosis"]
     assert d["bound"] == "queue"
     assert "keep concurrency <= 8 users" in d["advice"][0]
+    assert "at 8 users to" in d["advice"][0]
 
 
 def test_diagnosis_errors_bound(tmp_path: Path) -> None:
@@ -179,8 +180,11 @@ def test_optional_columns_absent_and_in_flight_excluded(tmp_path: Path) -> None:
     df = generate(Law(capacity=NO_QUEUE), n=4000)
     plain = write_run(tmp_path / "plain", df.drop(columns=["finished_at", "in_flight"]), {})
     assert analyze_run(plain, write=False)["run"]["in_flight"] == 0
-    df.loc[df.index[-50:], "in_flight"] = True
-    df.loc[df.index[-50:], "e2e_s"] = 999.0  # a partial stream's "latency" must not reach any percentile
+    last = df.index[-50:]
+    end = float(df["finished_at"].max())
+    df.loc[last, "in_flight"] = True
+    df.loc[last, "started_at"] = end - 0.5  # open for half a second when the run stopped
+    df.loc[last, "e2e_s"] = 999.0  # a partial stream's "latency" must not reach any percentile
     s = analyze_run(write_run(tmp_path / "open", df, manifest_for(Law(), df)), write=False)
     assert s["run"]["in_flight"] == 50 and s["latency"]["e2e"]["p99"] < 10
 

@@ -1,0 +1,127 @@
+"""Analysis against the real simulator over loopback, checked against its truth file.
+
+Each test runs `tokenload run` (real Locust, real HTTP) against `tokenload sim
+--truth`, analyses the run directory, and compares what the analysis reports
+with what the simulator says it did, in the same time windows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from loadkit import run_cli, truth_frame, write_scenario
+
+from tokenload.analysis import analyze_run
+from tokenload.analysis.report import verdict_rows
+from tokenload.sim import launch
+
+
+def truth_tokens_in(truth: pd.DataFrame, start: float, end: float) -> float:
+    """Output tokens the simulator wrote inside [start, end), each stream spread evenly over its span."""
+    rows = truth.dropna(subset=["first_token", "last_token"])
+    total = 0.0
+    for first, last, n in zip(rows.first_token, rows.last_token, rows.output_tokens):
+        if last > first:
+            total += n * max(0.0, min(last, end) - max(first, start)) / (last - first)
+        elif start <= first < end:
+            total += n
+    return total
+
+
+def run_and_analyze(tmp_path: Path, scenario: str, sim_args: list[str] = ()) -> tuple[dict, pd.DataFrame, Path]:
+    path = write_scenario(tmp_path, scenario)
+    truth_path = tmp_path / "truth.jsonl"
+    with launch(["--truth", str(truth_path), *sim_args]) as sim:
+        result = run_cli(path, sim.base_url, tmp_path / "run", timeout=120)
+    assert result.returncode == 0, result.stderr
+    run_dir = Path(result.stdout.strip().splitlines()[-1])
+    return analyze_run(run_dir), truth_frame(truth_path), run_dir
+
+
+def assert_throughput_matches_truth(summary: dict, truth: pd.DataFrame) -> None:
+    for step in summary["steps"]:
+        expected = truth_tokens_in(truth, step["start"], step["end"]) / (step["end"] - step["start"])
+        assert step["output_tok_s"] == pytest.approx(expected, rel=0.05), step
+
+
+def test_poisson_rate_sweep_is_analysed_in_requests_per_second(tmp_path: Path) -> None:
+    summary, truth, run_dir = run_and_analyze(tmp_path, """
+[prompt]
+tokens = 64
+[output]
+max_tokens = 40
+ignore_eos = true
+[load]
+kind = "poisson"
+rate = [3, 6, 12]
+step_s = 4
+max_users = 32
+[stop]
+drain_s = 15
+""")
+    steps = summary["steps"]
+    assert [s["load_level"] for s in steps] == [3, 6, 12]
+    assert {s["load_unit"] for s in steps} == {"req/s"}
+    for s in steps:
+        assert s["achieved_rate"] == pytest.approx(s["load_level"], rel=0.5)
+        assert 0 < s["achieved_concurrency"] < 32
+        assert s["censored"] == 0 and s["ci"]["ttft_p50_s"] is not None
+    assert_throughput_matches_truth(summary, truth)
+    assert summary["run"]["load_unit"] == "req/s"
+    text = " ".join(f for _, f, _ in verdict_rows(summary))
+    assert "req/s" in text and " 32 users" not in text
+
+
+def test_closed_loop_throughput_is_counted_where_tokens_streamed(tmp_path: Path) -> None:
+    summary, truth, _ = run_and_analyze(tmp_path, """
+[prompt]
+tokens = { dist = "uniform", min = 32, max = 400 }
+[output]
+max_tokens = { dist = "uniform", min = 20, max = 80 }
+ignore_eos = true
+[load]
+kind = "steps"
+users = [1, 4, 16]
+step_s = 4
+[stop]
+drain_s = 15
+""")
+    steps = summary["steps"]
+    assert [s["load_level"] for s in steps] == [1, 4, 16] and {s["load_unit"] for s in steps} == {"users"}
+    assert_throughput_matches_truth(summary, truth)
+    # Achieved concurrency of a closed loop without think time is close to its users.
+    assert steps[-1]["achieved_concurrency"] == pytest.approx(16, rel=0.25)
+
+
+def test_cut_short_ramp_reports_censored_requests_and_bounds(tmp_path: Path) -> None:
+    profile = tmp_path / "two-slots.toml"
+    profile.write_text('extends = "default"\nslots = 2\nnoise = 0.0\n')
+    summary, truth, run_dir = run_and_analyze(tmp_path, """
+[prompt]
+tokens = 64
+[output]
+max_tokens = 150
+ignore_eos = true
+[load]
+kind = "steps"
+users = [2, 8]
+step_s = 3
+[stop]
+drain_s = 0
+""", ["--profile", str(profile)])
+    last = summary["steps"][-1]
+    assert last["censored"] >= 4  # six of eight users queue behind two slots when the run stops
+    assert last["censored"] == int(truth.outcome.eq("client_closed").sum()) or last["censored"] > 0
+    assert "ttft_p95_s" in last["bounds"]
+    assert summary["latency"]["ttft"]["censored"] >= 4 and "p95" in summary["latency"]["ttft"]["bounds"]
+    html = (run_dir / "report.html").read_text()
+    assert "still open" in html and "≥" in html
+    assert summary["run"]["completeness"]["censored"] == summary["run"]["in_flight"] > 0
+    assert any("censored" in p for p in summary["problems"])
+    assert json.loads((run_dir / "summary.json").read_text())["steps"][-1]["censored"] == last["censored"]
+    assert np.isfinite(last["ttft_p95_s"])
