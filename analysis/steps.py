@@ -159,7 +159,7 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
     table["open_at_step_end"] = pd.Series(open_at_end, index=df.index).groupby(df["step"]).sum()
 
     warm_start = table["start"].reindex(df["step"]).to_numpy()
-    measured = df[df["started_at"].to_numpy() >= warm_start]
+    measured = measured_rows(df, table)
     table["warmup_excluded"] = table["requests"] - measured.groupby("step").size().reindex(table.index).fillna(0)
     stats = {int(step): latency_stats(rows, cut, options.percentiles, seed=int(step))
              for step, rows in measured.groupby("step", sort=True)}
@@ -206,6 +206,11 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
                 "warmup_excluded", "ok", "output_tokens", "completions_window"]
     table[fillable] = table[fillable].fillna(0).astype(np.int64)
     return table.sort_values(["load_level", "start"])
+
+
+def measured_rows(df: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """Records that count towards their step's latency statistics: those started after its warm-up."""
+    return df[df["started_at"].to_numpy() >= table["start"].reindex(df["step"]).to_numpy()]
 
 
 def _share(meets: np.ndarray, known: np.ndarray, steps: pd.Series) -> pd.Series:
