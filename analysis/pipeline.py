@@ -7,6 +7,7 @@ through rich when the run is large enough for the wait to be noticeable.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from tokenload.analysis import plots
 from tokenload.analysis.records import REQUESTS_FILE, load_run
 from tokenload.analysis.report import (figure, h, html_table, page, steps_html, verdict_html,
                                        verdict_table)
-from tokenload.analysis.steps import Slo
+from tokenload.analysis.steps import Slo, StepOptions
 from tokenload.analysis.summary import Analysis, summarize
 
 # Runs with at least this many rows show a progress bar.
@@ -63,25 +64,35 @@ def _stages(console: Console | None, enabled: bool, total: int) -> Iterator[Call
 
 def analyze_run(run_dir: str | Path, slo_ttft: float = 1.0, slo_e2e: float = 3.0, *, slo_target: float = 0.90,
                 low_load_users: int | None = None, console: Console | None = None,
-                write: bool = True) -> dict[str, Any]:
+                write: bool = True, options: StepOptions | None = None) -> dict[str, Any]:
     """Analyse RUN_DIR, write summary.json, plots/*.png and report.html there, return the summary.
 
     Raises `ConfigError` when RUN_DIR is not a run (see `records.load_run`).
-    With `write=False` only the summary is computed.
+    With `write=False` only the summary is computed. `options` (percentiles, warm-up,
+    goodput) default to the run's scenario: its `[load] warmup_s`, p50/p95/p99, SLO goodput.
     """
-    analysis = analyze(run_dir, Slo(slo_ttft, slo_e2e, slo_target), low_load_users, console, write)
+    analysis = analyze(run_dir, Slo(slo_ttft, slo_e2e, slo_target), low_load_users, console, write, options)
     return analysis.summary
 
 
+def scenario_warmup(manifest: dict[str, Any]) -> float:
+    """The run's own `[load] warmup_s` (0 when the scenario set none)."""
+    value = ((manifest.get("scenario") or {}).get("load") or {}).get("warmup_s", 0.0)
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else 0.0
+
+
 def analyze(run_dir: str | Path, slo: Slo = Slo(), low_load_users: int | None = None,
-            console: Console | None = None, write: bool = True) -> Analysis:
+            console: Console | None = None, write: bool = True, options: StepOptions | None = None) -> Analysis:
     """Like `analyze_run` but returns the full `Analysis` (used by comparisons)."""
     path = Path(run_dir)
     enabled = path.is_dir() and _row_count(path) >= PROGRESS_MIN_ROWS
     with _stages(console, enabled, total=3 + len(PLOTS)) as advance:
         run = load_run(path)
         advance("per-step statistics and fits")
-        analysis = summarize(run, slo, low_load_users)
+        options = options or StepOptions()
+        if options.warmup_s is None:
+            options = dataclasses.replace(options, warmup_s=scenario_warmup(run.manifest))
+        analysis = summarize(run, slo, low_load_users, options)
         if write:
             advance("writing summary.json")
             (path / "summary.json").write_text(json.dumps(analysis.summary, indent=2, default=str) + "\n",

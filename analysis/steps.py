@@ -53,7 +53,8 @@ class StepOptions:
     """How steps are summarised: which percentiles, how much warm-up, what counts as good."""
 
     percentiles: tuple[float, ...] = PERCENTILES
-    warmup_s: float = 0.0
+    # None: the scenario's `[load] warmup_s` (resolved by the pipeline before any step is summarised).
+    warmup_s: float | None = None
     # metric ("ttft", "tpot", "itl", "e2e") -> bound in seconds; empty means the SLO decides goodput.
     goodput: dict[str, float] = field(default_factory=dict)
     min_requests: int = MIN_STEP_REQUESTS
@@ -140,7 +141,7 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
                options: StepOptions = StepOptions()) -> pd.DataFrame:
     """One row per step with SPEC.md's `steps[]` columns and the extras (CIs, censoring, windows ...)."""
     table = windows.copy()
-    table["start"] = table["start"] + options.warmup_s
+    table["start"] = table["start"] + (options.warmup_s or 0.0)
     table["duration_s"] = (table["end"] - table["start"]).where(lambda d: d > 0)
     grouped = df.groupby("step", sort=True)
     table["active_users"] = grouped["active_users"].max()

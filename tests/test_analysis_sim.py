@@ -125,3 +125,29 @@ drain_s = 0
     assert any("censored" in p for p in summary["problems"])
     assert json.loads((run_dir / "summary.json").read_text())["steps"][-1]["censored"] == last["censored"]
     assert np.isfinite(last["ttft_p95_s"])
+
+
+def test_steps_sized_by_evidence_hold_until_enough_requests(tmp_path: Path) -> None:
+    """A 1 s step against a channel answering in ~0.9 s holds until 8 requests finished, then moves on."""
+    summary, truth, run_dir = run_and_analyze(tmp_path, """
+[prompt]
+tokens = 32
+[output]
+max_tokens = 40
+ignore_eos = true
+[load]
+kind = "steps"
+users = [1, 2]
+step_s = 1
+min_requests = 8
+max_step_s = 30
+[stop]
+drain_s = 10
+""")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    first = manifest["steps"][0]
+    assert first["ended_at"] - first["started_at"] > 3  # held well past step_s = 1
+    finished_in_step = truth[(truth.arrival >= first["started_at"]) & (truth.arrival < first["ended_at"])]
+    assert len(finished_in_step) >= 8
+    assert [s["load_level"] for s in summary["steps"]] == [1, 2]
+    assert all(s["requests"] >= 8 for s in summary["steps"])

@@ -47,6 +47,9 @@ Schema (all sections optional except `[load]`):
     rate = 5.0                    # poisson: requests/s, or a list of rates stepped every step_s
     max_users = 64                # poisson: user pool that sends the scheduled requests
     arrival = "poisson"           # poisson | constant (evenly spaced)
+    min_requests = 0              # steps/constant: hold a step past step_s until N requests finished; 0 = off
+    max_step_s = 0                # steps/constant: longest a step is held for min_requests; 0 = 4 x step_s
+    warmup_s = 0                  # analysis leaves requests started in each step's first S seconds out
 
     [stop]
     duration_s = 0                # cap on the whole run; 0 = the load plan's length
@@ -288,20 +291,30 @@ class LoadSection:
     rate: tuple[float, ...] = ()
     max_users: int = 0
     arrival: str = "poisson"
+    min_requests: int = 0
+    max_step_s: float = 0.0
+    warmup_s: float = 0.0
+
+    @property
+    def step_cap_s(self) -> float:
+        """The longest a step is held while it gathers `min_requests` (never less than step_s)."""
+        return max(self.step_s, self.max_step_s or 4 * self.step_s)
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx) -> LoadSection:
         w = "[load]"
         if data is None:
             raise ctx.fail(w, "missing; every scenario needs a [load] section")
-        d = ctx.table(data, w, ("kind", "users", "step_s", "spawn_rate", "think_time_s", "rate", "max_users", "arrival"))
+        evidence = ("min_requests", "max_step_s")
+        d = ctx.table(data, w, ("kind", "users", "step_s", "spawn_rate", "think_time_s", "rate", "max_users", "arrival",
+                                *evidence, "warmup_s"))
         kind = ctx.text(d, "kind", w, "steps", choices=LOAD_KINDS)
         assert kind is not None
         allowed = {
-            "steps": {"users", "step_s", "spawn_rate", "think_time_s"},
-            "constant": {"users", "step_s", "spawn_rate", "think_time_s"},
+            "steps": {"users", "step_s", "spawn_rate", "think_time_s", *evidence},
+            "constant": {"users", "step_s", "spawn_rate", "think_time_s", *evidence},
             "poisson": {"rate", "step_s", "spawn_rate", "max_users", "arrival"},
-        }[kind]
+        }[kind] | {"warmup_s"}
         extra = sorted(set(d) - allowed - {"kind"})
         if extra:
             raise ctx.fail(f"{w} {extra[0]}", f"not used by kind = {kind!r}; its keys: {', '.join(sorted(allowed))}")
@@ -309,7 +322,11 @@ class LoadSection:
             kind=kind,
             step_s=ctx.number(d, "step_s", w, 10.0, above=0),
             spawn_rate=ctx.number(d, "spawn_rate", w, 100.0, above=0),
+            warmup_s=ctx.number(d, "warmup_s", w, 0.0, minimum=0),
         )
+        if common["warmup_s"] >= common["step_s"]:
+            raise ctx.fail(f"{w} warmup_s", f"must be shorter than step_s ({common['step_s']:g}), "
+                                            f"got {common['warmup_s']:g}")
         if kind == "poisson":
             rate = d.get("rate")
             rates = rate if isinstance(rate, list) else [rate]
@@ -323,15 +340,21 @@ class LoadSection:
             users = (ctx.number(d, "users", w, 1, integer=True, minimum=1),)
         else:
             users = _user_ladder(d.get("users", [1, 2, 4, 8]), f"{w} users", ctx)
-        return cls(**common, users=users, think_time_s=think)
+        max_step = ctx.number(d, "max_step_s", w, 0.0, minimum=0)
+        if max_step and max_step < common["step_s"]:
+            raise ctx.fail(f"{w} max_step_s", f"must be at least step_s ({common['step_s']:g}) or 0, got {max_step:g}")
+        return cls(**common, users=users, think_time_s=think, max_step_s=max_step,
+                   min_requests=ctx.number(d, "min_requests", w, 0, integer=True, minimum=0))
 
     def to_dict(self) -> dict[str, Any]:
         """Only the keys this kind uses, so the dict parses back to the same section."""
-        out: dict[str, Any] = {"kind": self.kind, "step_s": self.step_s, "spawn_rate": self.spawn_rate}
+        out: dict[str, Any] = {"kind": self.kind, "step_s": self.step_s, "spawn_rate": self.spawn_rate,
+                               "warmup_s": self.warmup_s}
         if self.kind == "poisson":
             return {**out, "rate": list(self.rate), "max_users": self.max_users, "arrival": self.arrival}
         users: Any = self.users[0] if self.kind == "constant" else list(self.users)
-        return {**out, "users": users, "think_time_s": self.think_time_s}
+        return {**out, "users": users, "think_time_s": self.think_time_s, "min_requests": self.min_requests,
+                "max_step_s": self.max_step_s}
 
     def limit_users(self, cap: int) -> LoadSection:
         """`--users N`: constant runs N users, a ramp stops at N, a Poisson pool holds N."""
