@@ -88,7 +88,14 @@ def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
                 ax.plot(xs, fn(xs), style, color=color if len(views) > 1 or style == "-" else "black",
                         lw=2, label=f"{prefix}{name}")
     if y_tops:
-        ax.set_ylim(0, 1.3 * max(y_tops))
+        top = 1.3 * max(y_tops)
+        ax.set_ylim(0, top)
+        above = sum(int((a.ok[y_col] > top).sum()) for _, a in views)
+        if above:
+            total = sum(len(a.ok) for _, a in views)
+            ax.text(0.99, 0.99, f"{above} of {total} points lie above the top of this axis (not shown; "
+                    "mostly queued higher-load requests)", transform=ax.transAxes, ha="right", va="top", fontsize=8,
+                    color="#b00020", bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "#b00020"})
     ax.legend(loc="upper left", fontsize=8, markerscale=4, framealpha=0.9)
     ax.grid(alpha=0.3)
 
@@ -220,6 +227,13 @@ def plot_throughput_vs_users(views: Sequence[View], path: Path) -> Path:
     ]
     return _panels_vs_users(views, panels, path, f"Throughput vs load ({load_unit(views)}; tokens counted in the "
                                                  "window they were streamed)")
+
+
+def plot_itl(views: Sequence[View], path: Path) -> Path:
+    """Inter-token latency per step: the median request's median gap and its p99 gap."""
+    panels = [Panel("Inter-token latency", "seconds between tokens",
+                    (("itl_p50_s", "median gap (median request)", "-"), ("itl_p99_s", "p99 gap (median request)", "--")))]
+    return _panels_vs_users(views, panels, path, f"Inter-token latency vs load ({load_unit(views)})")
 
 
 def plot_cdfs(views: Sequence[View], path: Path, metrics: Sequence[str] = ("ttft", "tpot", "e2e")) -> Path:

@@ -24,8 +24,8 @@ from tokenload.errors import error_class
 
 # A step counts as low-load while its median TTFT and TPOT stay within this factor of the lowest-load step's.
 LOW_LOAD_RISE = 1.25
-# The simple formula "holds" when its per-request MAPE is at most this.
-FORMULA_TOLERANCE = 0.10
+# The simple formula "holds" when, with each step's typical TTFT and TPOT, its MAPE is at most this.
+FORMULA_TOLERANCE = 0.15
 
 
 @dataclass
@@ -87,27 +87,37 @@ def _latency(df: pd.DataFrame, cut: float, percentiles: tuple[float, ...]) -> di
 
 
 def _formula(ok: pd.DataFrame, table: pd.DataFrame) -> dict[str, Any]:
-    """SPEC.md `formula`: both forms per request, plus where typical values stop predicting."""
+    """SPEC.md `formula`: both forms with each step's *typical* TTFT and TPOT, a test that can fail.
+
+    With a request's own TTFT and TPOT the exact form is true by the definition of
+    TPOT (its error only checks the records: `identity_mape`, expected ~0). What a
+    user does is plan with typical values; that works while TTFT and TPOT vary
+    little within a load level, and this is what `mape_simple`/`mape_exact` measure.
+    """
     use = ok[ok["tpot_s"].notna() & (ok["output_tokens"] > 1) & (ok["e2e_s"] > 0)]
     if use.empty:
         return {"mape_simple": None, "mape_exact": None, "holds": False,
                 "note": "no successful request with more than one output token"}
     e2e = use["e2e_s"].to_numpy()
     n = use["output_tokens"].to_numpy()
-    base = use["ttft_s"].to_numpy()
-    tpot = use["tpot_s"].to_numpy()
-    simple = base + tpot * n
-    exact = simple - tpot
-    mape_simple = float(np.mean(np.abs(simple - e2e) / e2e))
-    mape_exact = float(np.mean(np.abs(exact - e2e) / e2e))
+    steps = use["step"].to_numpy()
+    typical_ttft = table["ttft_p50_s"].reindex(steps).to_numpy()
+    typical_tpot = table["tpot_p50_s"].reindex(steps).to_numpy()
+    simple = typical_ttft + typical_tpot * n
+    exact = simple - typical_tpot
+    mape_simple = float(np.nanmean(np.abs(simple - e2e) / e2e))
+    mape_exact = float(np.nanmean(np.abs(exact - e2e) / e2e))
+    own = use["ttft_s"].to_numpy() + use["tpot_s"].to_numpy() * (n - 1)
     by_level = table.dropna(subset=["formula_mape"]).sort_values(["load_level", "start"])
     broken = by_level[by_level["formula_mape"] > FORMULA_STEP_TOLERANCE]
     return {
         "mape_simple": _r(mape_simple, 4), "mape_exact": _r(mape_exact, 4),
         "holds": bool(mape_simple <= FORMULA_TOLERANCE),
         "tolerance": FORMULA_TOLERANCE,
-        "simple_overshoot_p50_s": _r(float(np.median(simple - e2e))),
-        "exact_residual_p95_s": _r(float(np.percentile(np.abs(exact - e2e), 95))),
+        "basis": "each step's median TTFT and TPOT",
+        "identity_mape": _r(float(np.mean(np.abs(own - e2e) / e2e)), 4),
+        "simple_overshoot_p50_s": _r(float(np.nanmedian(simple - exact))),
+        "exact_residual_p95_s": _r(float(np.nanpercentile(np.abs(exact - e2e), 95))),
         "typical_values_tolerance": FORMULA_STEP_TOLERANCE,
         "typical_values_break_at_active_users": None if broken.empty else int(broken["active_users"].iloc[0]),
         "typical_values_break_at": None if broken.empty else level_text(broken["load_level"].iloc[0],
@@ -149,6 +159,9 @@ def _e2e_fit(low: pd.DataFrame, ttft_p50: float | None, tpot_p50: float | None) 
     if fit is None:
         return {"slope_s_per_token": None, "intercept_s": None, "r2": None, "n": int(len(low)),
                 "note": "output length did not vary enough (or too few successful requests) to fit"}
+    y = low["e2e_s"].to_numpy()
+    predicted = fit["intercept_s"] + fit["slope_s_per_token"] * low["output_tokens"].to_numpy()
+    fit["residual_mape"] = _r(float(np.mean(np.abs(predicted - y) / y)), 4) if (y > 0).all() else None
     if tpot_p50 and ttft_p50 is not None:
         fit["tpot_p50_s"] = _r(tpot_p50)
         fit["slope_over_tpot_p50"] = _r(fit["slope_s_per_token"] / tpot_p50, 4)
