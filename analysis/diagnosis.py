@@ -42,6 +42,9 @@ def _ttft_advice(ttft: float, n_in: float, fit: dict[str, Any], slo: Slo) -> lis
     if not fit.get("model"):
         return [f"{head}: shorten the prompt, try a smaller model, or send at off-peak times"]
     a = fit["intercept_s"]
+    if fit.get("intercept_check"):
+        return [f"{head}: shorten the prompt, try a smaller model, or send at off-peak times (the TTFT fit is not "
+                f"used for advice: {fit['intercept_check']})"]
     if a >= slo.ttft_s:
         return [f"{head}; even an empty prompt takes {_g(a)} s (fit intercept): shortening the prompt "
                 "cannot meet it, use a smaller model or send at off-peak times"]

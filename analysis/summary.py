@@ -15,7 +15,7 @@ import pandas as pd
 
 from tokenload.analysis.breakpoint import find_breakpoint
 from tokenload.analysis.diagnosis import diagnose
-from tokenload.analysis.fits import MIN_FIT_POINTS, linear_dict, linear_fit, ttft_vs_input
+from tokenload.analysis.fits import MIN_FIT_POINTS, linear_dict, linear_fit, spread_note, ttft_vs_input
 from tokenload.analysis.records import Run
 from tokenload.analysis.steps import (FORMULA_STEP_TOLERANCE, METRICS, Slo, StepOptions, errors_by_kind,
                                       latency_stats, pkey, step_table, steps_records)
@@ -24,6 +24,8 @@ from tokenload.errors import error_class
 
 # A step counts as low-load while its median TTFT and TPOT stay within this factor of the lowest-load step's.
 LOW_LOAD_RISE = 1.25
+# The TTFT fit keeps the least-concurrent low-load requests while they are at least this share of them.
+LEAST_CONCURRENT_SHARE = 0.2
 # The simple formula "holds" when, with each step's typical TTFT and TPOT, its MAPE is at most this.
 FORMULA_TOLERANCE = 0.15
 
@@ -155,10 +157,11 @@ def _e2e_drivers(low: pd.DataFrame) -> dict[str, Any]:
 
 def _e2e_fit(low: pd.DataFrame, ttft_p50: float | None, tpot_p50: float | None) -> dict[str, Any]:
     """SPEC.md `fits.e2e_vs_output`, with the slope set against TPOT and the intercept against TTFT."""
-    fit = linear_dict(linear_fit(low["output_tokens"].to_numpy(), low["e2e_s"].to_numpy()))
+    note = spread_note(low["output_tokens"].to_numpy(), "output length", "output-sweep")
+    fit = linear_dict(linear_fit(low["output_tokens"].to_numpy(), low["e2e_s"].to_numpy())) if note is None else None
     if fit is None:
         return {"slope_s_per_token": None, "intercept_s": None, "r2": None, "n": int(len(low)),
-                "note": "output length did not vary enough (or too few successful requests) to fit"}
+                "note": note or "output length did not vary enough (or too few successful requests) to fit"}
     y = low["e2e_s"].to_numpy()
     predicted = fit["intercept_s"] + fit["slope_s_per_token"] * low["output_tokens"].to_numpy()
     fit["residual_mape"] = _r(float(np.mean(np.abs(predicted - y) / y)), 4) if (y > 0).all() else None
@@ -176,6 +179,28 @@ def _side(rows: pd.DataFrame, step: pd.Series) -> dict[str, Any]:
             "e2e": float(rows["e2e_s"].median()), "output_tokens": float(rows["output_tokens"].median()),
             "input_tokens": float(rows["input_tokens"].median()), "active_users": float(step["active_users"]),
             "load": level_text(step["load_level"], str(step["load_unit"]))}
+
+
+def least_concurrent(low: pd.DataFrame, df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The low-load requests that shared the channel with the fewest others: the prefill law's data.
+
+    Two users slow each other's prefill (the channel batches or queues them), which
+    inflates the intercept and flattens the slope; so the TTFT fit keeps the requests
+    that started with the fewest others in flight, when there are enough of them.
+    """
+    if low.empty:
+        return low, "no low-load requests"
+    starts = np.sort(df["started_at"].to_numpy())
+    ends = np.sort(np.where(df["in_flight"].to_numpy(), np.inf, df["finished_at"].to_numpy()))
+    t = low["started_at"].to_numpy()
+    others = np.searchsorted(starts, t, side="left") - np.searchsorted(ends, t, side="right")
+    enough = max(2 * MIN_FIT_POINTS, LEAST_CONCURRENT_SHARE * len(low))
+    for limit in np.unique(others):
+        chosen = low[others <= limit]
+        if len(chosen) >= enough:
+            return chosen, (f"{len(chosen)} of {len(low)} low-load requests, those that started with at most "
+                            f"{int(limit)} other request(s) in flight")
+    return low, f"all {len(low)} low-load requests (too few ran alone to fit on those only)"
 
 
 def _by_class(counts: dict[str, int]) -> dict[str, int]:
@@ -228,8 +253,9 @@ def summarize(run: Run, slo: Slo = Slo(), low_load_users: int | None = None,
     if len(ok) and low.empty:
         problems.append(f"no low-load step selected ({low_reason}): fits skipped")
 
-    ttft_fit = ttft_vs_input(low["input_tokens"].to_numpy(), low["ttft_s"].to_numpy())
-    ttft_fit.update(steps_used=low_steps, steps_used_reason=low_reason)
+    alone, alone_reason = least_concurrent(low, df)
+    ttft_fit = ttft_vs_input(alone["input_tokens"].to_numpy(), alone["ttft_s"].to_numpy())
+    ttft_fit.update(steps_used=low_steps, steps_used_reason=low_reason, requests_used=alone_reason)
     ttft_low = float(low["ttft_s"].median()) if len(low) else None
     tpot_low = float(low["tpot_s"].median()) if len(low) else None
     e2e_fit = _e2e_fit(low, ttft_low, tpot_low)
