@@ -39,8 +39,8 @@ ALPHA = 0.01
 MIN_EFFECT = 0.05
 COMPARE_PLOTS = (
     ("cdfs.png", plots.plot_cdfs, "TTFT, TPOT and end-to-end latency distributions of each run, overlaid."),
-    ("latency_vs_users.png", plots.plot_latency_vs_users, "Latency percentiles per concurrency step, one colour per run."),
-    ("throughput_vs_users.png", plots.plot_throughput_vs_users, "Throughput and error rate per concurrency step, one colour per run."),
+    ("latency_vs_users.png", plots.plot_latency_vs_users, "Latency percentiles per load level, one colour per run (the levels the table pairs)."),
+    ("throughput_vs_users.png", plots.plot_throughput_vs_users, "Throughput and error rate per load level, one colour per run."),
     ("ttft_vs_input.png", plots.plot_ttft_vs_input, "TTFT vs input length with each run's fits (low-load steps)."),
     ("e2e_vs_output.png", plots.plot_e2e_vs_output, "Total latency vs output length with each run's fit and formula line."),
 )

@@ -92,7 +92,7 @@ def diagnose(
     """Return SPEC.md `diagnosis` {bound, share_ttft, advice} plus the numbers it rests on.
 
     `low` and `high` hold p50 ttft/tpot/e2e, median output/input tokens and active
-    users of the low-load steps and of the highest-concurrency step.
+    users of the low-load steps and of the highest-load step.
     """
     # Input errors (a prompt over the context, a refused field) say nothing about the channel's
     # capacity or configuration: they are advised on but do not make the run errors-bound.

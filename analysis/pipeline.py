@@ -33,9 +33,11 @@ PLOTS: tuple[tuple[str, Callable[..., Path], str], ...] = (
     ("e2e_vs_output.png", plots.plot_e2e_vs_output,
      "Total latency against output length: the least-squares fit and the TTFT + TPOT × N formula with median values."),
     ("latency_vs_users.png", plots.plot_latency_vs_users,
-     "TTFT, TPOT and end-to-end p50/p95 per concurrency step; dotted line: breakpoint, dash-dot: SLO."),
+     "TTFT, TPOT and end-to-end p50/p95 per load step with 95% bootstrap bands; x marks a step with too few "
+     "requests to judge; dotted line: breakpoint, dash-dot: SLO."),
     ("throughput_vs_users.png", plots.plot_throughput_vs_users,
-     "Output tokens/s, request rate (all and within SLO) and error rate per concurrency step."),
+     "Output and total tokens/s counted in each step's window, completed requests/s (all and good) and error "
+     "rates per load step."),
     ("itl_vs_load.png", plots.plot_itl,
      "Inter-token latency per step: per request the median and the 99th-percentile gap between streamed tokens, "
      "then the median over the step's requests (stalls show as a p99 far above the median)."),

@@ -93,8 +93,8 @@ def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
         above = sum(int((a.ok[y_col] > top).sum()) for _, a in views)
         if above:
             total = sum(len(a.ok) for _, a in views)
-            ax.text(0.99, 0.99, f"{above} of {total} points lie above the top of this axis (not shown; "
-                    "mostly queued higher-load requests)", transform=ax.transAxes, ha="right", va="top", fontsize=8,
+            ax.text(0.99, 0.02, f"{above} of {total} points lie above the top of this axis (not shown)",
+                    transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
                     color="#b00020", bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "#b00020"})
     ax.legend(loc="upper left", fontsize=8, markerscale=4, framealpha=0.9)
     ax.grid(alpha=0.3)
@@ -202,7 +202,7 @@ def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], path: Path,
 
 
 def plot_latency_vs_users(views: Sequence[View], path: Path) -> Path:
-    """TTFT, TPOT and e2e p50/p95 per concurrency step."""
+    """TTFT, TPOT and e2e p50/p95 per load step, with bootstrap bands."""
     slo = views[0][1].slo
     panels = [
         Panel("TTFT", "seconds", (("ttft_p50_s", "p50", "-"), ("ttft_p95_s", "p95", "--")), slo=slo.ttft_s,
@@ -219,8 +219,9 @@ def plot_latency_vs_users(views: Sequence[View], path: Path) -> Path:
 def plot_throughput_vs_users(views: Sequence[View], path: Path) -> Path:
     """Output tokens/s, requests/s (all and within SLO) and error rate per step."""
     panels = [
-        Panel("Token throughput", "tokens / s", (("output_tok_s", "output tokens/s", "-"),
-                                                 ("total_tok_s", "input + output tokens/s", "--"))),
+        Panel("Output throughput", "tokens / s", (("output_tok_s", "output tokens/s", "-"),)),
+        Panel("Total throughput", "tokens / s", (("total_tok_s", "input + output tokens/s", "-"),
+                                                 ("input_tok_s", "input tokens/s", "--"))),
         Panel("Request rate", "requests / s", (("rps", "all", "-"), ("goodput_rps", "within SLO", "--"))),
         Panel("Errors", "% of requests", (("error_rate", "all errors", "-"), ("load_error_rate", "load errors", "--")),
               scale=100.0),
