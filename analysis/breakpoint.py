@@ -5,7 +5,9 @@ requests/s for an open-loop rate sweep; every message names the level in its
 own unit ("at 16 users", "at 8 req/s").
 
 - `slo`: the first step whose SLO attainment drops below the target (the one
-  before it is the highest load that still met the SLO).
+  before it is the highest load that still met the SLO). The detail gives the
+  attainment's 95% Wilson interval, so a reader sees how close to the target
+  it was.
 - `knee`: throughput stops growing with the load while latency climbs: more
   users (or more offered requests) only wait longer, the saturation signature.
 - `error_rate`: the first step whose load-related error rate (429, 5xx,
@@ -64,12 +66,14 @@ def _slo_rule(steps: pd.DataFrame, slo: Slo) -> dict[str, Any] | None:
         att = row["slo_attainment"]
         if np.isnan(att):
             continue
+        ci = row.get("slo_ci")
         if att < slo.target:
+            interval = f", 95% CI {_fmt_pct(ci[0])}-{_fmt_pct(ci[1])}" if isinstance(ci, tuple) else ""
             before = (f"{_at(last_good)} was the highest that met it ({_fmt_pct(last_good['slo_attainment'])})"
                       if last_good is not None else "no step met it, not even the lowest load")
             return _hit(row, last_good, f"SLO (TTFT <= {slo.ttft_s:g} s and e2e <= {slo.e2e_s:g} s) met by "
-                                        f"{_fmt_pct(att)} of requests at {_at(row)} (n={int(row['ok'])}), below the "
-                                        f"{_fmt_pct(slo.target)} target; {before}")
+                                        f"{_fmt_pct(att)} of requests at {_at(row)} (n={int(row['slo_n'])}{interval}), "
+                                        f"below the {_fmt_pct(slo.target)} target; {before}")
         last_good = row
     return None
 

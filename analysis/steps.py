@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from tokenload.analysis.fits import grouped_linear
-from tokenload.analysis.stats import Quantile, bootstrap_ci, km_quantiles
+from tokenload.analysis.stats import Quantile, bootstrap_ci, km_quantiles, wilson_interval
 from tokenload.analysis.windows import by_time
 from tokenload.errors import error_class
 
@@ -182,6 +182,7 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
 
     meets, known = _meets(measured, slo, {}, cut)
     table["slo_attainment"] = _share(meets, known, measured["step"])
+    table["slo_n"] = pd.Series(known, index=measured.index).groupby(measured["step"]).sum()
     good, known_good = _meets(measured, slo, options.goodput, cut) if options.goodput else (meets, known)
     table["goodput_share"] = _share(good, known_good, measured["step"])
 
@@ -202,8 +203,11 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
     ttft_fits = grouped_linear(done_ok["step"].to_numpy(), done_ok["input_tokens"].to_numpy(),
                                done_ok["ttft_s"].to_numpy())
     table["ttft_slope_s_per_token"] = pd.Series({k: v[0] for k, v in ttft_fits.items()}, dtype=float)
+    table["slo_ci"] = pd.Series({step: wilson_interval(int(round(att * n)), int(n)) if n and pd.notna(att) else None
+                                 for step, att, n in zip(table.index, table["slo_attainment"],
+                                                         table["slo_n"].fillna(0))}, dtype=object)
     table["decided"] = (table["ok"].fillna(0) + table["errors"].fillna(0)) >= options.min_requests
-    fillable = ["requests", "errors", "load_errors", "input_errors", "config_errors", "censored", "open_at_step_end",
+    fillable = ["requests", "slo_n", "errors", "load_errors", "input_errors", "config_errors", "censored", "open_at_step_end",
                 "warmup_excluded", "ok", "output_tokens", "completions_window"]
     table[fillable] = table[fillable].fillna(0).astype(np.int64)
     return table.sort_values(["load_level", "start"])
@@ -245,12 +249,12 @@ STEP_KEYS: tuple[str, ...] = (
     # extras
     "offered_rate", "achieved_rate", "achieved_concurrency", "planned_users", "input_tok_s", "total_tok_s",
     "ok", "open_at_step_end", "warmup_excluded", "load_errors", "input_errors", "config_errors",
-    "load_error_rate", "start", "end", "duration_s", "goodput_rps", "goodput_share", "ttft_n", "tpot_n", "e2e_n",
+    "load_error_rate", "start", "end", "duration_s", "slo_n", "slo_ci", "goodput_rps", "goodput_share", "ttft_n", "tpot_n", "e2e_n",
     "ttft_censored", "e2e_censored", "e2e_p50_s", "itl_p50_s", "itl_p99_s", "input_tokens_p50",
     "output_tokens_p50", "ttft_slope_s_per_token", "decided",
 )
 
-INT_KEYS: frozenset[str] = frozenset({"active_users", "requests", "errors", "ok", "censored", "open_at_step_end",
+INT_KEYS: frozenset[str] = frozenset({"active_users", "requests", "slo_n", "errors", "ok", "censored", "open_at_step_end",
                                       "warmup_excluded", "load_errors", "input_errors", "config_errors",
                                       "planned_users"})
 
@@ -275,6 +279,8 @@ def steps_records(table: pd.DataFrame, errors_by_kind: pd.DataFrame,
                 record[key] = str(value)
             elif key == "decided":
                 record[key] = bool(value)
+            elif key == "slo_ci":
+                record[key] = list(value) if isinstance(value, tuple) else None
             else:
                 record[key] = _nan_to_none(value)
         record["bounds"] = list(row["bounds"]) if isinstance(row["bounds"], list) else []

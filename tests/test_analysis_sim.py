@@ -151,3 +151,32 @@ drain_s = 10
     assert len(finished_in_step) >= 8
     assert [s["load_level"] for s in summary["steps"]] == [1, 2]
     assert all(s["requests"] >= 8 for s in summary["steps"])
+
+
+def test_two_runs_in_a_row_reach_the_same_breakpoint(tmp_path: Path) -> None:
+    """The demo's recipe at small scale: steps held for 20 requests, a channel with 2 slots."""
+    profile = tmp_path / "two-slots.toml"
+    profile.write_text('extends = "default"\nslots = 2\n')
+    scenario = """
+[prompt]
+tokens = 64
+[output]
+max_tokens = 20
+ignore_eos = true
+[load]
+kind = "steps"
+users = [1, 2, 4, 8, 16]
+step_s = 1
+min_requests = 20
+max_step_s = 20
+[stop]
+drain_s = 30
+"""
+    verdicts = []
+    for attempt in ("a", "b"):
+        (tmp_path / attempt).mkdir()
+        summary, _, _ = run_and_analyze(tmp_path / attempt, scenario, ["--profile", str(profile)])
+        assert all(s["decided"] for s in summary["steps"]), summary["steps"]
+        bp = summary["breakpoint"]
+        verdicts.append(None if bp is None else (bp["load_level"], bp["reason"], bp["last_good_load_level"]))
+    assert verdicts[0] == verdicts[1] and verdicts[0] is not None, verdicts
