@@ -127,11 +127,11 @@ def find_breakpoint(steps: pd.DataFrame, slo: Slo, error_limit: float = ERROR_RA
         return {"breakpoint": {**hit, "reason": name}, "breakpoint_note": too_few[2:] or None, "rules": rules,
                 "undecided": undecided}
     levels = [(_at(r)) for _, r in decided.iterrows()]
-    unfinished = complete and (complete.get("interrupted") or complete.get("truncated"))
+    complete = complete or {}
     if not levels:
         note = "no step had enough requests to judge a breakpoint" + too_few
-    elif unfinished:
-        note = (f"no breakpoint up to {levels[-1]}, but {complete['note']}: the higher loads were not measured, "
+    elif complete.get("interrupted") or complete.get("truncated"):
+        note = (f"no breakpoint up to {levels[-1]}, but {complete.get('note')}: the higher loads were not measured, "
                 "so this is not a verdict on them" + too_few)
     elif len(levels) < 2:
         note = f"a single load step ({levels[0]}) cannot show a breakpoint: run a ramp to find one" + too_few

@@ -89,7 +89,7 @@ def _values(a: Analysis, step: int, metric: str) -> np.ndarray:
     return rows[f"{metric}_s"].dropna().to_numpy()
 
 
-def _delta_ci(a: np.ndarray, b: np.ndarray, q: float, seed: int) -> list[float] | None:
+def _delta_ci(a: np.ndarray, b: np.ndarray, q: float, seed: int) -> list[float | None] | None:
     """95% bootstrap interval of quantile(b) - quantile(a), each run resampled on its own."""
     if a.size < MIN_CI_SAMPLES or b.size < MIN_CI_SAMPLES:
         return None

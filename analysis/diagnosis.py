@@ -120,8 +120,9 @@ def diagnose(
         advice += [("errors", line) for line in _error_advice(requests, errors_by_kind)]
     if load_share >= QUEUE_SHARE:
         good = breakpoint.get("last_good_load_level") if breakpoint else None
-        what = "concurrency" if breakpoint and breakpoint["load_unit"] == "users" else "the request rate"
-        keep = (f"keep {what} <= {level_text(good, breakpoint['load_unit'])} (the last step before the breakpoint)"
+        unit = str((breakpoint or {}).get("load_unit", "users"))
+        what = "concurrency" if unit == "users" else "the request rate"
+        keep = (f"keep {what} <= {level_text(good, unit)} (the last step before the breakpoint)"
                 if good else "lower the load")
         advice.append(("queue", f"median e2e grows from {_g(low['e2e'])} s at {low['load']} to "
                       f"{_g(high['e2e'])} s at {high['load']} ({high['e2e'] / low['e2e']:.1f}x; "

@@ -47,7 +47,7 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     if complete.get("interrupted") or complete.get("truncated"):
         rows.append(("Run incomplete", complete["note"], False))
     rows += [
-        ("Requests", f"{run['requests']:,} ({run['ok']:,} ok, {run['errors']:,} errors, "
+        ("Requests", f"{run['requests']:,} ({run['ok']:,} ok, {run['errors']:,} errors{_classes(summary)}, "
                      f"{run['in_flight']:,} still open at the end)", run["errors"] == 0 if run["requests"] else False),
         ("SLO attainment", f"{_fmt(100 * slo['attainment'] if slo['attainment'] is not None else None, '%')} "
                            f"within TTFT ≤ {slo['ttft_s']:g} s and e2e ≤ {slo['e2e_s']:g} s "
@@ -99,6 +99,12 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     for problem in summary.get("problems", []):
         rows.append(("Missing", problem, False))
     return rows
+
+
+def _classes(summary: dict[str, Any]) -> str:
+    """': 3 load, 2 input' (only the load class counts towards the error-rate rule)."""
+    by_class = summary.get("errors_by_class") or {}
+    return (": " + ", ".join(f"{n:,} {cls}" for cls, n in sorted(by_class.items()))) if by_class else ""
 
 
 def _steps(steps: Sequence[int]) -> str:

@@ -60,6 +60,9 @@ class StepOptions:
     min_requests: int = MIN_STEP_REQUESTS
 
 
+DEFAULT_OPTIONS = StepOptions()
+
+
 def pkey(metric: str, p: float) -> str:
     """`ttft_p95_s`, `e2e_p99.9_s`: the summary key of a percentile."""
     return f"{metric}_p{p:g}_s"
@@ -138,7 +141,7 @@ def _meets(rows: pd.DataFrame, slo: Slo, goodput: dict[str, float], cut: float) 
 
 
 def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
-               options: StepOptions = StepOptions()) -> pd.DataFrame:
+               options: StepOptions = DEFAULT_OPTIONS) -> pd.DataFrame:
     """One row per step with SPEC.md's `steps[]` columns and the extras (CIs, censoring, windows ...)."""
     table = windows.copy()
     table["start"] = table["start"] + (options.warmup_s or 0.0)
@@ -203,7 +206,7 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
     ttft_fits = grouped_linear(done_ok["step"].to_numpy(), done_ok["input_tokens"].to_numpy(),
                                done_ok["ttft_s"].to_numpy())
     table["ttft_slope_s_per_token"] = pd.Series({k: v[0] for k, v in ttft_fits.items()}, dtype=float)
-    table["slo_ci"] = pd.Series({step: wilson_interval(int(round(att * n)), int(n)) if n and pd.notna(att) else None
+    table["slo_ci"] = pd.Series({step: wilson_interval(round(att * n), int(n)) if n and pd.notna(att) else None
                                  for step, att, n in zip(table.index, table["slo_attainment"],
                                                          table["slo_n"].fillna(0))}, dtype=object)
     table["decided"] = (table["ok"].fillna(0) + table["errors"].fillna(0)) >= options.min_requests

@@ -7,7 +7,7 @@ steps those were, and why, is part of the output.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from tokenload.analysis.breakpoint import find_breakpoint
 from tokenload.analysis.diagnosis import diagnose
 from tokenload.analysis.fits import MIN_FIT_POINTS, linear_dict, linear_fit, spread_note, ttft_vs_input
 from tokenload.analysis.records import Run
-from tokenload.analysis.steps import (FORMULA_STEP_TOLERANCE, METRICS, Slo, StepOptions, errors_by_kind,
+from tokenload.analysis.steps import (DEFAULT_OPTIONS, FORMULA_STEP_TOLERANCE, METRICS, Slo, StepOptions, errors_by_kind,
                                       latency_stats, pkey, step_table, steps_records)
 from tokenload.analysis.windows import level_text, step_windows
 from tokenload.errors import error_class
@@ -40,7 +40,7 @@ class Analysis:
     ok: pd.DataFrame
     low_steps: list[int]
     summary: dict[str, Any]
-    options: StepOptions = StepOptions()
+    options: StepOptions = field(default_factory=StepOptions)
 
 
 def _r(x: float | None, digits: int = 6) -> float | None:
@@ -217,7 +217,7 @@ def completeness(run: Run, table: pd.DataFrame) -> dict[str, Any]:
     m = run.manifest
     stop = m.get("stop_reason")
     planned = len(m.get("plan") or [])
-    ran = int(len(table))
+    ran = len(table)
     censored = int(run.df["in_flight"].sum())
     interrupted = stop == "interrupted" or bool(m.get("workers_lost")) or bool(m.get("recovered"))
     truncated = bool(planned and ran < planned)
@@ -235,7 +235,7 @@ def completeness(run: Run, table: pd.DataFrame) -> dict[str, Any]:
 
 
 def summarize(run: Run, slo: Slo = Slo(), low_load_users: int | None = None,
-              options: StepOptions = StepOptions()) -> Analysis:
+              options: StepOptions = DEFAULT_OPTIONS) -> Analysis:
     """Compute every number of the report for one run."""
     df = run.df
     ok = run.ok

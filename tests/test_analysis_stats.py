@@ -70,7 +70,7 @@ def test_cut_requests_are_censored_not_dropped(tmp_path: Path) -> None:
     assert last["ttft_p50_s"] < 2.0 and "ttft_p50_s" not in last["bounds"]
     html = (run_dir / "report.html").read_text()
     assert "≥ 2" in html
-    rows = dict((topic, text) for topic, text, _ in verdict_rows(s))
+    rows = {topic: text for topic, text, _ in verdict_rows(s)}
     assert f"{last['censored']} still open at the end (censored)" in rows["TTFT"]
 
 

@@ -88,7 +88,7 @@ class ScenarioShape(LoadTestShape):
 
     def _needs_evidence(self, elapsed: float) -> bool:
         """The current step has fewer finished requests than `min_requests` and may still be held."""
-        load = self.runner.environment.tokenload.scenario.load  # type: ignore[attr-defined]
+        load = self.runner.environment.tokenload.scenario.load  # type: ignore[union-attr]
         if not load.min_requests or self._phase is None or self._entry is None:
             return False
         if elapsed - self._entered_s >= load.step_cap_s:
@@ -99,7 +99,7 @@ class ScenarioShape(LoadTestShape):
         """Requests finished so far in the whole run (successes and failures), from Locust's stats."""
         from tokenload.load.control import Snapshot  # control imports this module: import at use
 
-        return Snapshot.take(self.runner.stats).requests  # type: ignore[union-attr]
+        return Snapshot.take(self.runner.stats).requests  # type: ignore[union-attr]  # runner is set while ticking
 
     def tick(self) -> tuple[int, float] | None:
         control = self.runner.environment.tokenload  # type: ignore[attr-defined]
