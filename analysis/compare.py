@@ -176,6 +176,15 @@ def _summary_delta(label: str, metric: str, levels: list[dict[str, Any]]) -> dic
             "slower_at": slower, "faster_at": faster, "p_holm_min": p_min}
 
 
+def _throughput_line(label: str, levels: list[dict[str, Any]]) -> str | None:
+    """'peak output throughput: 0.54x the baseline's (median over 5 levels; 0.5-0.6x)'."""
+    ratios = [x["throughput"]["ratio"] for x in levels if x["throughput"]["ratio"] is not None]
+    if not ratios:
+        return None
+    return (f"{label} output throughput: {np.median(ratios):.2f}x the baseline's (median over {len(ratios)} matched "
+            f"level(s); {min(ratios):.2f}-{max(ratios):.2f}x; one window per level, no test)")
+
+
 def _headline(d: dict[str, Any]) -> str:
     """'peak TPOT: slower at 5 of 5 matched levels (1-16 users), p50 x1.8 (median)'."""
     name = f"{d['label']} {d['metric'].upper()}"
@@ -241,7 +250,7 @@ def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = 
         "test": ("per matched load level: two-sided Mann-Whitney U (normal approximation, tie-corrected), "
                  "Holm-corrected over every level and metric; 95% bootstrap intervals of the p50/p95 deltas"),
         "runs": [_run_card(n, a) for n, a in zip(names, analyses)],
-        "headline": [_headline(d) for d in deltas],
+        "headline": [_headline(d) for d in deltas] + [line for n in names[1:] if (line := _throughput_line(n, levels[n]))],
         "levels": [row for n in names[1:] for row in levels[n]],
         "deltas": deltas,
     }
@@ -292,7 +301,7 @@ def _write_html(comparison: dict[str, Any], views: list[tuple[str, Analysis]], f
     headline = "<ul class='advice'>" + "".join(f"<li>{h(line)}</li>" for line in comparison["headline"]) + "</ul>"
     sections = [
         (f"Against {comparison['baseline']}, matched by load level", headline),
-        (f"Per load level ({comparison['test']}; α = {comparison['alpha']:g})",
+        (f"Per load level ({comparison['test'].removeprefix('per matched load level: ')}; α = {comparison['alpha']:g})",
          html_table(LEVEL_HEADERS, _level_rows(comparison), left=4)),
         ("Runs", html_table(["run", "models", "requests", "errors", "SLO met", "load levels", "TTFT s/token",
                              "TTFT intercept s", "e2e s/token", "breakpoint", "bound"], runs, left=2)),

@@ -80,6 +80,7 @@ def test_compare_pairs_steps_by_load_level_and_says_when_none_are_shared(tmp_pat
     assert "slower at 2 of 5 matched levels (8 users, 16 users)" in head
     assert all(d["verdict"] == "no shared load level" for d in c["deltas"] if d["label"] == "other")
     assert any(line.startswith("other TTFT: no load level in common") for line in c["headline"])
+    assert any(line.startswith("peak output throughput: ") for line in c["headline"])
     html = (tmp_path / "cmp" / "comparison.html").read_text()
     assert "matched by load level" in html and "16 users" in html
 
