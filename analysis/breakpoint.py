@@ -120,8 +120,10 @@ def find_breakpoint(steps: pd.DataFrame, slo: Slo, error_limit: float = ERROR_RA
              "knee": _knee_rule(decided)}
     rules = {name: ({"fired": True, **hit} if hit else {"fired": False}) for name, hit in fired.items()}
     hits = [(hit["load_level"], RULE_ORDER.index(name), name, hit) for name, hit in fired.items() if hit]
+    closed = steps.empty or str(steps["load_unit"].iloc[0]) == "users"
+    fix = "lengthen step_s or set [load] min_requests" if closed else "lengthen step_s"
     too_few = ("; " + ", ".join(f"step {u['step']} ({u['load']}, n={u['n']})" for u in undecided) +
-               " had too few requests to judge (lengthen step_s or set [load] min_requests)") if undecided else ""
+               f" had too few requests to judge ({fix})") if undecided else ""
     if hits:
         _, _, name, hit = min(hits)
         return {"breakpoint": {**hit, "reason": name}, "breakpoint_note": too_few[2:] or None, "rules": rules,
@@ -136,7 +138,9 @@ def find_breakpoint(steps: pd.DataFrame, slo: Slo, error_limit: float = ERROR_RA
     elif len(levels) < 2:
         note = f"a single load step ({levels[0]}) cannot show a breakpoint: run a ramp to find one" + too_few
     else:
-        note = (f"the ramp never broke the channel: from {levels[0]} to {levels[-1]} SLO attainment "
+        sweep = "ramp" if str(decided["load_unit"].iloc[0]) == "users" else "rate sweep"
+        note = (f"the {sweep} never broke the channel: from {levels[0]} to {levels[-1]} SLO attainment "
                 f"stayed >= {_fmt_pct(slo.target)}, load errors <= {_fmt_pct(error_limit)} and "
-                "throughput kept growing; ramp higher to find the limit" + too_few)
+                f"throughput kept growing; {'ramp higher' if sweep == 'ramp' else 'offer higher rates'} to find the "
+                "limit" + too_few)
     return {"breakpoint": None, "breakpoint_note": note, "rules": rules, "undecided": undecided}

@@ -281,8 +281,13 @@ def plot_timeline(views: Sequence[View], path: Path, bins: int = 120) -> Path:
     users = pd.Series(df["active_users"].to_numpy()).groupby(np.digitize(t, edges[1:-1])).max()
 
     fig, axes = plt.subplots(3, 1, figsize=(11, 7.5), sharex=True)
-    axes[0].step(edges[users.index.to_numpy()], users.to_numpy(), where="post", color=COLORS[0])
-    axes[0].set(ylabel="active users", title="Run timeline (by request start time)")
+    if load_unit(views[:1]) == USERS:
+        axes[0].step(edges[users.index.to_numpy()], users.to_numpy(), where="post", color=COLORS[0])
+        axes[0].set(ylabel="active users", title="Run timeline (by request start time)")
+    else:  # open loop: the pool size says nothing, the offered rate per step does
+        for _, step in a.table.iterrows():
+            axes[0].hlines(step["load_level"], (step["start"] - t0) / per, (step["end"] - t0) / per, color=COLORS[0])
+        axes[0].set(ylabel="offered req/s", title="Run timeline (by request start time)")
     axes[1].bar(edges[:-1], ok_counts / width, width=width, align="edge", color=COLORS[2], label="ok")
     axes[1].bar(edges[:-1], err_counts / width, width=width, align="edge", bottom=ok_counts / width,
                 color=COLORS[3], label="error")

@@ -146,7 +146,9 @@ def _e2e_drivers(low: pd.DataFrame) -> dict[str, Any]:
     n_out = low["output_tokens"].to_numpy()
     r_in, r_out = _r2(n_in, y), _r2(n_out, y)
     out = {"r2_input": r_in, "r2_output": r_out, "r2_both": _r2(np.column_stack([n_in, n_out]), y)}
-    if r_in is None or r_out is None:
+    if spread_note(n_out, "output length", "output-sweep") and spread_note(n_in, "input length", "prompt-sweep"):
+        out["verdict"] = "neither input nor output length varied enough in this run to tell"
+    elif r_in is None or r_out is None:
         out["verdict"] = "too few successful requests (or no variation in length) to tell"
     elif r_out > r_in:
         out["verdict"] = f"supported: output length explains {100 * r_out:.0f}% of e2e variance, input {100 * r_in:.0f}%"
