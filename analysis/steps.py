@@ -189,7 +189,8 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
     good, known_good = _meets(measured, slo, options.goodput, cut) if options.goodput else (meets, known)
     table["goodput_share"] = _share(good, known_good, measured["step"])
 
-    timed = by_time(df, table, cut)
+    good_all, _ = _meets(df, slo, options.goodput, cut)
+    timed = by_time(df, table, cut, good_all)
     table = table.join(timed)
     duration = table["duration_s"]
     table["output_tok_s"] = table["output_tokens_window"] / duration
@@ -199,8 +200,7 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
     starts = df["started_at"].to_numpy()
     in_window = pd.Series((starts >= warm_start) & (starts < step_end), index=df.index).groupby(df["step"]).sum()
     table["achieved_rate"] = in_window / duration
-    goodput_done = pd.Series(good & ~measured["in_flight"].to_numpy(), index=measured.index)
-    table["goodput_rps"] = goodput_done.groupby(measured["step"]).sum() / duration
+    table["goodput_rps"] = table["good_completions_window"] / duration
 
     table["formula_mape"] = _step_formula_mape(done_ok, table)
     ttft_fits = grouped_linear(done_ok["step"].to_numpy(), done_ok["input_tokens"].to_numpy(),

@@ -89,8 +89,8 @@ def _overlap(first: np.ndarray, last: np.ndarray, a: float, b: float) -> np.ndar
     return np.where(np.isfinite(share), share, 0.0)
 
 
-def by_time(df: pd.DataFrame, windows: pd.DataFrame, cut: float) -> pd.DataFrame:
-    """Per step window: tokens streamed, input tokens prefilled, completions, achieved concurrency.
+def by_time(df: pd.DataFrame, windows: pd.DataFrame, cut: float, good: np.ndarray) -> pd.DataFrame:
+    """Per step window: tokens streamed, input tokens prefilled, completions (all and `good`), concurrency.
 
     `cut` is when the run stopped: a still-open request occupies the channel up to it.
     """
@@ -111,12 +111,14 @@ def by_time(df: pd.DataFrame, windows: pd.DataFrame, cut: float) -> pd.DataFrame
         width = b - a
         if not width > 0:
             rows[step] = dict.fromkeys(("output_tokens_window", "input_tokens_window", "completions_window",
-                                        "achieved_concurrency"), np.nan)
+                                        "good_completions_window", "achieved_concurrency"), np.nan)
             continue
         streamed = float((out_tokens[has_first] * _overlap(first[has_first], last[has_first], a, b)).sum())
         prefilled = float(in_tokens[has_first & (first >= a) & (first < b)].sum())
-        completions = int((done & (finished >= a) & (finished < b)).sum())
+        ended_here = done & (finished >= a) & (finished < b)
+        completions = int(ended_here.sum())
         busy = np.clip(np.minimum(occupied_to, b) - np.maximum(started, a), 0.0, None).sum()
         rows[step] = {"output_tokens_window": streamed, "input_tokens_window": prefilled,
-                      "completions_window": completions, "achieved_concurrency": float(busy) / width}
+                      "completions_window": completions, "good_completions_window": int((ended_here & good).sum()),
+                      "achieved_concurrency": float(busy) / width}
     return pd.DataFrame.from_dict(rows, orient="index")

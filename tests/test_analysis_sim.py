@@ -45,8 +45,13 @@ def run_and_analyze(tmp_path: Path, scenario: str, sim_args: list[str] = ()) -> 
 
 def assert_throughput_matches_truth(summary: dict, truth: pd.DataFrame) -> None:
     for step in summary["steps"]:
-        expected = truth_tokens_in(truth, step["start"], step["end"]) / (step["end"] - step["start"])
+        width = step["end"] - step["start"]
+        expected = truth_tokens_in(truth, step["start"], step["end"]) / width
         assert step["output_tok_s"] == pytest.approx(expected, rel=0.05), step
+        # Completions count where they ended (the server's last token; the client sees it ms later).
+        ended = truth.last_token.between(step["start"], step["end"], inclusive="left").sum()
+        assert abs(step["rps"] * width - ended) <= 2, (step["rps"] * width, ended)
+        assert step["goodput_rps"] <= step["rps"] + 1e-9
 
 
 def test_poisson_rate_sweep_is_analysed_in_requests_per_second(tmp_path: Path) -> None:
