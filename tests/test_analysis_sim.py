@@ -8,13 +8,16 @@ with what the simulator says it did, in the same time windows.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from loadkit import run_cli, truth_frame, write_scenario
+from loadkit import run_cli, run_command, truth_frame, write_scenario
 
 from tokenload.analysis import analyze_run
 from tokenload.analysis.report import verdict_rows
@@ -185,3 +188,35 @@ drain_s = 30
         bp = summary["breakpoint"]
         verdicts.append(None if bp is None else (bp["load_level"], bp["reason"], bp["last_good_load_level"]))
     assert verdicts[0] == verdicts[1] and verdicts[0] is not None, verdicts
+
+
+def test_ctrl_c_run_is_flagged_interrupted_with_its_cut_requests(tmp_path: Path) -> None:
+    """Issue 9, item 6: after Ctrl-C the verdict said 'the ramp never broke the channel ... ramp higher'."""
+    scenario = write_scenario(tmp_path, """
+[prompt]
+tokens = 64
+[output]
+max_tokens = 200
+ignore_eos = true
+[load]
+kind = "steps"
+users = [2, 4, 8]
+step_s = 4
+[stop]
+drain_s = 0
+""")
+    with launch() as sim:
+        proc = subprocess.Popen(run_command(scenario, sim.base_url, tmp_path / "run"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(7)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    summary = analyze_run(tmp_path / "run")
+    complete = summary["run"]["completeness"]
+    assert complete["interrupted"] and complete["steps_planned"] == 3 and complete["steps_run"] < 3
+    assert complete["censored"] == summary["run"]["in_flight"] >= 1
+    assert "never broke" not in (summary["breakpoint_note"] or "")
+    rows = verdict_rows(summary)
+    assert rows[0][0] == "Run incomplete" and "interrupted" in rows[0][1] and "still open" in rows[0][1]
+    assert "Run incomplete" in (tmp_path / "run" / "report.html").read_text()
