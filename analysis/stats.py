@@ -8,7 +8,10 @@ requests right-censored. When censoring reaches a percentile, the estimate is
 only a lower bound, and the caller is told so (`bound=True`).
 
 Confidence intervals come from a seeded percentile bootstrap, so the same
-records always give the same intervals (and the same verdicts).
+records always give the same intervals (and the same verdicts). Above
+`BOOTSTRAP_MAX_N` uncensored observations the bootstrap's large-sample limit,
+the distribution-free order-statistic interval, is used instead: the same
+interval at a fraction of the cost on million-request runs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ BOOTSTRAP_RESAMPLES = 400
 MIN_CI_SAMPLES = 5
 # Cap on resample-matrix cells built at once (memory stays bounded on huge steps).
 _CHUNK_CELLS = 4_000_000
+# Above this many uncensored observations the order-statistic interval replaces the bootstrap;
+# censored data above it get fewer resamples (Kaplan-Meier runs once per resample).
+BOOTSTRAP_MAX_N = 5_000
+Z95 = 1.959963984540054
 
 
 @dataclass(frozen=True)
@@ -64,8 +71,8 @@ def km_quantiles(times: np.ndarray, events: np.ndarray, qs: Sequence[float]) -> 
 
 
 def bootstrap_ci(times: np.ndarray, events: np.ndarray, q: float, seed: int,
-                 level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float] | None:
-    """Percentile-bootstrap interval of the q-quantile; None when too few observations.
+                 resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float] | None:
+    """Percentile-bootstrap 95% interval of the q-quantile; None when too few observations.
 
     Uncensored data take a vectorised path (resample matrix, chunked); censored data
     re-run Kaplan-Meier per resample.
@@ -78,6 +85,10 @@ def bootstrap_ci(times: np.ndarray, events: np.ndarray, q: float, seed: int,
         return None
     rng = np.random.default_rng(seed)
     n = t.size
+    if e.all() and n > BOOTSTRAP_MAX_N:
+        return order_statistic_ci(t, q)
+    if n > BOOTSTRAP_MAX_N:
+        resamples = min(resamples, 100)
     if e.all():
         rows = max(1, _CHUNK_CELLS // n)
         stats: list[np.ndarray] = []
@@ -93,9 +104,18 @@ def bootstrap_ci(times: np.ndarray, events: np.ndarray, q: float, seed: int,
         for i in range(resamples):
             idx = rng.integers(0, n, n)
             values[i] = km_quantiles(t[idx], e[idx], [q])[0].value
-    alpha = (1.0 - level) / 2.0
-    lo, hi = np.quantile(values, [alpha, 1.0 - alpha])
+    lo, hi = np.quantile(values, [0.025, 0.975])
     return float(lo), float(hi)
+
+
+def order_statistic_ci(values: np.ndarray, q: float) -> tuple[float, float]:
+    """Distribution-free 95% interval of the q-quantile: the order statistics at n q -/+ z sqrt(n q (1 - q))."""
+    n = values.size
+    half = Z95 * np.sqrt(n * q * (1.0 - q))
+    lo = int(np.clip(np.floor(n * q - half), 0, n - 1))
+    hi = int(np.clip(np.ceil(n * q + half), 0, n - 1))
+    part = np.partition(values, (lo, hi))
+    return float(part[lo]), float(part[hi])
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float] | None:

@@ -37,6 +37,11 @@ def test_bootstrap_interval_is_seeded_and_covers_the_truth() -> None:
     assert ci == bootstrap_ci(sample, np.ones(2000, bool), 0.5, seed=11)
     assert ci[0] < np.log(2) < ci[1] and ci[1] - ci[0] < 0.15
     assert bootstrap_ci(sample[:3], np.ones(3, bool), 0.5, seed=1) is None
+    # Past BOOTSTRAP_MAX_N the order-statistic interval stands in; it agrees with the bootstrap.
+    big = rng.exponential(1.0, 20_000)
+    fast = bootstrap_ci(big, np.ones(big.size, bool), 0.95, seed=2)
+    slow = bootstrap_ci(big[:5000], np.ones(5000, bool), 0.95, seed=2)
+    assert fast[0] < -np.log(0.05) < fast[1] and (fast[1] - fast[0]) < (slow[1] - slow[0])
     lo, hi = wilson_interval(9, 10)
     assert 0.59 < lo < 0.6 and 0.98 < hi < 0.99
 

@@ -90,3 +90,17 @@ def test_holm_adjustment_by_hand() -> None:
 
     # Sorted 0.01, 0.03, 0.04 -> 3 x 0.01, 2 x 0.03, max(1 x 0.04, previous): monotone.
     assert holm([0.01, 0.04, 0.03, float("nan")])[:3] == pytest.approx([0.03, 0.06, 0.06])
+
+
+def test_delta_interval_covers_a_planted_shift_small_and_large() -> None:
+    from tokenload.analysis.compare import _delta_ci
+
+    for n in (400, 20_000):  # bootstrap below BOOTSTRAP_MAX_N, order statistics above
+        covered = 0
+        for seed in range(40):
+            rng = np.random.default_rng(seed)
+            a = rng.exponential(1.0, n)
+            lo, hi = _delta_ci(a, rng.exponential(1.0, n) + 0.3, 0.5, seed=seed)
+            covered += lo < 0.3 < hi
+            assert hi - lo < (0.5 if n == 400 else 0.1)
+        assert covered >= 34, (n, covered)  # a 95% interval: 38 of 40 expected, 34 is far in the tail
