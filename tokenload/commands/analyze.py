@@ -8,7 +8,11 @@ and writes into RUN_DIR:
                  concurrency, TTFT/TPOT/e2e CDFs, run timeline
   report.html    self-contained report: verdict, charts, tables
 
-Every percentile comes from the raw per-request records. Fits use successful
+Every percentile comes from the raw per-request records; a request still open
+when the run stopped counts as censored (its latency is at least what it
+waited), and a percentile it reaches is reported as a lower bound. Steps are
+load levels: users for a closed loop, offered requests/s for an open loop.
+Throughput counts tokens in the window they were streamed. Fits use successful
 requests of the low-load steps only (steps whose median TTFT and TPOT are
 within 1.25x of the lowest-load step's, or those up to --low-load-users), so
 queueing does not masquerade as prefill or decode cost.
