@@ -58,7 +58,7 @@ def assert_throughput_matches_truth(summary: dict, truth: pd.DataFrame) -> None:
 
 
 def test_poisson_rate_sweep_is_analysed_in_requests_per_second(tmp_path: Path) -> None:
-    summary, truth, _ = run_and_analyze(tmp_path, """
+    summary, truth, run_dir = run_and_analyze(tmp_path, """
 [prompt]
 tokens = 64
 [output]
