@@ -22,7 +22,7 @@ stays in `rules` so a reader sees what else happened.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -54,7 +54,7 @@ def _fmt_pct(x: float) -> str:
 
 def _hit(row: pd.Series, last_good: pd.Series | None, detail: str) -> dict[str, Any]:
     return {"load_level": float(row["load_level"]), "load_unit": str(row["load_unit"]),
-            "active_users": int(row["active_users"]), "step": int(row.name),
+            "active_users": int(row["active_users"]), "step": int(cast(int, row.name)),
             "last_good_load_level": None if last_good is None else float(last_good["load_level"]),
             "last_good_active_users": None if last_good is None else int(last_good["active_users"]),
             "detail": detail}

@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from rich.console import Console
@@ -28,8 +28,7 @@ from rich.table import Table
 from tokenload.analysis import plots
 from tokenload.analysis.pipeline import analyze
 from tokenload.analysis.report import figure, h, html_table, page, verdict_html
-from tokenload.analysis.stats import (BOOTSTRAP_MAX_N, BOOTSTRAP_RESAMPLES, MIN_CI_SAMPLES, holm,
-                                      order_statistic_ci)
+from tokenload.analysis.stats import BOOTSTRAP_MAX_N, BOOTSTRAP_RESAMPLES, MIN_CI_SAMPLES, holm, order_statistic_ci
 from tokenload.analysis.steps import METRICS, Slo, measured_rows
 from tokenload.analysis.summary import Analysis
 from tokenload.analysis.windows import level_text
@@ -132,7 +131,7 @@ def _level_key(row: Any) -> tuple[str, float]:
 def matched_levels(base: Analysis, other: Analysis) -> list[tuple[int, int, tuple[str, float]]]:
     """(baseline step, other step, (unit, level)) for every load level both runs measured."""
     def steps_by_level(a: Analysis) -> dict[tuple[str, float], int]:
-        return {_level_key(row): int(step) for step, row in a.table.iterrows()} if len(a.table) else {}
+        return {_level_key(row): int(cast(int, step)) for step, row in a.table.iterrows()} if len(a.table) else {}
     mine, theirs = steps_by_level(base), steps_by_level(other)
     return [(mine[k], theirs[k], k) for k in sorted(set(mine) & set(theirs))]
 

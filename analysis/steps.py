@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -165,7 +165,7 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
     warm_start = table["start"].reindex(df["step"]).to_numpy()
     measured = measured_rows(df, table)
     table["warmup_excluded"] = table["requests"] - measured.groupby("step").size().reindex(table.index).fillna(0)
-    stats = {int(step): latency_stats(rows, cut, options.percentiles, seed=int(step))
+    stats = {cast(int, step): latency_stats(rows, cut, options.percentiles, seed=cast(int, step))
              for step, rows in measured.groupby("step", sort=True)}
     keys = [pkey(m, p) for m in METRICS for p in options.percentiles] + [f"{m}_{k}" for m in METRICS
                                                                          for k in ("n", "censored")]
@@ -272,7 +272,8 @@ def steps_records(table: pd.DataFrame, errors_by_kind: pd.DataFrame,
                   percentiles: Sequence[float] = PERCENTILES) -> list[dict[str, Any]]:
     """`summary.json` `steps[]`: SPEC.md keys first, then extras incl. errors by kind, CIs and bounds."""
     rows = []
-    for step, row in table.iterrows():
+    for index, row in table.iterrows():
+        step = cast(int, index)
         record: dict[str, Any] = {"step": int(step)}
         for key in step_keys(percentiles)[1:]:
             value = row.get(key, np.nan)

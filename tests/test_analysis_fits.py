@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tokenload.analysis.diagnosis import diagnose
+from tokenload.analysis.diagnosis import diagnose_latency
 from tokenload.analysis.fits import intercept_check, ttft_vs_input
 from tokenload.analysis.steps import Slo
 from tokenload.analysis.summary import least_concurrent
@@ -32,7 +32,7 @@ def test_intercept_contradicted_by_shortest_prompts_is_flagged_and_not_advised_o
     assert intercept_check(x, 0.008 * x, 0.0, lambda n: 0.008 * n) is None  # a true line through zero is not flagged
     low = {"ttft": 12.0, "tpot": 0.02, "e2e": 13.0, "output_tokens": 40.0, "input_tokens": 4000.0,
            "active_users": 1.0, "load": "1 user"}
-    advice = diagnose(slo=Slo(), requests=200, errors_total=0, errors_by_kind={}, share_ttft=0.9, low=low,
+    advice = diagnose_latency(slo=Slo(), requests=200, errors_total=0, errors_by_kind={}, share_ttft=0.9, low=low,
                       high=low, ttft_fit=fit, breakpoint=None)["advice"]
     assert not any("even an empty prompt" in line for line in advice)
     assert any("not used for advice" in line for line in advice)

@@ -47,6 +47,7 @@ class Phase:
 def build_plan(scenario: Scenario) -> list[Phase]:
     """The scenario's phases, cut at `[stop] duration_s` when set."""
     load = scenario.load
+    levels: list[tuple[int, float | None]]
     if load.kind == "poisson":
         levels = [(load.max_users, r) for r in load.rate]
     else:
@@ -102,7 +103,7 @@ class ScenarioShape(LoadTestShape):
         return Snapshot.take(self.runner.stats).requests  # type: ignore[union-attr]  # runner is set while ticking
 
     def tick(self) -> tuple[int, float] | None:
-        control = self.runner.environment.tokenload  # type: ignore[attr-defined]
+        control = self.runner.environment.tokenload  # type: ignore[union-attr]
         elapsed = self.get_run_time()
         cap = control.scenario.stop.duration_s
         if cap and elapsed >= cap:
