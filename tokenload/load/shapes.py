@@ -97,10 +97,10 @@ class ScenarioShape(LoadTestShape):
         return self._finished() - self._entry < load.min_requests
 
     def _finished(self) -> int:
-        """Requests finished so far in the whole run (successes and failures), from Locust's stats."""
+        """Requests finished so far in the run (successes and failures), from the run's token stats."""
         from tokenload.load.control import Snapshot  # control imports this module: import at use
 
-        return Snapshot.take(self.runner.stats).requests  # type: ignore[union-attr]  # runner is set while ticking
+        return Snapshot.take(self.runner.environment).requests  # type: ignore[union-attr]  # set while ticking
 
     def tick(self) -> tuple[int, float] | None:
         control = self.runner.environment.tokenload  # type: ignore[union-attr]
