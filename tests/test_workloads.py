@@ -383,11 +383,10 @@ def test_rate_ramps_within_a_step(tmp_path: Path, ramp: str, ratio: float) -> No
 
 # ------------------------------------------------------------------------------------------------ warm-up
 
-@pytest.mark.parametrize(("warmup", "check"), [("warmup_requests = 5", "count"), ("warmup_s = 1.0", "time")])
-def test_warmup_requests_are_marked_and_left_out_of_the_analysis(tmp_path: Path, warmup: str, check: str) -> None:
+def test_warmup_requests_are_marked_and_left_out_of_the_analysis(tmp_path: Path) -> None:
     from tokenload.analysis import analyze_run
 
-    df, _, run_dir = _run(tmp_path, f"""
+    df, _, run_dir = _run(tmp_path, """
 [prompt]
 tokens = 16
 [output]
@@ -397,18 +396,13 @@ ignore_eos = true
 kind = "constant"
 users = 1
 step_s = 2.5
-{warmup}
+warmup_requests = 5
 [stop]
 drain_s = 3
 """)
     df = df.sort_values("started_at")
-    assert set(df.phase) == {"warmup", "measure"}
     warm = df.phase.eq("warmup")
-    if check == "count":
-        assert warm.tolist() == [True] * 5 + [False] * (len(df) - 5)
-    else:
-        start = json.loads((run_dir / "manifest.json").read_text())["steps"][0]["started_at"]
-        assert (warm == (df.started_at < start + 1.0)).all() and 0 < warm.sum() < len(df)
+    assert warm.tolist() == [True] * 5 + [False] * (len(df) - 5) and len(df) > 5
     summary = analyze_run(run_dir, write=False)
     assert summary["run"]["requests"] == int((~warm).sum())
     assert sum(step["requests"] for step in summary["steps"]) == int((~warm).sum())

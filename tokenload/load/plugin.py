@@ -156,7 +156,7 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         extra_body=scenario.output.extra_body(),
         think_time_s=load.think_time_s,
         retry=load.retry,
-        warmup=Warmup(load.warmup_requests, load.warmup_s) if load.warmup_requests or load.warmup_s else None,
+        warmup=Warmup(load.warmup_requests) if load.warmup_requests else None,
     )
     environment.tokenload_process = ctx  # type: ignore[attr-defined]
     probe = LagProbe()

@@ -255,7 +255,7 @@ class LLMUser(User):
         adapter = ctx.adapters[plan.model]
         state = ctx.state
         step, users, budget = state.step, state.users, state.budget
-        phase = ctx.warmup.phase(state) if ctx.warmup is not None else MEASURE
+        phase = ctx.warmup.phase() if ctx.warmup is not None else MEASURE
         if answer is not None:
             answer.clear()
 
