@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import sqlite3
 import uuid
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ def _rows(sample_id: str, n: int, t: float = 1_700_000_000.0) -> list[dict]:
 
 
 def test_rows_keep_every_requests_column_plus_history_columns(tmp_path: Path) -> None:
-    with open_store(tmp_path / "h.db") as store:
+    with closing(open_store(tmp_path / "h.db")) as store:
         sample = Sample("s1", CHANNEL, "probe", 1_700_000_000.0, tokens=45, requests=3)
         assert store.add_sample(sample, _rows("s1", 3)) == 3
         frame = store.query()
@@ -57,7 +58,7 @@ def test_an_older_file_gains_new_columns_and_a_newer_one_is_refused(tmp_path: Pa
     db.execute('ALTER TABLE requests DROP COLUMN "malformed_events"')  # as if made before that column existed
     db.commit()
     db.close()
-    with open_store(path) as store:
+    with closing(open_store(path)) as store:
         store.add_sample(Sample("s", CHANNEL, "probe", 1.0), [{**_rows("s", 1)[0], "malformed_events": 2}])
         assert store.query()["malformed_events"].tolist() == [2]
     db = sqlite3.connect(path)
@@ -93,7 +94,7 @@ def test_two_writer_processes_on_one_file_lose_nothing(tmp_path: Path) -> None:
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
-    with open_store(path) as store:
+    with closing(open_store(path)) as store:
         frame = store.query()
         assert len(frame) == 2 * 150 * 3
         assert frame["request_id"].is_unique
@@ -123,7 +124,7 @@ def test_history_add_ingests_a_run_directory_once(tmp_path: Path, capsys: pytest
     assert "200 of 200 requests added" in capsys.readouterr().out
     assert main(["history", "add", str(run_dir), "--db", str(db)]) == 0
     assert "0 of 200 requests added" in capsys.readouterr().out
-    with open_store(db) as store:
+    with closing(open_store(db)) as store:
         frame = store.query()
         assert len(frame) == 200 and set(frame["source"]) == {"run"}
         assert store.samples()[0].kind == "run" and store.samples()[0].requests == 200

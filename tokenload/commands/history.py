@@ -25,13 +25,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from contextlib import closing
+
     from tokenload.errors import ConfigError
     from tokenload.history.store import ingest_run, open_store
 
     if args.action and (args.action[0] != "add" or len(args.action) < 2):
         raise ConfigError(f"unexpected {' '.join(args.action)!r}; write `tokenload history add RUN_DIR...` "
                           "or `tokenload history` with options only")
-    with open_store(args.db) as store:
+    with closing(open_store(args.db)) as store:
         for run_dir in args.action[1:]:
             channel, added, total = ingest_run(store, run_dir)
             print(f"{run_dir}: {added} of {total} requests added for {channel} -> {store.path}")

@@ -224,7 +224,8 @@ class SqliteHistory:
     def query(self, *, since: float | None = None, channels: Sequence[str] | None = None) -> pd.DataFrame:
         import pandas as pd
 
-        where, params = [], []
+        where: list[str] = []
+        params: list[object] = []
         if since is not None:
             where.append("started_at >= ?")
             params.append(since)
@@ -242,12 +243,6 @@ class SqliteHistory:
 
     def close(self) -> None:
         self._db.close()
-
-    def __enter__(self) -> SqliteHistory:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _plain(value: Any) -> Any:
