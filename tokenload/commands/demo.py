@@ -41,7 +41,12 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.rule import Rule
 
-    from tokenload.analysis import analyze_run, compare_runs, comparison_table, print_verdict
+    from tokenload.analysis import (
+        analyze_run,
+        compare_runs,
+        comparison_table,
+        print_verdict,
+    )
     from tokenload.channel import Channel
     from tokenload.commands.run import live_line
     from tokenload.errors import ConfigError

@@ -77,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
 
     from tokenload.channel import resolve_from_args
     from tokenload.errors import ConfigError
-    from tokenload.rundir import REQUESTS_FILE
     from tokenload.load.runner import Distribution, run_scenario
     from tokenload.load.scenario import load_scenario
+    from tokenload.rundir import REQUESTS_FILE
 
     if args.master and args.worker:
         raise ConfigError("--master and --worker exclude each other")

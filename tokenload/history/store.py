@@ -129,6 +129,10 @@ class HistoryStore(Protocol):
         """Tokens the samples of `channel` spent in [since, until): the budget's ledger."""
         ...
 
+    def last_sample_at(self, channel: str) -> float | None:
+        """When `channel`'s newest sample started (None before the first): a restarted watcher resumes from it."""
+        ...
+
     def query(self, *, since: float | None = None, channels: Sequence[str] | None = None) -> pd.DataFrame:
         """Request rows, oldest first, with the history columns."""
         ...
@@ -216,6 +220,10 @@ class SqliteHistory:
             (channel, since, until),
         ).fetchone()
         return int(found[0])
+
+    def last_sample_at(self, channel: str) -> float | None:
+        found = self._db.execute("SELECT MAX(started_at) FROM samples WHERE channel = ?", (channel,)).fetchone()
+        return None if found[0] is None else float(found[0])
 
     def samples(self, channel: str | None = None) -> list[Sample]:
         sql = "SELECT * FROM samples" + (" WHERE channel = ?" if channel else "") + " ORDER BY started_at"

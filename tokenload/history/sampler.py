@@ -1,0 +1,194 @@
+"""The loop behind `tokenload watch`: a few small requests now and then, for days, within a budget.
+
+Each sample sends `requests` sequential streaming requests with a fixed prompt
+and output length (the same single-request client `probe` uses), then commits
+the sample and its rows in one transaction under a fresh sample id: a watcher
+killed mid-sample loses that sample only, and a restart never repeats one.
+
+Kindness and thrift come first. A sample stops at its first failed request (a
+channel that is down, or pushes back with 429/529, is recorded as errors and
+asked again only at the next sample). The daily token budget is a hard ceiling:
+the worst case a sample can cost (each request's input as the server last
+counted it, else a generous local estimate, plus max_tokens) must fit in what is
+left of the day, or the sample is skipped and logged; the same check before each
+request covers a server that counts more input than estimated. The ledger is the database, so a restart (or a second watcher of the
+same channel on the same file) spends from the same budget.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from tokenload.channel import Channel
+from tokenload.client import stream_once, timeouts
+from tokenload.dayclock import DAY_S, utc_offset_s
+from tokenload.history.store import HistoryStore, Sample, fingerprint_of, row_tokens
+from tokenload.load.prompts import PromptSource, RequestPlan
+from tokenload.load.scenario import Scenario
+
+JITTER = 0.1  # each interval is `every` +- 10%, so samples do not lock onto a channel's own cycles
+ESTIMATE_MARGIN = 1.5  # a server's tokenizer may count more than our estimate; the budget must hold anyway
+
+
+def default_probe() -> Scenario:
+    """64 prompt tokens in, at most 32 out: cheap, yet long enough for a TPOT."""
+    from pathlib import Path
+
+    return Scenario.from_dict({"prompt": {"tokens": 64, "calibrate": False}, "output": {"max_tokens": 32},
+                               "load": {"kind": "constant"}}, "watch probe", Path.cwd(), "watch-probe")
+
+
+def day_bounds(t: float, period_s: float = DAY_S) -> tuple[float, float]:
+    """Start and end (unix seconds) of the local day of `period_s` that holds `t`."""
+    start = t - (t + utc_offset_s(t)) % period_s
+    return start, start + period_s
+
+
+@dataclass
+class SampleResult:
+    """What one sampling round did, for the status line and the tests."""
+
+    sample_id: str
+    started_at: float
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    skipped: int = 0
+    budget_left: int | None = None
+
+    @property
+    def errors(self) -> int:
+        return sum(1 for r in self.rows if r["status"] != "ok")
+
+    @property
+    def tokens(self) -> int:
+        return sum(row_tokens(r) for r in self.rows)
+
+    def p50(self, column: str) -> float | None:
+        values = [r[column] for r in self.rows if r["status"] == "ok" and r.get(column) is not None]
+        return statistics.median(values) if values else None
+
+
+@dataclass(frozen=True)
+class WatchPlan:
+    every_s: float = 900.0
+    requests: int = 3
+    period_s: float = DAY_S
+    max_tokens_per_day: int = 0  # 0 = no budget
+
+
+class Watcher:
+    """Samples one channel into a store until `stop` is set."""
+
+    def __init__(self, store: HistoryStore, channel: Channel, plan: WatchPlan, probe: Scenario | None = None, *,
+                 on_sample: Callable[[SampleResult], None] | None = None,
+                 stop: threading.Event | None = None) -> None:
+        self.store = store
+        self.channel = channel
+        self.plan = plan
+        self.fingerprint = fingerprint_of(channel)
+        self.prompts = PromptSource(probe or default_probe(), (channel.model,), random.getrandbits(30))
+        self.extra_body = (probe or default_probe()).output.extra_body()
+        self.on_sample = on_sample or (lambda result: None)
+        self.stop = stop or threading.Event()
+        self._input_seen = 0  # the server's input count of the last request: the best cost estimate
+
+    def budget_left(self, now: float) -> int | None:
+        if not self.plan.max_tokens_per_day:
+            return None
+        start, end = day_bounds(now, self.plan.period_s)
+        return self.plan.max_tokens_per_day - self.store.tokens_used(self.fingerprint, start, end)
+
+    def _worst_case(self, plan: RequestPlan) -> int:
+        guess = max(self._input_seen, math.ceil(plan.estimated_input_tokens * ESTIMATE_MARGIN) + 8)
+        return guess + plan.max_tokens
+
+    def sample(self) -> SampleResult:
+        """One sampling round, committed before it returns."""
+        started = time.time()
+        result = SampleResult(f"{int(started)}-{uuid.uuid4().hex[:12]}", started)
+        left = self.budget_left(started)
+        plans = [self.prompts.next() for _ in range(self.plan.requests)]
+        if left is not None and sum(self._worst_case(p) for p in plans) > left:
+            result.skipped, plans = len(plans), []
+        with httpx.Client(timeout=timeouts(self.channel), follow_redirects=False) as client:
+            for index, plan in enumerate(plans):
+                # The server's count, learnt from the first request, may raise the worst case.
+                if self.stop.is_set():
+                    break
+                if left is not None and self._worst_case(plan) > left:
+                    result.skipped = len(plans) - index
+                    break
+                record = stream_once(self.channel, plan.prompt, plan.max_tokens, extra_body=self.extra_body,
+                                     client=client)
+                row = self._row(record, result.sample_id, index, plan)
+                result.rows.append(row)
+                if left is not None:
+                    left -= row_tokens(row)
+                if record.get("input_tokens_source") == "server" and record.get("input_tokens"):
+                    self._input_seen = int(record["input_tokens"])
+                if record["status"] != "ok":
+                    break  # a channel in trouble gets one request per sample, not three
+        result.budget_left = left
+        if not result.rows and not result.skipped:
+            return result  # stopped before the first request: nothing happened worth a row
+        kind = "probe" if result.rows else "skipped"
+        note = f"{result.skipped} request(s) skipped: daily token budget" if result.skipped else None
+        self.store.add_sample(Sample(result.sample_id, self.fingerprint, kind, started, tokens=result.tokens,
+                                     requests=len(result.rows), errors=result.errors, note=note), result.rows)
+        return result
+
+    def _row(self, record: Mapping[str, Any], sample_id: str, index: int, plan: RequestPlan) -> dict[str, Any]:
+        row = dict(record)
+        row.update(request_id=f"{sample_id}-{index}", run_id=sample_id, worker="watch", user_id="watch", step=0,
+                   active_users=1, scheduled_at=record["started_at"], prompt_tokens_target=plan.prompt_tokens_target,
+                   in_flight=False)
+        if record.get("duration_s") is not None:
+            row["finished_at"] = record["started_at"] + record["duration_s"]
+        return row
+
+    def next_due(self, now: float) -> float:
+        """When the next sample is due: `every` (jittered) after this channel's last one in the store.
+
+        This is what makes a restart resume the rhythm instead of sampling at once.
+        """
+        last = self.store.last_sample_at(self.fingerprint)
+        if last is None:
+            return now
+        return last + self.plan.every_s * random.uniform(1 - JITTER, 1 + JITTER)
+
+    def run(self, max_samples: int | None = None) -> int:
+        """Sample until `stop` is set (or `max_samples` are done); returns the samples taken."""
+        taken = 0
+        due = self.next_due(time.time())
+        while not self.stop.is_set() and (max_samples is None or taken < max_samples):
+            if self.stop.wait(max(0.0, due - time.time())):
+                break
+            result = self.sample()
+            taken += 1
+            self.on_sample(result)
+            due = result.started_at + self.plan.every_s * random.uniform(1 - JITTER, 1 + JITTER)
+        return taken
+
+
+def status_line(result: SampleResult) -> str:
+    """One line per sample: time, TTFT and TPOT medians, errors, budget left."""
+
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f} s"
+
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(result.started_at))
+    kinds = sorted({str(r["error_kind"]) for r in result.rows if r["status"] != "ok"})
+    errors = f"{result.errors}/{len(result.rows)}" + (f" ({', '.join(kinds)})" if kinds else "")
+    budget = "no budget" if result.budget_left is None else f"{result.budget_left:,} tokens left today"
+    skipped = f"  SKIPPED {result.skipped} (budget)" if result.skipped else ""
+    return (f"{stamp}  TTFT p50 {seconds(result.p50('ttft_s'))}  TPOT p50 {seconds(result.p50('tpot_s'))}  "
+            f"errors {errors}  {budget}{skipped}")
