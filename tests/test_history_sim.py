@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -52,19 +53,22 @@ def test_sim_flags_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["sim", "--profile", "diurnal", "--day-phase", "25"]) == 2
 
 
-def _ttft_now(hour: float) -> float:
-    """Median TTFT of 5 requests while the simulated clock stands (almost) still at `hour`."""
+def _ttft_now(hour: float, truth: Path) -> tuple[float, float]:
+    """Median TTFT measured, and by the server's truth, of 5 requests while the simulated clock stands at `hour`."""
     scale = 0.001  # a day of 1,000 real days: the hour does not move during the test
     base = day_hour(time.time(), DAY_S / scale)
-    with serve_in_thread("diurnal", time_scale=scale, day_phase_h=(hour - base) % 24, noise=0.0,
-                         prefill_base_s=0.04, decode_base_s=0.002) as sim:
+    with serve_in_thread("diurnal", time_scale=scale, day_phase_h=(hour - base) % 24, noise=0.0, truth_path=truth,
+                         prefill_base_s=0.04, prefill_per_token_s=0.0, decode_base_s=0.002) as sim:
         channel = Channel(base_url=sim.base_url, model="sim-7b")
-        ttfts = sorted(stream_once(channel, "hello " * 20, 4)["ttft_s"] for _ in range(5))
-    return ttfts[2]
+        measured = sorted(stream_once(channel, "hello " * 20, 4)["ttft_s"] for _ in range(5))
+    served = sorted(t["first_token"] - t["arrival"] for t in map(json.loads, truth.read_text().splitlines()))
+    return measured[2], served[2]
 
 
-def test_ttft_follows_the_hour_of_the_simulated_day() -> None:
-    off_peak, normal, peak = _ttft_now(3.5), _ttft_now(9.5), _ttft_now(14.5)
-    # prefill 0.04 s x load: 0.02 s, 0.04 s, 0.10 s (+ the prompt's share and loopback time)
-    assert off_peak < normal < peak
-    assert 3.0 < peak / off_peak < 6.0
+def test_ttft_follows_the_hour_of_the_simulated_day(tmp_path: Path) -> None:
+    off_peak, normal, peak = (_ttft_now(h, tmp_path / f"{h}.jsonl") for h in (3.5, 9.5, 14.5))
+    # prefill 0.04 s x load: 0.02 s, 0.04 s, 0.10 s, exactly on the server's side
+    assert off_peak[1] == pytest.approx(0.02, abs=0.004)
+    assert normal[1] == pytest.approx(0.04, abs=0.004)
+    assert peak[1] == pytest.approx(0.10, abs=0.004)
+    assert off_peak[0] < normal[0] < peak[0]  # and the client sees the same order
