@@ -1,0 +1,162 @@
+"""`tokenload history`: windows, statistics and advice checked against known days and the simulator's truth."""
+
+from __future__ import annotations
+
+import json
+import threading
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokenload.channel import Channel
+from tokenload.cli import main
+from tokenload.dayclock import DAY_S, utc_offset_s
+from tokenload.history.sampler import Watcher, WatchPlan
+from tokenload.history.store import Sample, open_store
+from tokenload.history.views import MIN_PER_HOUR, analyze_history, runs
+from tokenload.load.scenario import Scenario
+from tokenload.sim import serve_in_thread
+
+KEY = "sk-history-SECRET-0123456789ab"
+CHANNEL = "anthropic relay.example sim-7b"
+
+
+def _at_hour(hour: float, day: int = 0, period_s: float = DAY_S) -> float:
+    t = 1_700_000_000.0 + day * period_s
+    return t - (t + utc_offset_s(t)) % period_s + hour / 24 * period_s
+
+
+def _synthetic_db(path: Path, ttft_of_hour: dict[int, float], per_hour: int = 8, days: int = 2,
+                  active_users: int = 1, seed: int = 0) -> None:
+    """A history whose median TTFT per hour is known: `ttft_of_hour[h]` (default 1.0 s) with 5% noise."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for day in range(days):
+        for hour in range(24):
+            for k in range(per_hour):
+                ttft = ttft_of_hour.get(hour, 1.0) * float(rng.lognormal(0, 0.05))
+                rows.append({"request_id": f"{seed}-{active_users}-{day}-{hour}-{k}", "status": "ok",
+                             "started_at": _at_hour(hour + (k + 0.5) / per_hour, day), "ttft_s": ttft,
+                             "tpot_s": 0.02, "e2e_s": ttft + 0.02 * 31, "output_tokens": 32, "input_tokens": 64,
+                             "active_users": active_users})
+    with closing(open_store(path)) as store:
+        store.add_sample(Sample(f"synthetic-{seed}-{active_users}", CHANNEL, "probe", rows[0]["started_at"]), rows)
+
+
+def test_runs_join_across_midnight() -> None:
+    levels = ["low", "low", None, "high", "high", "same"] + ["same"] * 16 + ["low", "low"]
+    assert runs(levels, "low") == [[22, 23, 0, 1]]
+    assert runs(levels, "high") == [[3, 4]]
+
+
+def test_known_windows_and_their_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "h.db"
+    day = {h: 0.4 for h in (2, 3, 4)} | {h: 3.0 for h in (22, 23, 0)}
+    _synthetic_db(db, day)
+    _synthetic_db(db, {10: 9.0}, per_hour=2, active_users=16, seed=1)  # stress runs: slow at 10:00, flat otherwise
+    out = tmp_path / "report"
+    assert main(["history", "--db", str(db), "--since", "100000d", "--out", str(out), "--csv"]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads((out / "history.json").read_text())[CHANNEL]
+    ttft = result["metrics"]["ttft"]
+    assert ttft["peak"]["hours"] == [22, 23, 0] and ttft["peak"]["label"] == "22:00-01:00"
+    assert ttft["off_peak"]["hours"] == [2, 3, 4] and ttft["off_peak"]["label"] == "02:00-05:00"
+    peak, off = ttft["peak"]["stats"], ttft["off_peak"]["stats"]
+    assert peak["ttft_p50_s"] == pytest.approx(3.0, rel=0.03) and off["ttft_p50_s"] == pytest.approx(0.4, rel=0.03)
+    assert peak["ttft_p50_ci95"][0] < 3.0 < peak["ttft_p50_ci95"][1] * 1.03
+    assert peak["requests"] == 3 * 8 * 2
+    assert result["comparison"]["ttft"]["ratio"] == pytest.approx(7.5, rel=0.05)
+    assert result["comparison"]["ttft"]["p_value"] < 1e-6
+    assert set(result["comparison_by_load"]) == {"1", "16"}  # matched by load level: like with like
+    assert result["comparison_by_load"]["16"]["ttft"]["ratio"] == pytest.approx(1.0, rel=0.1)
+    assert result["hours"]["ttft"][10]["level"] == "same" and result["probe_requests"] == 24 * 8 * 2
+    assert result["metrics"]["ttft"]["peak"]["stats"]["formula_mape_exact"] == pytest.approx(0.0, abs=1e-6)
+    assert "input length did not vary" in peak["ttft_vs_input"]["note"]
+    assert "advice: at 02:00-05:00 TTFT p50 is 0.4 s vs 3 s at 22:00-01:00 (7.5x)" in printed
+    assert result["metrics"]["tpot"]["note"].startswith("no hour differs")
+    cells = result["heatmap"]["ttft_p50_s"]
+    weekday = (int((_at_hour(3) + utc_offset_s(_at_hour(3))) // DAY_S) + 3) % 7
+    assert cells[weekday][3] == pytest.approx(0.4, rel=0.05) and cells[weekday][12] == pytest.approx(1.0, rel=0.05)
+    assert [d["requests"] for d in result["daily"]] == [24 * 8] * 2
+    for name in ("history.html", "heatmap.png", "hours.png", "daily.png", "history.csv", "hours.csv"):
+        assert (out / name).stat().st_size > 0
+    assert len((out / "hours.csv").read_text().splitlines()) == 25
+    assert len((out / "history.csv").read_text().splitlines()) == 1 + 24 * 8 * 2 + 24 * 2 * 2
+
+
+def test_too_few_data_and_a_flat_channel_say_so(tmp_path: Path) -> None:
+    few = tmp_path / "few.db"
+    _synthetic_db(few, {3: 0.2}, per_hour=MIN_PER_HOUR - 1, days=1)
+    with closing(open_store(few)) as store:
+        result = analyze_history(store.query())
+    assert result["metrics"]["ttft"]["peak"] is None and result["metrics"]["ttft"]["off_peak"] is None
+    assert result["metrics"]["ttft"]["note"].startswith("too few data to tell: only 0 of 24 hours")
+    assert result["advice"][0].startswith("too few data")
+    flat = tmp_path / "flat.db"
+    _synthetic_db(flat, {}, per_hour=10)
+    with closing(open_store(flat)) as store:
+        result = analyze_history(store.query())
+    assert result["metrics"]["ttft"]["peak"] is None and "looks flat" in result["metrics"]["ttft"]["note"]
+
+
+def test_bad_history_options_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["history", "--db", str(tmp_path / "none.db")]) == 2
+    assert "no history database" in capsys.readouterr().err
+    _synthetic_db(tmp_path / "h.db", {})
+    assert main(["history", "--db", str(tmp_path / "h.db"), "--channel", "nothing-like-it"]) == 2
+    assert f"the database holds: {CHANNEL}" in capsys.readouterr().err
+    assert main(["history", "--db", str(tmp_path / "h.db"), "--since", "yesterday"]) == 2
+    assert main(["history", "--db", str(tmp_path / "h.db"), "--since", "1h"]) == 1  # the rows are from 2023
+    assert "no requests in the chosen time span" in capsys.readouterr().err
+
+
+def test_watch_help_says_how_to_run_it_as_a_service(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["watch", "--help"])
+    text = capsys.readouterr().out
+    assert "systemctl --user enable --now tokenload-watch" in text and "*/15 * * * * tokenload watch" in text
+
+
+def test_a_compressed_diurnal_day_is_found_within_one_hour(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's acceptance run: watch the diurnal simulator through a 48 s day, then `history`."""
+    period = 48.0
+    db, truth, out = tmp_path / "h.db", tmp_path / "truth.jsonl", tmp_path / "report"
+    probe = Scenario.from_dict({"prompt": {"tokens": 32, "calibrate": False}, "output": {"max_tokens": 4},
+                                "load": {"kind": "constant"}}, "probe", tmp_path, "probe")
+    with serve_in_thread("diurnal", time_scale=DAY_S / period, decode_base_s=0.01, api_key=KEY,
+                         truth_path=truth) as sim, closing(open_store(db)) as store:
+        stop = threading.Event()
+        watcher = Watcher(store, Channel(base_url=sim.base_url, model="sim-7b", api_key=KEY),
+                          WatchPlan(every_s=0.15, requests=2, period_s=period), probe, stop=stop)
+        timer = threading.Timer(period + 1, stop.set)
+        timer.start()
+        watcher.run()
+        timer.cancel()
+    assert main(["history", "--db", str(db), "--period", "48s", "--out", str(out), "--csv"]) == 0
+    printed = capsys.readouterr().out
+    result = next(iter(json.loads((out / "history.json").read_text()).values()))
+    peak, off = result["metrics"]["ttft"]["peak"], result["metrics"]["ttft"]["off_peak"]
+    assert peak and off, printed
+    # diurnal.toml: peak 13:00-17:00 (load 2.5), off-peak 01:00-06:00 (load 0.5)
+    assert abs(peak["hours"][0] - 13) <= 1 and abs(peak["hours"][-1] - 16) <= 1
+    assert abs(off["hours"][0] - 1) <= 1 and abs(off["hours"][-1] - 5) <= 1
+    # the heatmap shows them: every peak cell is slower than every off-peak cell
+    cells = np.array([[np.nan if v is None else v for v in row] for row in result["heatmap"]["ttft_p50_s"]])
+    assert np.nanmin(cells[:, 14:16]) > 2 * np.nanmax(cells[:, 2:5])
+    # the window medians against the server's truth (queue + prefill as the simulator ran them)
+    served = {t["request_id"]: t["first_token"] - t["arrival"] for t in map(json.loads, truth.read_text().splitlines())}
+    with closing(open_store(db)) as store:
+        rows = store.query()
+    for window in (peak, off):
+        in_window = rows[rows["started_at"].map(lambda t: int((t + utc_offset_s(t)) % period / period * 24))
+                         .isin(window["hours"]) & (rows["status"] == "ok")]
+        truth_p50 = float(np.median([served[r] for r in in_window["server_request_id"]]))
+        assert window["stats"]["ttft_p50_s"] == pytest.approx(truth_p50, abs=0.01)
+    assert result["comparison"]["ttft"]["ratio"] == pytest.approx(5.0, rel=0.25)  # 2.5 / 0.5, less the fixed overheads
+    assert f"peak window (TTFT): {peak['label']}" in printed
+    # no secret in the database, the report or the export
+    for path in [*tmp_path.glob("h.db*"), *out.iterdir()]:
+        assert KEY.encode() not in path.read_bytes() and KEY[-12:].encode() not in path.read_bytes()
+    assert KEY not in printed
