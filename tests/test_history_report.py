@@ -13,10 +13,9 @@ import pytest
 from tokenload.channel import Channel
 from tokenload.cli import main
 from tokenload.dayclock import DAY_S, utc_offset_s
-from tokenload.history.sampler import Watcher, WatchPlan
+from tokenload.history.sampler import Watcher, WatchPlan, probe_scenario
 from tokenload.history.store import Sample, open_store
-from tokenload.history.views import MIN_PER_HOUR, analyze_history, runs
-from tokenload.load.scenario import Scenario
+from tokenload.history.views import MIN_PER_HOUR, analyze_history, bridged, runs
 from tokenload.sim import serve_in_thread
 
 KEY = "sk-history-SECRET-0123456789ab"
@@ -49,6 +48,18 @@ def test_runs_join_across_midnight() -> None:
     levels = ["low", "low", None, "high", "high", "same"] + ["same"] * 16 + ["low", "low"]
     assert runs(levels, "low") == [[22, 23, 0, 1]]
     assert runs(levels, "high") == [[3, 4]]
+
+
+def test_a_lone_hour_without_evidence_does_not_split_a_window() -> None:
+    def row(level: str | None, ratio: float | None) -> dict:
+        return {"level": level, "ratio": ratio}
+
+    table = [row("same", 1.0)] * 24
+    table[12:18] = [row("high", 2.0), row("high", 2.1), row(None, None), row("high", 2.0), row("same", 1.5),
+                    row("high", 2.2)]
+    assert runs(bridged(table, "high"), "high") == [[12, 13, 14, 15, 16, 17]]
+    table[14] = row("same", 1.0)  # an hour that argues against the window splits it
+    assert runs(bridged(table, "high"), "high") == [[12, 13], [15, 16, 17]]
 
 
 def test_known_windows_and_their_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -123,8 +134,7 @@ def test_a_compressed_diurnal_day_is_found_within_one_hour(tmp_path: Path, capsy
     """The issue's acceptance run: watch the diurnal simulator through a 48 s day, then `history`."""
     period = 48.0
     db, truth, out = tmp_path / "h.db", tmp_path / "truth.jsonl", tmp_path / "report"
-    probe = Scenario.from_dict({"prompt": {"tokens": 32, "calibrate": False}, "output": {"max_tokens": 4},
-                                "load": {"kind": "constant"}}, "probe", tmp_path, "probe")
+    probe = probe_scenario(32, 4)
     with serve_in_thread("diurnal", time_scale=DAY_S / period, decode_base_s=0.01, api_key=KEY,
                          truth_path=truth) as sim, closing(open_store(db)) as store:
         stop = threading.Event()

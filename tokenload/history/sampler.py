@@ -40,12 +40,13 @@ JITTER = 0.1  # each interval is `every` +- 10%, so samples do not lock onto a c
 ESTIMATE_MARGIN = 1.5  # a server's tokenizer may count more than our estimate; the budget must hold anyway
 
 
-def default_probe() -> Scenario:
-    """64 prompt tokens in, at most 32 out: cheap, yet long enough for a TPOT."""
+def probe_scenario(prompt_tokens: int = 64, max_tokens: int = 32) -> Scenario:
+    """A fixed probe; the default (64 in, at most 32 out) is cheap, yet long enough for a TPOT."""
     from pathlib import Path
 
-    return Scenario.from_dict({"prompt": {"tokens": 64, "calibrate": False}, "output": {"max_tokens": 32},
-                               "load": {"kind": "constant"}}, "watch probe", Path.cwd(), "watch-probe")
+    return Scenario.from_dict({"prompt": {"tokens": prompt_tokens, "calibrate": False},
+                               "output": {"max_tokens": max_tokens}, "load": {"kind": "constant"}},
+                              "watch probe", Path.cwd(), "watch-probe")
 
 
 def day_bounds(t: float, period_s: float = DAY_S) -> tuple[float, float]:
@@ -95,8 +96,9 @@ class Watcher:
         self.channel = channel
         self.plan = plan
         self.fingerprint = fingerprint_of(channel)
-        self.prompts = PromptSource(probe or default_probe(), (channel.model,), random.getrandbits(30))
-        self.extra_body = (probe or default_probe()).output.extra_body()
+        probe = probe or probe_scenario()
+        self.prompts = PromptSource(probe, (channel.model,), random.getrandbits(30))
+        self.extra_body = probe.output.extra_body()
         self.on_sample = on_sample or (lambda result: None)
         self.stop = stop or threading.Event()
         self._input_seen = 0  # the server's input count of the last request: the best cost estimate

@@ -110,6 +110,24 @@ def runs(levels: Sequence[str | None], wanted: str) -> list[list[int]]:
     return found
 
 
+def bridged(table: Sequence[dict[str, Any]], wanted: str) -> list[str | None]:
+    """Levels, with a lone hour between two `wanted` hours counted as `wanted` unless it argues against.
+
+    An hour with too few requests, or one that leans the same way without
+    reaching significance, should not split a window in two: only an hour whose
+    median is clearly unlike its neighbours' does.
+    """
+    levels = [r["level"] for r in table]
+    out = list(levels)
+    for hour, row in enumerate(table):
+        before, after = levels[hour - 1], levels[(hour + 1) % HOURS]
+        leans = row["ratio"] is not None and (row["ratio"] >= 1 + MIN_EFFECT if wanted == "high"
+                                              else row["ratio"] <= 1 - MIN_EFFECT)
+        if before == wanted and after == wanted and (row["level"] is None or leans):
+            out[hour] = wanted
+    return out
+
+
 def hours_label(hours: Sequence[int]) -> str:
     """[13, 14, 15, 16] -> '13:00-17:00'."""
     return f"{hours[0]:02d}:00-{(hours[-1] + 1) % HOURS:02d}:00"
@@ -131,13 +149,11 @@ def find_windows(table: Sequence[dict[str, Any]]) -> tuple[Window | None, Window
     if enough < MIN_HOURS:
         return None, None, (f"too few data to tell: only {enough} of 24 hours have {MIN_PER_HOUR}+ successful "
                             f"requests (need {MIN_HOURS}); keep watching")
-    levels = [r["level"] for r in table]
-
     def strongest(wanted: str, sign: float) -> Window | None:
-        candidates = runs(levels, wanted)
+        candidates = runs(bridged(table, wanted), wanted)
         if not candidates:
             return None
-        best = max(candidates, key=lambda hs: sign * sum(math.log(table[h]["ratio"]) for h in hs))
+        best = max(candidates, key=lambda hs: sign * sum(math.log(table[h]["ratio"] or 1.0) for h in hs))
         return Window("peak" if wanted == "high" else "off-peak", best)
 
     peak, off = strongest("high", 1.0), strongest("low", -1.0)
@@ -285,7 +301,7 @@ def analyze_history(frame: pd.DataFrame, period_s: float = DAY_S, seed: int = 0)
         result["metrics"][name] = {"note": note, **{
             key: None if w is None else {
                 "label": w.label, "hours": w.hours,
-                "ratio": float(np.exp(np.mean([math.log(table[h]["ratio"]) for h in w.hours]))),
+                "ratio": float(np.exp(np.mean([math.log(table[h]["ratio"]) for h in w.hours if table[h]["ratio"]]))),
                 "stats": window_stats(_window_rows(folded, w), rng),
             } for key, w in (("peak", peak), ("off_peak", off))}}
     peak, off = windows["ttft"]
