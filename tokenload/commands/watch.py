@@ -12,8 +12,16 @@ medians, errors, budget left. `tokenload history` then draws the hours.
 plus max_tokens per request) does not fit in what is left of the day is skipped
 and logged. A channel that is down is recorded as errors and watching goes on;
 a sample stops at its first failed request. SIGTERM or Ctrl-C stop cleanly
-after the request in flight; a restart resumes the rhythm and the day's budget
-from the database. Several watchers (of several channels) may share one file.
+after the request in flight (a stress run in progress finishes first; Ctrl-C
+again stops it); a restart resumes the rhythm and the day's budget from the
+database.
+
+--stress SCENARIO@HH:MM,... also runs a load test at those local times (e.g.
+ramp@03:00,14:00 to compare the breakpoint at night and at peak): the run
+directory goes to runs/ beside the database and its requests into the database
+(`tokenload history` compares like with like, by load level). Under a budget the
+run's [stop] max_tokens is capped so that even the requests in flight when it
+runs out fit in what is left of the day. Several watchers (of several channels) may share one file.
 
 The database defaults to $XDG_DATA_HOME/tokenload/history.db, else
 ~/.local/share/tokenload/history.db. --period compresses the day for the
@@ -52,6 +60,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="token budget (input + output) per day, never exceeded; 0 = none (default)")
     parser.add_argument("--scenario", metavar="FILE",
                         help="take the probe's prompt and output lengths from this scenario file")
+    parser.add_argument("--stress", metavar="SCENARIO@HH:MM,...",
+                        help="also run this scenario (a packaged name or a file) at these local times, e.g. "
+                             "ramp@03:00,14:00; runs go to runs/ beside the database and into it")
     parser.add_argument("--samples", type=int, metavar="N", help="stop after N samples (default: run until stopped)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="seconds to wait for the first token, and between tokens (default 60)")
@@ -64,12 +75,13 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import threading
     from contextlib import closing
+    from pathlib import Path
 
     from tokenload.channel import resolve_from_args
     from tokenload.dayclock import parse_duration
     from tokenload.errors import ConfigError
-    from tokenload.history.sampler import Watcher, WatchPlan, status_line
-    from tokenload.history.store import fingerprint_of, open_store
+    from tokenload.history.sampler import Watcher, WatchPlan, parse_stress, status_line
+    from tokenload.history.store import default_db_path, fingerprint_of, open_store
     from tokenload.load.scenario import load_scenario
 
     try:
@@ -87,7 +99,12 @@ def run(args: argparse.Namespace) -> int:
     channel = dataclasses.replace(resolution.channel, first_token_timeout_s=args.timeout, idle_timeout_s=args.timeout)
     for warning in resolution.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    plan = WatchPlan(every_s=every, requests=args.requests, period_s=period, max_tokens_per_day=args.max_tokens_per_day)
+    db_path = Path(args.db).expanduser() if args.db else default_db_path()
+    stress = parse_stress(args.stress, db_path.parent / "runs") if args.stress else None
+    if stress is not None and args.max_tokens_per_day:
+        stress.worst_overshoot()  # a scenario without bounded lengths cannot keep a budget: say so now
+    plan = WatchPlan(every_s=every, requests=args.requests, period_s=period, max_tokens_per_day=args.max_tokens_per_day,
+                     stress=stress)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -97,10 +114,10 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    with closing(open_store(args.db)) as store:
+    with closing(open_store(db_path)) as store:
         print(f"watching {fingerprint_of(channel)} every {args.every} into {store.path}", file=sys.stderr, flush=True)
         watcher = Watcher(store, channel, plan, probe, stop=stop,
                           on_sample=lambda result: print(status_line(result), flush=True))
-        taken = watcher.run(max_samples=args.samples)
+        taken = watcher.run(max_samples=args.samples, on_stress=lambda line: print(line, flush=True))
     print(f"tokenload watch: {taken} sample(s) taken", file=sys.stderr)
     return 0

@@ -17,6 +17,7 @@ same channel on the same file) spends from the same budget.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import statistics
@@ -25,6 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,9 +34,11 @@ import httpx
 from tokenload.channel import Channel
 from tokenload.client import stream_once, timeouts
 from tokenload.dayclock import DAY_S, utc_offset_s
+from tokenload.errors import ConfigError
 from tokenload.history.store import HistoryStore, Sample, fingerprint_of, row_tokens
 from tokenload.load.prompts import PromptSource, RequestPlan
 from tokenload.load.scenario import Scenario
+from tokenload.tokens import estimate_tokens
 
 JITTER = 0.1  # each interval is `every` +- 10%, so samples do not lock onto a channel's own cycles
 ESTIMATE_MARGIN = 1.5  # a server's tokenizer may count more than our estimate; the budget must hold anyway
@@ -42,8 +46,6 @@ ESTIMATE_MARGIN = 1.5  # a server's tokenizer may count more than our estimate; 
 
 def probe_scenario(prompt_tokens: int = 64, max_tokens: int = 32) -> Scenario:
     """A fixed probe; the default (64 in, at most 32 out) is cheap, yet long enough for a TPOT."""
-    from pathlib import Path
-
     return Scenario.from_dict({"prompt": {"tokens": prompt_tokens, "calibrate": False},
                                "output": {"max_tokens": max_tokens}, "load": {"kind": "constant"}},
                               "watch probe", Path.cwd(), "watch-probe")
@@ -79,11 +81,61 @@ class SampleResult:
 
 
 @dataclass(frozen=True)
+class Stress:
+    """`--stress SCENARIO@03:00,14:00`: a load test at set hours of the (folded) local day."""
+
+    scenario: Scenario
+    hours: tuple[float, ...]
+    runs_dir: Path
+
+    def next_at(self, t: float, period_s: float) -> float:
+        """The first stress time after `t` (unix seconds)."""
+        start, _end = day_bounds(t, period_s)
+        times = [start + h / 24 * period_s for h in self.hours]
+        return min(x if x > t else x + period_s for x in times)
+
+    def worst_overshoot(self) -> int:
+        """Tokens a run may spend past its token budget: every user's request in flight, at its largest.
+
+        `[stop] max_tokens` is checked as requests end, so the requests in flight
+        when it runs out still finish; their worst case is kept out of the cap.
+        """
+        sc = self.scenario
+        users = sc.load.max_users if sc.load.kind == "poisson" else max(sc.load.users)
+        if sc.prompt.dataset:
+            from tokenload.load.prompts import read_dataset
+
+            prompt = max(estimate_tokens(p) for p in read_dataset(sc.prompt.dataset))
+        else:
+            prompt = (sc.prompt.tokens.upper if sc.prompt.tokens else None) or 0
+        output = sc.output.max_tokens.upper or 0
+        if not prompt or not output:
+            raise ConfigError(f"--stress {sc.name}: its prompt and output lengths need an upper bound "
+                              "(a fixed value, a sweep or a max) so the daily token budget can hold")
+        return users * (math.ceil(prompt * ESTIMATE_MARGIN) + 8 + output)
+
+
+def parse_stress(text: str, runs_dir: Path) -> Stress:
+    """`ramp@03:00,14:00` -> the scenario and the hours; ConfigError naming the fix otherwise."""
+    from tokenload.load.scenario import load_scenario
+
+    name, sep, times = text.rpartition("@")
+    hours = []
+    for item in times.split(","):
+        hh, colon, mm = item.strip().partition(":")
+        if not (sep and name and colon and hh.isdigit() and mm.isdigit() and int(hh) < 24 and int(mm) < 60):
+            raise ConfigError(f"--stress {text!r}: write SCENARIO@HH:MM[,HH:MM...], e.g. ramp@03:00,14:00")
+        hours.append(int(hh) + int(mm) / 60)
+    return Stress(load_scenario(name), tuple(sorted(hours)), runs_dir)
+
+
+@dataclass(frozen=True)
 class WatchPlan:
     every_s: float = 900.0
     requests: int = 3
     period_s: float = DAY_S
     max_tokens_per_day: int = 0  # 0 = no budget
+    stress: Stress | None = None
 
 
 class Watcher:
@@ -167,13 +219,46 @@ class Watcher:
             return now
         return last + self.plan.every_s * random.uniform(1 - JITTER, 1 + JITTER)
 
-    def run(self, max_samples: int | None = None) -> int:
-        """Sample until `stop` is set (or `max_samples` are done); returns the samples taken."""
+    def stress_run(self, stress: Stress) -> str:
+        """Run the stress scenario now, within the day's budget, and ingest it; returns its status line."""
+        from tokenload.history.store import ingest_run
+        from tokenload.load.runner import run_scenario
+
+        now = time.time()
+        scenario = stress.scenario
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+        left = self.budget_left(now)
+        if left is not None:
+            cap = left - stress.worst_overshoot()
+            if cap <= 0:
+                self.store.add_sample(Sample(f"{int(now)}-{uuid.uuid4().hex[:12]}", self.fingerprint, "skipped", now,
+                                             note=f"stress {scenario.name} skipped: daily token budget"), [])
+                return f"{stamp}  stress {scenario.name} SKIPPED (budget: {left:,} tokens left today)"
+            stop = dataclasses.replace(scenario.stop, max_tokens=min(scenario.stop.max_tokens or cap, cap))
+            scenario = dataclasses.replace(scenario, stop=stop)
+        run_dir = run_scenario(scenario, self.channel, stress.runs_dir / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        _channel, added, _total = ingest_run(self.store, run_dir)
+        left = self.budget_left(time.time())
+        budget = "" if left is None else f", {left:,} tokens left today"
+        return f"{stamp}  stress {scenario.name}: {added} requests -> {run_dir}{budget}"
+
+    def run(self, max_samples: int | None = None, on_stress: Callable[[str], None] | None = None) -> int:
+        """Sample until `stop` is set (or `max_samples` are done); returns the samples taken.
+
+        A stress run whose time comes up runs before the next sample.
+        """
         taken = 0
         due = self.next_due(time.time())
+        stress = self.plan.stress
+        stress_due = stress.next_at(time.time(), self.plan.period_s) if stress else math.inf
         while not self.stop.is_set() and (max_samples is None or taken < max_samples):
-            if self.stop.wait(max(0.0, due - time.time())):
+            if self.stop.wait(max(0.0, min(due, stress_due) - time.time())):
                 break
+            if stress is not None and time.time() >= stress_due:
+                line = self.stress_run(stress)
+                (on_stress or print)(line)
+                stress_due = stress.next_at(time.time(), self.plan.period_s)
+                continue
             result = self.sample()
             taken += 1
             self.on_sample(result)
