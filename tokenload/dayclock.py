@@ -27,16 +27,6 @@ def day_hour(t: float, period_s: float = DAY_S, phase_h: float = 0.0) -> float:
     return ((t + utc_offset_s(t)) % period_s / period_s * 24.0 + phase_h) % 24.0
 
 
-def day_index(t: float, period_s: float = DAY_S) -> int:
-    """Which (compressed) local day `t` falls in, counted from the epoch; `% 7` gives a weekday slot."""
-    return int((t + utc_offset_s(t)) // period_s)
-
-
-def weekday(t: float, period_s: float = DAY_S) -> int:
-    """Monday 0 .. Sunday 6 for a real day (1970-01-01 was a Thursday); a rotating slot for a compressed one."""
-    return (day_index(t, period_s) + 3) % 7
-
-
 def timezone_name() -> str:
     """The local time zone as people read it, e.g. `CET (UTC+01:00)`."""
     offset = utc_offset_s(time.time())

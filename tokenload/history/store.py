@@ -39,8 +39,6 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 60.0
 HISTORY_COLUMNS: tuple[str, ...] = ("channel", "sample_id", "source")
-# probe: a watch sample; skipped: one the token budget did not allow; run: an ingested run directory.
-SAMPLE_KINDS: tuple[str, ...] = ("probe", "skipped", "run")
 
 
 def default_db_path() -> Path:
@@ -102,7 +100,7 @@ class Sample:
 
     sample_id: str
     channel: str
-    kind: str
+    kind: str  # probe: a watch sample; skipped: one the token budget did not allow; run: an ingested run
     started_at: float
     tokens: int = 0
     requests: int = 0
