@@ -170,3 +170,32 @@ def test_a_compressed_diurnal_day_is_found_within_one_hour(tmp_path: Path, capsy
     for path in [*tmp_path.glob("h.db*"), *out.iterdir()]:
         assert KEY.encode() not in path.read_bytes() and KEY[-12:].encode() not in path.read_bytes()
     assert KEY not in printed
+
+
+def test_window_fits_and_formula_follow_the_rows_law(tmp_path: Path) -> None:
+    """TTFT = 0.2 s + 2 ms x input tokens, TPOT 10 ms, 20 tokens: the window's fit and formula errors are known."""
+    from tokenload.history.report import window_rows
+    from tokenload.history.views import fold, window_stats
+
+    n = np.arange(100, 1100, 10)
+    ttft = 0.2 + 0.002 * n
+    rows = [{"request_id": f"r{i}", "status": "ok", "started_at": _at_hour(14 + i / len(n)), "ttft_s": float(t),
+             "tpot_s": 0.01, "e2e_s": float(t) + 0.01 * 19, "output_tokens": 20, "input_tokens": int(k)}
+            for i, (k, t) in enumerate(zip(n, ttft))]
+    with closing(open_store(tmp_path / "h.db")) as store:
+        store.add_sample(Sample("s", CHANNEL, "probe", rows[0]["started_at"]), rows)
+        frame = store.query()
+    stats = window_stats(fold(frame), np.random.default_rng(0))
+    fit = stats["ttft_vs_input"]
+    assert fit["model"] == "linear" and fit["slope_s_per_token"] == pytest.approx(0.002)
+    assert fit["intercept_s"] == pytest.approx(0.2) and fit["r2"] == pytest.approx(1.0)
+    assert stats["formula_mape_exact"] == pytest.approx(0.0, abs=1e-9)
+    simple = np.mean(0.01 / (ttft + 0.19)) * 100  # the simple form counts one TPOT too many
+    assert stats["formula_mape_simple"] == pytest.approx(simple)
+    assert stats["requests"] == len(n) and stats["load_error_rate"] == 0.0
+    assert stats["ttft_p50_s"] == pytest.approx(float(np.median(ttft)))
+    result = {"metrics": {"ttft": {"peak": {"label": "14:00-15:00", "stats": stats}, "off_peak": None},
+                          "tpot": {"peak": None, "off_peak": None}}}
+    [row] = window_rows(result)
+    assert row[:3] == ["peak by TTFT", "14:00-15:00", len(n)]
+    assert row[-1] == "linear: 0.2 s + 2 ms/token, R2 1.00" and row[-2] == "0.0%"

@@ -123,9 +123,11 @@ def _window_line(name: str, key: str, window: dict[str, Any] | None) -> str | No
     stats = window["stats"]
     ci = stats.get(f"{name}_p50_ci95")
     interval = f" [95% {ci[0]:.3g}-{ci[1]:.3g}]" if ci else ""
+    formula = (f"; formula TTFT + TPOT x N off by {_pct(stats['formula_mape_simple'])} (N-1 form "
+               f"{_pct(stats['formula_mape_exact'])})" if stats["formula_mape_simple"] is not None else "")
     return (f"{key.replace('_', '-')} window ({name.upper()}): {window['label']}  {name.upper()} p50 "
             f"{_s(stats[f'{name}_p50_s'])}{interval}, {window['ratio']:.2f}x the other hours, "
-            f"{stats['requests']} requests")
+            f"{stats['requests']} requests{formula}")
 
 
 def verdict_lines(channel: str, result: dict[str, Any]) -> list[str]:
@@ -150,6 +152,38 @@ def verdict_lines(channel: str, result: dict[str, Any]) -> list[str]:
                              f"n={c['n_peak']}/{c['n_off_peak']})")
     lines.extend(f"advice: {a}" for a in result["advice"])
     return lines
+
+
+def _fit_text(fit: dict[str, Any]) -> str:
+    if fit.get("model") is None:
+        return str(fit.get("note", "no fit"))
+    text = f"{fit['model']}: {fit['intercept_s']:.3g} s + {fit['slope_s_per_token'] * 1000:.3g} ms/token, R2 {fit['r2']:.2f}"
+    return text + (f", exponent {fit['exponent']:.2f}" if fit["model"] == "power" else "")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}%"
+
+
+def window_rows(result: dict[str, Any]) -> list[list[Any]]:
+    """One row per window found (TTFT's and TPOT's): the numbers behind the verdict, fits and formula included."""
+    rows = []
+    for name, _column in METRICS:
+        for key in ("off_peak", "peak"):
+            window = result["metrics"][name][key]
+            if window is None:
+                continue
+            stats = window["stats"]
+            rows.append([f"{key.replace('_', '-')} by {name.upper()}", window["label"], stats["requests"],
+                         _s(stats["ttft_p50_s"]), _s(stats["tpot_p50_s"]), _s(stats["e2e_p50_s"]),
+                         "-" if stats["load_error_rate"] is None else f"{stats['load_error_rate']:.1%}",
+                         _pct(stats["formula_mape_simple"]), _pct(stats["formula_mape_exact"]),
+                         _fit_text(stats["ttft_vs_input"])])
+    return rows
+
+
+WINDOW_HEADERS = ("window", "hours", "requests", "TTFT p50", "TPOT p50", "e2e p50", "error rate",
+                  "formula error (N)", "formula error (N-1)", "TTFT vs input")
 
 
 def _hours_rows(result: dict[str, Any]) -> list[list[Any]]:
@@ -181,7 +215,8 @@ def write_report(reports: Sequence[tuple[str, dict[str, Any], pd.DataFrame]], ou
             (plot_daily(result, out_dir / f"daily{tag}.png"), ("Each day's median with its 10th-90th percentile band")),
         ]
         verdict = "".join(f"<p>{h(line)}</p>" for line in verdict_lines(channel, result))
-        body = (verdict + "".join(figure(path, caption) for path, caption in figures)
+        body = (verdict + html_table(WINDOW_HEADERS, window_rows(result), left=2)
+                + "".join(figure(path, caption) for path, caption in figures)
                 + html_table(HOURS_HEADERS, _hours_rows(result)))
         sections.append((channel, body))
         if csv:
