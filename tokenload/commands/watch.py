@@ -112,12 +112,16 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts at once
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    with closing(open_store(db_path)) as store:
-        print(f"watching {fingerprint_of(channel)} every {args.every} into {store.path}", file=sys.stderr, flush=True)
-        watcher = Watcher(store, channel, plan, probe, stop=stop,
-                          on_sample=lambda result: print(status_line(result), flush=True))
-        taken = watcher.run(max_samples=args.samples, on_stress=lambda line: print(line, flush=True))
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with closing(open_store(db_path)) as store:
+            print(f"watching {fingerprint_of(channel)} every {args.every} into {store.path}", file=sys.stderr,
+                  flush=True)
+            watcher = Watcher(store, channel, plan, probe, stop=stop,
+                              on_sample=lambda result: print(status_line(result), flush=True))
+            taken = watcher.run(max_samples=args.samples, on_stress=lambda line: print(line, flush=True))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     print(f"tokenload watch: {taken} sample(s) taken", file=sys.stderr)
     return 0

@@ -34,7 +34,7 @@ import httpx
 from tokenload.channel import Channel
 from tokenload.client import stream_once, timeouts
 from tokenload.dayclock import DAY_S, utc_offset_s
-from tokenload.errors import ConfigError
+from tokenload.errors import ConfigError, HarnessError
 from tokenload.history.store import HistoryStore, Sample, fingerprint_of, row_tokens
 from tokenload.load.prompts import PromptSource, RequestPlan
 from tokenload.load.scenario import Scenario
@@ -223,6 +223,7 @@ class Watcher:
         """Run the stress scenario now, within the day's budget, and ingest it; returns its status line."""
         from tokenload.history.store import ingest_run
         from tokenload.load.runner import run_scenario
+        from tokenload.rundir import MANIFEST_FILE
 
         now = time.time()
         scenario = stress.scenario
@@ -236,7 +237,12 @@ class Watcher:
                 return f"{stamp}  stress {scenario.name} SKIPPED (budget: {left:,} tokens left today)"
             stop = dataclasses.replace(scenario.stop, max_tokens=min(scenario.stop.max_tokens or cap, cap))
             scenario = dataclasses.replace(scenario, stop=stop)
-        run_dir = run_scenario(scenario, self.channel, stress.runs_dir / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir = stress.runs_dir / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        try:
+            run_scenario(scenario, self.channel, run_dir)
+        except HarnessError as exc:  # Locust failed: its records up to then still count, and watching goes on
+            if not (run_dir / MANIFEST_FILE).is_file():
+                return f"{stamp}  stress {scenario.name} FAILED: {exc}"
         _channel, added, _total = ingest_run(self.store, run_dir)
         left = self.budget_left(time.time())
         budget = "" if left is None else f", {left:,} tokens left today"
