@@ -79,6 +79,47 @@ def test_tiny_daily_budget_is_never_exceeded(tmp_path: Path) -> None:
     assert f"{budget - used:,} tokens left today" in lines[-1]
 
 
+def test_two_watchers_of_one_channel_share_the_budget_and_never_exceed_it(tmp_path: Path) -> None:
+    truth = tmp_path / "truth.jsonl"
+    # A sample books 408 tokens (3 x (64 x 1.5 + 8 + 32)) and spends 288: after three samples 500 are left,
+    # enough for one booking, not two; two watchers that checked without booking would both go and overrun.
+    budget = 3 * 288 + 500
+    with serve_in_thread("fast", truth_path=truth) as sim:
+        channel = Channel(base_url=sim.base_url, model="sim-7b")
+        taken: list[int] = []
+
+        def watch() -> None:  # one connection per thread, as two processes would have
+            with closing(open_store(tmp_path / "h.db")) as store:
+                taken.append(Watcher(store, channel, WatchPlan(every_s=0.01, max_tokens_per_day=budget)).run(8))
+
+        threads = [threading.Thread(target=watch) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    with closing(open_store(tmp_path / "h.db")) as store:
+        used = store.tokens_used(store.channels()[0][0], 0, 2e10)
+        kinds = [s.kind for s in store.samples()]
+    assert taken == [8, 8]
+    assert 0 < _truth_tokens(truth) == used <= budget
+    assert "reserved" not in kinds and kinds.count("skipped") >= 8
+
+
+def test_a_reservation_left_by_a_killed_watcher_stays_booked(tmp_path: Path) -> None:
+    from tokenload.history.store import Sample
+
+    with closing(open_store(tmp_path / "h.db")) as store:
+        assert store.reserve(Sample("s1", "c", "reserved", 100.0, tokens=400), 1000, 0, 200)
+        assert not store.reserve(Sample("s2", "c", "reserved", 100.0, tokens=700), 1000, 0, 200)
+    with closing(open_store(tmp_path / "h.db")) as store:  # "restarted"
+        assert store.tokens_used("c", 0, 200) == 400
+        store.add_sample(Sample("s1", "c", "probe", 100.0, tokens=250, requests=3), [])  # replaces the booking
+        assert store.tokens_used("c", 0, 200) == 250 and [s.kind for s in store.samples()] == ["probe"]
+        assert store.reserve(Sample("s3", "c", "reserved", 150.0, tokens=700), 1000, 0, 200)
+        store.release("s3")
+        assert store.tokens_used("c", 0, 200) == 250
+
+
 def test_a_down_channel_is_recorded_as_errors_and_watching_goes_on(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     import socket

@@ -9,9 +9,11 @@ Kindness and thrift come first. A sample stops at its first failed request (a
 channel that is down, or pushes back with 429/529, is recorded as errors and
 asked again only at the next sample). The daily token budget is a hard ceiling:
 the worst case a sample can cost (each request's input as the server last
-counted it, else a generous local estimate, plus max_tokens) must fit in what is
-left of the day, or the sample is skipped and logged; the same check before each
-request covers a server that counts more input than estimated. The ledger is the database, so a restart (or a second watcher of the
+counted it, else a generous local estimate, plus max_tokens) is booked in the
+database before it starts, in the same transaction that checks what is left of
+the day, or the sample is skipped and logged; a request whose worst case no
+longer fits what is left of the booking (the server counted more input than
+estimated) is skipped too. The ledger is the database, so a restart (or a second watcher of the
 same channel on the same file) spends from the same budget.
 """
 
@@ -169,36 +171,46 @@ class Watcher:
         """One sampling round, committed before it returns."""
         started = time.time()
         result = SampleResult(f"{int(started)}-{uuid.uuid4().hex[:12]}", started)
-        left = self.budget_left(started)
         plans = [self.prompts.next() for _ in range(self.plan.requests)]
-        if left is not None and sum(self._worst_case(p) for p in plans) > left:
-            result.skipped, plans = len(plans), []
+        allowance: int | None = None  # tokens booked for this sample
+        if self.plan.max_tokens_per_day:
+            worst = sum(self._worst_case(p) for p in plans)
+            if self._book(result.sample_id, started, worst):
+                allowance = worst
+            else:
+                result.skipped, plans = len(plans), []
         with httpx.Client(timeout=timeouts(self.channel), follow_redirects=False) as client:
             for index, plan in enumerate(plans):
-                # The server's count, learnt from the first request, may raise the worst case.
                 if self.stop.is_set():
                     break
-                if left is not None and self._worst_case(plan) > left:
+                # The server's count, learnt from the first request, may raise the worst case.
+                if allowance is not None and self._worst_case(plan) > allowance:
                     result.skipped = len(plans) - index
                     break
                 record = stream_once(self.channel, plan.prompt, plan.max_tokens, extra_body=self.extra_body,
                                      client=client)
                 row = self._row(record, result.sample_id, index, plan)
                 result.rows.append(row)
-                if left is not None:
-                    left -= row_tokens(row)
+                if allowance is not None:
+                    allowance -= row_tokens(row)
                 if record.get("input_tokens_source") == "server" and record.get("input_tokens"):
                     self._input_seen = int(record["input_tokens"])
                 if record["status"] != "ok":
                     break  # a channel in trouble gets one request per sample, not three
-        result.budget_left = left
-        if not result.rows and not result.skipped:
-            return result  # stopped before the first request: nothing happened worth a row
-        kind = "probe" if result.rows else "skipped"
-        note = f"{result.skipped} request(s) skipped: daily token budget" if result.skipped else None
-        self.store.add_sample(Sample(result.sample_id, self.fingerprint, kind, started, tokens=result.tokens,
-                                     requests=len(result.rows), errors=result.errors, note=note), result.rows)
+        if result.rows or result.skipped:
+            kind = "probe" if result.rows else "skipped"
+            note = f"{result.skipped} request(s) skipped: daily token budget" if result.skipped else None
+            self.store.add_sample(Sample(result.sample_id, self.fingerprint, kind, started, tokens=result.tokens,
+                                         requests=len(result.rows), errors=result.errors, note=note), result.rows)
+        else:
+            self.store.release(result.sample_id)  # stopped before the first request
+        result.budget_left = self.budget_left(started)
         return result
+
+    def _book(self, sample_id: str, t: float, tokens: int) -> bool:
+        start, end = day_bounds(t, self.plan.period_s)
+        return self.store.reserve(Sample(sample_id, self.fingerprint, "reserved", t, tokens=tokens),
+                                  self.plan.max_tokens_per_day, start, end)
 
     def _row(self, record: Mapping[str, Any], sample_id: str, index: int, plan: RequestPlan) -> dict[str, Any]:
         row = dict(record)
@@ -228,22 +240,26 @@ class Watcher:
         now = time.time()
         scenario = stress.scenario
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+        booking = f"{int(now)}-{uuid.uuid4().hex[:12]}"
         left = self.budget_left(now)
         if left is not None:
             cap = left - stress.worst_overshoot()
-            if cap <= 0:
-                self.store.add_sample(Sample(f"{int(now)}-{uuid.uuid4().hex[:12]}", self.fingerprint, "skipped", now,
+            if cap <= 0 or not self._book(booking, now, left):
+                self.store.add_sample(Sample(booking, self.fingerprint, "skipped", now,
                                              note=f"stress {scenario.name} skipped: daily token budget"), [])
                 return f"{stamp}  stress {scenario.name} SKIPPED (budget: {left:,} tokens left today)"
             stop = dataclasses.replace(scenario.stop, max_tokens=min(scenario.stop.max_tokens or cap, cap))
             scenario = dataclasses.replace(scenario, stop=stop)
         run_dir = stress.runs_dir / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         try:
-            run_scenario(scenario, self.channel, run_dir)
-        except HarnessError as exc:  # Locust failed: its records up to then still count, and watching goes on
-            if not (run_dir / MANIFEST_FILE).is_file():
-                return f"{stamp}  stress {scenario.name} FAILED: {exc}"
-        _channel, added, _total = ingest_run(self.store, run_dir)
+            try:
+                run_scenario(scenario, self.channel, run_dir)
+            except HarnessError as exc:  # Locust failed: its records up to then still count, and watching goes on
+                if not (run_dir / MANIFEST_FILE).is_file():
+                    return f"{stamp}  stress {scenario.name} FAILED: {exc}"
+            _channel, added, _total = ingest_run(self.store, run_dir)
+        finally:
+            self.store.release(booking)  # the run's own sample now carries what it spent
         left = self.budget_left(time.time())
         budget = "" if left is None else f", {left:,} tokens left today"
         return f"{stamp}  stress {scenario.name}: {added} requests -> {run_dir}{budget}"

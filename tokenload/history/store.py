@@ -100,7 +100,9 @@ class Sample:
 
     sample_id: str
     channel: str
-    kind: str  # probe: a watch sample; skipped: one the token budget did not allow; run: an ingested run
+    # probe: a watch sample; skipped: one the token budget did not allow; run: an ingested run;
+    # reserved: tokens booked for a sample or stress run in progress (left behind by a killed watcher)
+    kind: str
     started_at: float
     tokens: int = 0
     requests: int = 0
@@ -119,8 +121,22 @@ class HistoryStore(Protocol):
     def add_sample(self, sample: Sample, rows: Sequence[Mapping[str, Any]], source: str = "watch") -> int:
         """Commit a sample and its request rows in one transaction; returns rows added.
 
-        Idempotent: a sample id or request id already stored is not added again.
+        The sample replaces its reservation (same id), if any; a request id
+        already stored is not added again, so adding a run twice adds nothing.
         """
+        ...
+
+    def reserve(self, sample: Sample, budget: int, since: float, until: float) -> bool:
+        """Book `sample.tokens` against `budget` for [since, until), atomically; False when it does not fit.
+
+        Checking and booking in one transaction is what keeps a budget shared by
+        several watchers of a channel; a reservation left by a killed watcher
+        stays booked (the budget errs on the safe side).
+        """
+        ...
+
+    def release(self, sample_id: str) -> None:
+        """Drop a reservation that was not used."""
         ...
 
     def tokens_used(self, channel: str, since: float, until: float) -> int:
@@ -204,13 +220,27 @@ class SqliteHistory:
     def add_sample(self, sample: Sample, rows: Sequence[Mapping[str, Any]], source: str = "watch") -> int:
         def body() -> int:
             self._db.execute(
-                "INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (sample.sample_id, sample.channel, sample.kind, sample.started_at, sample.tokens, sample.requests,
                  sample.errors, sample.note),
             )
             return self._insert_rows(rows, sample.channel, sample.sample_id, source)
 
         return self._write(body)
+
+    def reserve(self, sample: Sample, budget: int, since: float, until: float) -> bool:
+        def body() -> int:
+            if self.tokens_used(sample.channel, since, until) + sample.tokens > budget:
+                return 0
+            self._db.execute("INSERT INTO samples VALUES (?, ?, 'reserved', ?, ?, 0, 0, ?)",
+                             (sample.sample_id, sample.channel, sample.started_at, sample.tokens, sample.note))
+            return 1
+
+        return bool(self._write(body))
+
+    def release(self, sample_id: str) -> None:
+        self._write(lambda: self._db.execute("DELETE FROM samples WHERE sample_id = ? AND kind = 'reserved'",
+                                             (sample_id,)).rowcount)
 
     def tokens_used(self, channel: str, since: float, until: float) -> int:
         found = self._db.execute(
