@@ -28,7 +28,7 @@ def _at_hour(hour: float, day: int = 0, period_s: float = DAY_S) -> float:
 
 
 def _synthetic_db(path: Path, ttft_of_hour: dict[int, float], per_hour: int = 8, days: int = 2,
-                  active_users: int = 1, seed: int = 0) -> None:
+                  active_users: int = 1, seed: int = 0, channel: str = CHANNEL) -> None:
     """A history whose median TTFT per hour is known: `ttft_of_hour[h]` (default 1.0 s) with 5% noise."""
     rng = np.random.default_rng(seed)
     rows = []
@@ -41,7 +41,7 @@ def _synthetic_db(path: Path, ttft_of_hour: dict[int, float], per_hour: int = 8,
                              "tpot_s": 0.02, "e2e_s": ttft + 0.02 * 31, "output_tokens": 32, "input_tokens": 64,
                              "active_users": active_users})
     with closing(open_store(path)) as store:
-        store.add_sample(Sample(f"synthetic-{seed}-{active_users}", CHANNEL, "probe", rows[0]["started_at"]), rows)
+        store.add_sample(Sample(f"synthetic-{seed}-{active_users}", channel, "probe", rows[0]["started_at"]), rows)
 
 
 def test_runs_join_across_midnight() -> None:
@@ -95,6 +95,23 @@ def test_known_windows_and_their_numbers(tmp_path: Path, capsys: pytest.CaptureF
         assert (out / name).stat().st_size > 0
     assert len((out / "hours.csv").read_text().splitlines()) == 25
     assert len((out / "history.csv").read_text().splitlines()) == 1 + 24 * 8 * 2 + 24 * 2 * 2
+
+
+def test_each_channel_gets_its_own_section_and_channel_picks_them(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    db, other = tmp_path / "h.db", "openai-chat relay.example gpt-x"
+    _synthetic_db(db, {h: 2.0 for h in (9, 10)}, per_hour=6)
+    _synthetic_db(db, {h: 2.0 for h in (18, 19)}, per_hour=6, seed=1, channel=other)
+    assert main(["history", "--db", str(db), "--since", "100000d", "--out", str(tmp_path / "all")]) == 0
+    both = json.loads((tmp_path / "all" / "history.json").read_text())
+    assert both[CHANNEL]["metrics"]["ttft"]["peak"]["hours"] == [9, 10]
+    assert both[other]["metrics"]["ttft"]["peak"]["hours"] == [18, 19]
+    assert (tmp_path / "all" / "heatmap-1.png").is_file() and (tmp_path / "all" / "heatmap-2.png").is_file()
+    capsys.readouterr()
+    assert main(["history", "--db", str(db), "--since", "100000d", "--channel", "gpt-x",
+                 "--out", str(tmp_path / "one")]) == 0
+    assert list(json.loads((tmp_path / "one" / "history.json").read_text())) == [other]
+    assert capsys.readouterr().out.startswith(f"{other}: 288 requests")
 
 
 def test_too_few_data_and_a_flat_channel_say_so(tmp_path: Path) -> None:
