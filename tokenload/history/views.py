@@ -263,11 +263,12 @@ def daily_series(folded: pd.DataFrame, period_s: float) -> list[dict[str, Any]]:
     import time
 
     out = []
-    for day, rows in folded.groupby("day"):
+    for key, rows in folded.groupby("day"):
+        day = int(str(key))
         ok = rows[rows["ok"]]
-        start = int(day) * period_s - utc_offset_s(int(day) * period_s)
+        start = day * period_s - utc_offset_s(day * period_s)
         entry: dict[str, Any] = {
-            "day": int(day), "requests": len(rows), "load_error_rate": float(rows["load_error"].mean()),
+            "day": day, "requests": len(rows), "load_error_rate": float(rows["load_error"].mean()),
             "label": time.strftime("%Y-%m-%d", time.localtime(start + 1)) if period_s == DAY_S
             else time.strftime("%H:%M:%S", time.localtime(start)),
         }
