@@ -3,6 +3,15 @@
 `tokenload history` reads the history database that `tokenload watch` fills
 and writes history.html, PNG charts and (with --csv) history.csv into --out,
 then prints the verdict: when the channel is fast, when it is slow, by how much.
+
+Hours are those of the local time zone (named on every chart). An hour is
+peak (off-peak) when the 95% bootstrap interval of its median TTFT over that of
+all other hours lies wholly above (below) 1 and the shift is at least 20%; the
+windows are the contiguous runs of such hours, told apart at the probes' load
+(1 user). With fewer than 12 hours holding 5 successful probes each, the
+verdict says the data are too few. The windows are compared like `compare`
+compares runs (Mann-Whitney test, effect size), matched by load level, with
+the formula error and the TTFT-vs-input fit of each window.
 `tokenload history add RUN_DIR...` ingests `tokenload run` directories, so
 stress runs at different hours land beside the watch samples (a run already
 ingested adds nothing).
