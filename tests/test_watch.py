@@ -223,3 +223,18 @@ def test_two_watchers_on_one_file_lose_nothing_and_no_secret_is_stored(slow_sim:
     assert frame[frame["status"] != "ok"]["error_kind"].tolist() == ["auth"]
     raw = b"".join(p.read_bytes() for p in tmp_path.glob("h.db*"))
     assert SECRET.encode() not in raw and b"zyxwvu987654" not in raw and b"sk-wrong" not in raw
+
+
+def test_a_scenario_file_sets_the_probe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = tmp_path / "probe.toml"
+    scenario.write_text('[prompt]\ntokens = 16\n[output]\nmax_tokens = 4\n[load]\nkind = "constant"\n')
+    db = tmp_path / "h.db"
+    with serve_in_thread("fast") as sim:
+        assert main(["watch", "--base-url", sim.base_url, "--model", "sim-7b", "--scenario", str(scenario),
+                     "--requests", "2", "--every", "0.05s", "--samples", "2", "--db", str(db)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    with closing(open_store(db)) as store:
+        frame = store.query()
+    assert len(frame) == 4 and set(frame["max_tokens"]) == {4} and set(frame["output_tokens"]) == {4}
+    assert set(frame["prompt_tokens_target"]) == {16} and set(frame["status"]) == {"ok"}
+    assert frame["request_id"].str.endswith(("-0", "-1")).all() and frame["sample_id"].nunique() == 2
