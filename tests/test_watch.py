@@ -194,7 +194,10 @@ def test_sigkill_mid_sample_then_restart_loses_and_duplicates_nothing(slow_sim: 
 def test_sigterm_stops_cleanly_after_the_request_in_flight(slow_sim: object, tmp_path: Path) -> None:
     db = tmp_path / "h.db"
     proc = _watch(["--base-url", slow_sim.base_url, "--model", "sim-7b", "--every", "1h", "--db", str(db)])  # type: ignore[attr-defined]
-    time.sleep(2.0)  # first sample starts at once; its second request is in flight
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # printed once the signal handlers are in place
+    assert first.startswith("watching anthropic 127.0.0.1:")
+    time.sleep(1.5)  # the first sample started at once; its second request (of ~1 s each) is in flight
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
