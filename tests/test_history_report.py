@@ -217,3 +217,17 @@ def test_window_fits_and_formula_follow_the_rows_law(tmp_path: Path) -> None:
     [row] = window_rows(result)
     assert row[:3] == ["peak by TTFT", "14:00-15:00", len(n)]
     assert row[-1] == "linear: 0.2 s + 2 ms/token, R2 1.00" and row[-2] == "0.0%"
+
+
+def test_a_window_too_thin_to_compare_says_so() -> None:
+    from tokenload.history.report import verdict_lines
+
+    tpot = {"peak_p50_s": 0.02, "off_peak_p50_s": 0.01, "ratio": 2.0, "p_value": 0.001, "effect": 0.9,
+            "n_peak": 8, "n_off_peak": 9}
+    result = {"first_at": None, "last_at": None, "requests": 10, "samples": 3, "period_s": DAY_S, "advice": [],
+              "metrics": {"ttft": {"peak": None, "off_peak": None}, "tpot": {"peak": None, "off_peak": None}},
+              "comparison": {"ttft": None, "tpot": tpot, "e2e": None}}
+    lines = verdict_lines(CHANNEL, result)
+    assert "peak vs off-peak TTFT: too few successful requests in a window to compare (need 5 in each)" in lines
+    assert ("peak vs off-peak TPOT p50: 0.02 s vs 0.01 s (2.00x, Mann-Whitney p=0.001, P(slower)=0.90; n=8/9)"
+            in lines)

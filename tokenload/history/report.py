@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from tokenload.dayclock import DAY_S, timezone_name
-from tokenload.history.views import HOURS, METRICS, fold
+from tokenload.history.views import HOURS, METRICS, MIN_PER_HOUR, fold
 
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 DPI = 110
@@ -150,6 +150,9 @@ def verdict_lines(channel: str, result: dict[str, Any]) -> list[str]:
                 lines.append(f"peak vs off-peak {name.upper()} p50: {c['peak_p50_s']:.3g} s vs {c['off_peak_p50_s']:.3g} s "
                              f"({c['ratio']:.2f}x, Mann-Whitney p={c['p_value']:.2g}, P(slower)={c['effect']:.2f}; "
                              f"n={c['n_peak']}/{c['n_off_peak']})")
+            else:
+                lines.append(f"peak vs off-peak {name.upper()}: too few successful requests in a window to compare "
+                             f"(need {MIN_PER_HOUR} in each)")
     lines.extend(f"advice: {a}" for a in result["advice"])
     return lines
 
