@@ -56,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
     if args.truth and not Path(args.truth).resolve().parent.is_dir():
         raise ConfigError(f"--truth {args.truth}: its directory does not exist; create it or pick another path")
     models = args.model or profile.models
-    day = f" x the hour's factor, a day lasting {86400 / profile.time_scale:g} s" if profile.load_by_hour else ""
+    day_note = f" x the hour's factor, a day lasting {86400 / profile.time_scale:g} s" if profile.load_by_hour else ""
     print(f"tokenload sim: profile {args.profile}, models {', '.join(models)}, slots {profile.slots}"
-          f" x {profile.replicas} replica(s), load {profile.load}{day}, auth {'on' if args.api_key else 'off'}",
+          f" x {profile.replicas} replica(s), load {profile.load}{day_note}, auth {'on' if args.api_key else 'off'}",
           file=sys.stderr)
     try:
         return serve_foreground(profile, host=args.host, port=args.port, api_key=args.api_key, models=args.model,

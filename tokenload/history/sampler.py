@@ -193,8 +193,9 @@ class Watcher:
                 result.rows.append(row)
                 if allowance is not None:
                     allowance -= row_tokens(row)
-                if record.get("input_tokens_source") == "server" and record.get("input_tokens"):
-                    self._input_seen = int(record["input_tokens"])
+                counted = record.get("input_tokens")
+                if record.get("input_tokens_source") == "server" and counted:
+                    self._input_seen = counted
                 if record["status"] != "ok":
                     break  # a channel in trouble gets one request per sample, not three
         if result.rows or result.skipped:
