@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tokenload.analysis import plots
+from tokenload.analysis.ratelimits import rate_limits_html
 from tokenload.analysis.records import REQUESTS_FILE, load_run
 from tokenload.analysis.report import figure, h, html_table, page, steps_html, verdict_html, verdict_table
 from tokenload.analysis.steps import Slo
@@ -109,7 +110,7 @@ def write_report(analysis: Analysis, out_dir: Path, advance: Callable[[str], Non
                          "".join(f"<li>{h(p)}</li>" for p in s["problems"]) + "</ul></div>"))
     if figures:
         sections.append(("Charts", "".join(figures)))
-    sections += _tables(s)
+    sections += [("Rate limits", rate_limits_html(s["rate_limits"]))] + _tables(s)
     target = out_dir / "report.html"
     target.write_text(page(f"tokenload report: {s['run']['label']}", sections), encoding="utf-8")
     return target

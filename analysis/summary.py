@@ -16,6 +16,7 @@ import pandas as pd
 from tokenload.analysis.breakpoint import find_breakpoint
 from tokenload.analysis.diagnosis import diagnose_latency
 from tokenload.analysis.fits import MIN_FIT_POINTS, linear_dict, linear_fit, ttft_vs_input
+from tokenload.analysis.ratelimits import rate_limits
 from tokenload.analysis.records import Run
 from tokenload.analysis.steps import FORMULA_STEP_TOLERANCE, PERCENTILES, Slo, errors_by_kind, step_table, steps_records
 
@@ -214,6 +215,7 @@ def summarize(run: Run, slo: Slo = Slo(), low_load_users: int | None = None) -> 
         "breakpoint_note": bp["breakpoint_note"],
         "breakpoint_rules": bp["rules"],
         "diagnosis": diagnosis,
+        "rate_limits": rate_limits(run.run_dir, run.ended_at),
         "problems": problems,
     }
     return Analysis(run=run, slo=slo, table=table, ok=ok, low_steps=low_steps, summary=summary)

@@ -54,6 +54,8 @@ class Timeline:
     error_kind: str | None = None
     error_message: str | None = None
     request_id: str | None = None
+    # The response headers (names lower-cased), kept for the rate-limit headers the load side and doctor read.
+    response_headers: dict[str, str] | None = None
     on_text: Callable[[str, str], None] | None = None  # (text, kind), for live display
 
     def token(self, t: float, kind: str, text: str = "") -> None:

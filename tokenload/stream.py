@@ -46,6 +46,7 @@ class StreamSession:
         tl.t_headers = t
         tl.http_status = status
         headers = {k.lower(): v for k, v in headers.items()}  # clients differ in header-name case
+        tl.response_headers = headers
         self._content_type = headers.get("content-type", "")
         tl.request_id = headers.get("request-id") or headers.get("x-request-id")
         self._streaming = status == 200 and not looks_like_html(self._content_type, b"") and (
