@@ -51,6 +51,9 @@ Schema (all sections optional except `[load]`):
     max_tokens_per_min = 0        # any kind: cap on tokens/min sent (prompt estimate + max_tokens); 0 = none
     retry = 0                     # any kind: retries of a request the channel pushed back (429/529/503),
                                   # each after its back-off and recorded as a new request with retry_of; 0 = none
+    min_requests = 0              # steps/constant: hold a step past step_s until N requests finished; 0 = off
+    max_step_s = 0                # steps/constant: longest a step is held for min_requests; 0 = 4 x step_s
+    warmup_s = 0                  # analysis leaves requests started in each step's first S seconds out
 
     [stop]
     duration_s = 0                # cap on the whole run; 0 = the load plan's length
@@ -91,7 +94,7 @@ DISTRIBUTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "sweep": (("values",), ()),
 }
 LOAD_KINDS = ("steps", "constant", "poisson")
-_ANY_KIND = ("max_rps", "max_tokens_per_min", "retry")  # [load] keys every kind takes
+_ANY_KIND = ("max_rps", "max_tokens_per_min", "retry", "warmup_s")  # [load] keys every kind takes
 ARRIVALS = ("poisson", "constant")
 
 
@@ -301,19 +304,28 @@ class LoadSection:
     max_rps: float = 0.0
     max_tokens_per_min: float = 0.0
     retry: int = 0
+    min_requests: int = 0
+    max_step_s: float = 0.0
+    warmup_s: float = 0.0
+
+    @property
+    def step_cap_s(self) -> float:
+        """The longest a step is held while it gathers `min_requests` (never less than step_s)."""
+        return max(self.step_s, self.max_step_s or 4 * self.step_s)
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx) -> LoadSection:
         w = "[load]"
         if data is None:
             raise ctx.fail(w, "missing; every scenario needs a [load] section")
+        evidence = ("min_requests", "max_step_s")
         d = ctx.table(data, w, ("kind", "users", "step_s", "spawn_rate", "think_time_s", "rate", "max_users", "arrival",
-                                *_ANY_KIND))
+                                *evidence, *_ANY_KIND))
         kind = ctx.text(d, "kind", w, "steps", choices=LOAD_KINDS)
         assert kind is not None
         allowed = {
-            "steps": {"users", "step_s", "spawn_rate", "think_time_s"},
-            "constant": {"users", "step_s", "spawn_rate", "think_time_s"},
+            "steps": {"users", "step_s", "spawn_rate", "think_time_s", *evidence},
+            "constant": {"users", "step_s", "spawn_rate", "think_time_s", *evidence},
             "poisson": {"rate", "step_s", "spawn_rate", "max_users", "arrival"},
         }[kind]
         extra = sorted(set(d) - allowed - {"kind", *_ANY_KIND})
@@ -326,7 +338,11 @@ class LoadSection:
             max_rps=ctx.number(d, "max_rps", w, 0.0, minimum=0),
             max_tokens_per_min=ctx.number(d, "max_tokens_per_min", w, 0.0, minimum=0),
             retry=ctx.number(d, "retry", w, 0, integer=True, minimum=0),
+            warmup_s=ctx.number(d, "warmup_s", w, 0.0, minimum=0),
         )
+        if common["warmup_s"] >= common["step_s"]:
+            raise ctx.fail(f"{w} warmup_s", f"must be shorter than step_s ({common['step_s']:g}), "
+                                            f"got {common['warmup_s']:g}")
         if kind == "poisson":
             rate = d.get("rate")
             rates: list[Any] = rate if isinstance(rate, list) else [rate]
@@ -341,7 +357,11 @@ class LoadSection:
             users = (ctx.number(d, "users", w, 1, integer=True, minimum=1),)
         else:
             users = _user_ladder(d.get("users", [1, 2, 4, 8]), f"{w} users", ctx)
-        return cls(**common, users=users, think_time_s=think)
+        max_step = ctx.number(d, "max_step_s", w, 0.0, minimum=0)
+        if max_step and max_step < common["step_s"]:
+            raise ctx.fail(f"{w} max_step_s", f"must be at least step_s ({common['step_s']:g}) or 0, got {max_step:g}")
+        return cls(**common, users=users, think_time_s=think, max_step_s=max_step,
+                   min_requests=ctx.number(d, "min_requests", w, 0, integer=True, minimum=0))
 
     def to_dict(self) -> dict[str, Any]:
         """Only the keys this kind uses, so the dict parses back to the same section."""
@@ -350,7 +370,8 @@ class LoadSection:
         if self.kind == "poisson":
             return {**out, "rate": list(self.rate), "max_users": self.max_users, "arrival": self.arrival}
         users: Any = self.users[0] if self.kind == "constant" else list(self.users)
-        return {**out, "users": users, "think_time_s": self.think_time_s}
+        return {**out, "users": users, "think_time_s": self.think_time_s, "min_requests": self.min_requests,
+                "max_step_s": self.max_step_s}
 
     def limit_users(self, cap: int) -> LoadSection:
         """`--users N`: constant runs N users, a ramp stops at N, a Poisson pool holds N."""
