@@ -84,7 +84,7 @@ def test_known_windows_and_their_numbers(tmp_path: Path, capsys: pytest.CaptureF
     assert result["comparison_by_load"]["16"]["ttft"]["ratio"] == pytest.approx(1.0, rel=0.1)
     assert result["hours"]["ttft"][10]["level"] == "same" and result["probe_requests"] == 24 * 8 * 2
     assert result["metrics"]["ttft"]["peak"]["stats"]["formula_mape_exact"] == pytest.approx(0.0, abs=1e-6)
-    assert "input length did not vary" in peak["ttft_vs_input"]["note"]
+    assert peak["ttft_vs_input"]["model"] is None and "input length" in peak["ttft_vs_input"]["note"]
     assert "advice: at 02:00-05:00 TTFT p50 is 0.4 s vs 3 s at 22:00-01:00 (7.5x)" in printed
     assert result["metrics"]["tpot"]["note"].startswith("no hour differs")
     cells = result["heatmap"]["ttft_p50_s"]

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tokenload.analysis.stats import BOOTSTRAP_MAX_N, BOOTSTRAP_RESAMPLES, bootstrap_ci
 from tokenload.dayclock import DAY_S, utc_offset_s
 from tokenload.errors import LOAD_KINDS
 
@@ -31,8 +32,6 @@ HOURS = 24
 MIN_PER_HOUR = 5  # requests an hour needs before it can be called peak or off-peak
 MIN_HOURS = 12  # hours with enough requests before any window is named
 MIN_EFFECT = 0.20  # a window must differ from the rest by at least 20% in the median: smaller shifts are no peak
-BOOTSTRAP = 400
-BOOTSTRAP_CAP = 4000  # larger groups are subsampled for the bootstrap (the interval only widens)
 METRICS: tuple[tuple[str, str], ...] = (("ttft", "ttft_s"), ("tpot", "tpot_s"))
 
 
@@ -53,20 +52,15 @@ def fold(frame: pd.DataFrame, period_s: float = DAY_S) -> pd.DataFrame:
 
 
 def _boot_medians(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    if len(values) > BOOTSTRAP_CAP:
-        values = rng.choice(values, BOOTSTRAP_CAP, replace=False)
-    return np.median(rng.choice(values, (BOOTSTRAP, len(values)), replace=True), axis=1)
+    if len(values) > BOOTSTRAP_MAX_N:  # subsampled: the interval only widens
+        values = rng.choice(values, BOOTSTRAP_MAX_N, replace=False)
+    return np.median(rng.choice(values, (BOOTSTRAP_RESAMPLES, len(values)), replace=True), axis=1)
 
 
 def ratio_ci(a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> tuple[float, float, float]:
     """median(a) / median(b) with a 95% bootstrap interval."""
     ratios = _boot_medians(a, rng) / _boot_medians(b, rng)
     return float(np.median(a) / np.median(b)), float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
-
-
-def median_ci(a: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
-    meds = _boot_medians(a, rng)
-    return float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
 
 
 def hour_table(folded: pd.DataFrame, column: str, rng: np.random.Generator) -> list[dict[str, Any]]:
@@ -179,7 +173,8 @@ def window_stats(rows: pd.DataFrame, rng: np.random.Generator) -> dict[str, Any]
         values = ok[column].dropna().to_numpy(dtype=float)
         out[f"{name}_p50_s"] = float(np.median(values)) if len(values) else None
         out[f"{name}_p90_s"] = float(np.percentile(values, 90)) if len(values) else None
-        out[f"{name}_p50_ci95"] = list(median_ci(values, rng)) if len(values) >= MIN_PER_HOUR else None
+        ci = bootstrap_ci(values, np.ones(len(values), dtype=bool), 0.5, seed=int(rng.integers(2**31)))
+        out[f"{name}_p50_ci95"] = list(ci) if ci else None
     found = (formula(r.ttft_s, r.tpot_s, int(r.output_tokens), r.e2e_s)
              for r in ok.itertuples() if pd.notna(r.tpot_s) and pd.notna(r.ttft_s) and pd.notna(r.e2e_s))
     checks = [c for c in found if c is not None]
