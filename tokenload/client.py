@@ -98,7 +98,7 @@ class _Deadline:
 
 def stream_once(
     channel: Channel,
-    prompt: str,
+    prompt: str | Conversation,
     max_tokens: int,
     *,
     extra_body: Mapping[str, Any] | None = None,
