@@ -10,6 +10,9 @@ Importing this module (the locustfile does) registers the listeners once:
   its `ProcessContext` (channel, one shared transport, prompts, segment writer,
   lag probe) and a greenlet that flushes records every second.
 - `test_stop` / `quit`: flush what is left; at `quit` mark the process done.
+- `init`, for processes `tokenload run` manages and forked workers: the
+  lifeline (`lifeline.py`: die with the parent, a worker stops when its master
+  is gone) and, on a master with workers, the user census (`census.py`).
 
 When Locust runs without `tokenload run` (plain `locust -f`), the master or
 local process also finalises the run directory at interpreter exit, after
@@ -19,10 +22,11 @@ Locust has reaped its local workers.
 from __future__ import annotations
 
 import atexit
-import dataclasses
+import logging
 import os
 import random
 import re
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,11 +36,11 @@ from locust import events
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-from tokenload.channel import resolve
-from tokenload.load import handoff, records
+from tokenload.load import census, handoff, lifeline, records
 from tokenload.load.control import LoadState, RunControl, install_step_listener
 from tokenload.load.lag import LagProbe
 from tokenload.load.prompts import PromptSource
+from tokenload.channel import Channel
 from tokenload.load.scenario import Scenario, load_scenario
 from tokenload.load.transport import Transport
 from tokenload.load.user import Arrivals, ProcessContext
@@ -67,8 +71,10 @@ def _init(environment: Environment, **_: Any) -> None:
     scenario = load_scenario(opts.scenario)
     state = LoadState()
     environment.tokenload_state = state  # type: ignore[attr-defined]
+    _arm_lifeline(environment)
     if isinstance(environment.runner, WorkerRunner):
         install_step_listener(environment, state)
+        census.follow_census(environment, state)
         _setup_process(environment, scenario)
         return
     from tokenload.load.runner import default_run_dir, new_run_id, write_run_info
@@ -80,23 +86,41 @@ def _init(environment: Environment, **_: Any) -> None:
     run_dir = Path(opts.run_dir)
     if not opts.stop_timeout:
         environment.stop_timeout = scenario.stop.drain_s
-    environment.tokenload = RunControl(environment, scenario, run_dir, state)  # type: ignore[attr-defined]
+    control = RunControl(environment, scenario, run_dir, state)
+    environment.tokenload = control  # type: ignore[attr-defined]
+    if isinstance(environment.runner, MasterRunner):
+        census.start_census(environment, control)
     if not os.environ.get(MANAGED_ENV):
-        write_run_info(run_dir, opts.run_id, scenario, _channel(scenario, environment.host).public())
+        bound, channel = _channel(scenario, environment.host)
+        write_run_info(run_dir, opts.run_id, bound, channel.public())
         atexit.register(_finalise_standalone, run_dir)
     if not isinstance(environment.runner, MasterRunner):
         _setup_process(environment, scenario)
 
 
-def _channel(scenario: Scenario, host: str | None) -> Any:
-    """The channel: handed over by `tokenload run`, else resolved like every tokenload command."""
+def _channel(scenario: Scenario, host: str | None) -> tuple[Scenario, Channel]:
+    """The channel (handed over by `tokenload run`, else resolved like every tokenload command) and the
+    scenario bound to it."""
+    from tokenload.load.runner import bind, resolve_scenario_channel
+
     channel = handoff.channel_from_env()
     if channel is None:
-        section = scenario.channel
-        channel = resolve(protocol=section.protocol, base_url=host or section.base_url,
-                          model=section.models[0] if section.models else None).channel
-    return dataclasses.replace(channel, first_token_timeout_s=scenario.channel.first_token_timeout_s,
-                               idle_timeout_s=scenario.channel.idle_timeout_s)
+        scenario, resolution = resolve_scenario_channel(scenario, "scenario [channel]", base_url=host)
+        channel = resolution.channel
+    return bind(scenario, channel)
+
+
+def _arm_lifeline(environment: Environment) -> None:
+    """Processes `tokenload run` manages, and forked workers, stop when their parent or master is gone."""
+    runner = environment.runner
+    worker = runner if isinstance(runner, WorkerRunner) else None
+    forked = worker is not None and bool(getattr(environment.parsed_options, "processes", None))
+    parent = lifeline.parent_to_watch(forked) if forked or os.environ.get(MANAGED_ENV) else None
+    if parent is None and worker is None:
+        return
+    line = lifeline.Lifeline(parent, None if worker is None else lambda: worker.last_heartbeat_timestamp)
+    environment.tokenload_lifeline = line  # type: ignore[attr-defined]
+    line.arm()
 
 
 def _worker_id(environment: Environment) -> str:
@@ -116,8 +140,8 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
     opts = environment.parsed_options
     assert opts is not None
     worker = _worker_id(environment)
-    channel = _channel(scenario, environment.host)
-    models = scenario.channel.models or (channel.model,)
+    scenario, channel = _channel(scenario, environment.host)
+    models = scenario.channel.models
     salt = random.SystemRandom().getrandbits(31)
     state: LoadState = environment.tokenload_state  # type: ignore[attr-defined]
     load = scenario.load
@@ -152,9 +176,14 @@ def _flush(environment: Environment, done: bool = False) -> None:
 
 
 def _flush_forever(environment: Environment) -> None:
-    while True:
+    """Flush every second; once the run was finalised under this process (sealed), stop it."""
+    ctx: ProcessContext = environment.tokenload_process  # type: ignore[attr-defined]
+    while not ctx.writer.sealed:
         gevent.sleep(FLUSH_INTERVAL_S)
         _flush(environment)
+    logging.getLogger(__name__).error("tokenload: the run was finalised without this process's last records; "
+                                      "they are dropped and the process stops")
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 @events.test_stop.add_listener
@@ -164,6 +193,10 @@ def _test_stop(environment: Environment, **_: Any) -> None:
 
 @events.quitting.add_listener
 def _quitting(environment: Environment, **_: Any) -> None:
+    line: lifeline.Lifeline | None = getattr(environment, "tokenload_lifeline", None)
+    ctx: ProcessContext | None = getattr(environment, "tokenload_process", None)
+    if (line is not None and line.check()) or (ctx is not None and ctx.writer.sealed):
+        environment.stop_timeout = 0  # nobody waits for a drain: stop now, open streams are kept as records
     control: RunControl | None = getattr(environment, "tokenload", None)
     if control is not None:
         control.finish("interrupted")
@@ -182,4 +215,5 @@ def _quit(exit_code: int, **_: Any) -> None:
 def _finalise_standalone(run_dir: Path) -> None:
     from tokenload.load.runner import finalise
 
-    print(f"tokenload: records in {finalise(run_dir)}")
+    finalise(run_dir)
+    print(f"tokenload: records in {run_dir}")

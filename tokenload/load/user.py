@@ -32,7 +32,7 @@ from locust import User, task
 from tokenload import errors as ek
 from tokenload.load.control import E2E, REQUEST_TYPE, TPOT, TTFT, LoadState
 from tokenload.load.prompts import PromptSource
-from tokenload.load.records import SegmentWriter
+from tokenload.load.records import CANCELLED, SegmentWriter
 from tokenload.load.transport import Transport
 from tokenload.protocols.base import Protocol
 from tokenload.stream import StreamSession
@@ -165,6 +165,8 @@ class LLMUser(User):
                 max_tokens=plan.max_tokens, prompt_tokens_target=plan.prompt_tokens_target, in_flight=in_flight,
                 finished_at=None if duration is None else record["started_at"] + duration,
             )
+            if in_flight and record["status"] == "ok":
+                record["status"] = CANCELLED
             ctx.writer.append(record)
             if budget is not None:
                 budget.finished((record["input_tokens"] or 0) + (record["output_tokens"] or 0))

@@ -1,0 +1,185 @@
+"""No orphans: Locust processes die with whatever started them, and `tokenload run` outlives its Locust.
+
+A load generator that outlives its run keeps loading the channel with nobody
+recording (a killed `tokenload run` left Locust sending for 15 s; a killed
+Locust master left its forked workers sending for ~58 s, until Locust's own
+60 s master timeout). The rules, on both sides of the process tree:
+
+- `tokenload run` starts Locust in its own process group and passes its pid
+  (`TOKENLOAD_PARENT_PID`). SIGTERM stops a run exactly like Ctrl-C. On Linux
+  it becomes a child subreaper, so forked workers orphaned by a dead master
+  are re-parented to it and it can wait for the whole group (`wait_group`)
+  before it finalises: every process's last flush is in.
+- Every Locust process that tokenload manages watches its parent (the Locust
+  master for a forked worker, `tokenload run` otherwise): on Linux the kernel
+  sends SIGTERM when the parent dies (`PR_SET_PDEATHSIG`), and a greenlet that
+  polls `os.getppid()` does the same everywhere. A worker also watches its
+  master's heartbeats (one a second): none for `MASTER_LOST_S` means the master
+  is gone (killed, or the network to it cut).
+- A process that lost its parent or master stops at once instead of draining
+  (`lost()` is checked when Locust quits): nobody is waiting for a drain, and
+  the open streams are kept as records of what they got.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+PARENT_ENV = "TOKENLOAD_PARENT_PID"
+MASTER_LOST_S = 5.0  # no heartbeat from the master for this long: it is gone (Locust's own limit is 60 s)
+POLL_S = 0.5
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+LAUNCH_PID = os.getpid()  # set at import, before Locust forks: in a forked worker, its master's pid
+
+log = logging.getLogger(__name__)
+
+
+def _prctl(option: int, value: int) -> bool:
+    """Linux `prctl(option, value)`; False where there is no such call."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return int(libc.prctl(option, value, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+# ------------------------------------------------------------------ the `tokenload run` side
+
+
+def parent_env() -> dict[str, str]:
+    """What a Locust child needs to watch this process."""
+    return {PARENT_ENV: str(os.getpid())}
+
+
+def adopt_orphans() -> None:
+    """Become a child subreaper (Linux): a forked worker whose master died becomes our child, so
+    `wait_group` can reap it and see when the group is empty. Elsewhere init reaps it."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside the block SIGTERM raises KeyboardInterrupt, so `kill PID` stops a run like Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def wait_group(pgid: int, timeout_s: float, hurry: bool = False) -> list[int]:
+    """Wait until no process of group `pgid` is left; returns the pids that had to be killed.
+
+    `hurry`: the group's leader (the Locust master) died abnormally, so its
+    workers are told to stop now (SIGTERM) instead of being waited for.
+    """
+    if hurry:
+        _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _group_alive(pgid):
+        if time.monotonic() >= deadline:
+            killed = _group_pids(pgid)
+            _signal_group(pgid, signal.SIGKILL)
+            while _group_alive(pgid) and time.monotonic() < deadline + 5:
+                time.sleep(0.05)
+            return killed
+        time.sleep(0.1)
+    return []
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-pgid, os.WNOHANG)[0]:  # reap orphans re-parented to us
+            pass
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return bool(_group_pids(pgid)) or not os.path.isdir("/proc")
+
+
+def _group_pids(pgid: int) -> list[int]:
+    """Live (not zombie) pids of the group, from /proc (empty where there is no /proc)."""
+    pids = []
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    pids.append(int(entry))
+    return pids
+
+
+# ------------------------------------------------------------------ the Locust side
+
+
+class Lifeline:
+    """One Locust process's watch on its parent and (on a worker) its master."""
+
+    def __init__(self, parent_pid: int | None, heartbeat: Callable[[], float | None] | None) -> None:
+        self.parent_pid = parent_pid
+        self.heartbeat = heartbeat
+        self.reason: str | None = None
+
+    def check(self) -> str | None:
+        """Why this process must stop now (its parent or master is gone), else None; remembered."""
+        if self.reason is None:
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                self.reason = f"parent process {self.parent_pid} is gone"
+            elif self.heartbeat is not None:
+                last = self.heartbeat()
+                if last and time.time() - last > MASTER_LOST_S:
+                    self.reason = f"no heartbeat from the Locust master for {time.time() - last:.0f} s"
+        return self.reason
+
+    def arm(self) -> None:
+        """Start watching: the kernel's parent-death signal where there is one, and a polling greenlet."""
+        import gevent
+
+        if self.parent_pid is not None:
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if self.check() is not None:  # the parent died before the watch was set
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        gevent.spawn(self._watch)
+
+    def _watch(self) -> None:
+        import gevent
+
+        while self.check() is None:
+            gevent.sleep(POLL_S)
+        log.error("tokenload: %s; stopping this Locust process now", self.reason)
+        os.kill(os.getpid(), signal.SIGTERM)  # Locust's own shutdown: users stopped, `quit` fired, records flushed
+
+
+def parent_to_watch(forked_worker: bool) -> int | None:
+    """The pid a Locust process must not outlive: its master for a forked worker, else `tokenload run`."""
+    if forked_worker and os.getpid() != LAUNCH_PID:
+        return LAUNCH_PID
+    value = os.environ.get(PARENT_ENV, "")
+    return int(value) if value.isdigit() else None
