@@ -12,8 +12,11 @@ Locust master left its forked workers sending for ~58 s, until Locust's own
   before it finalises: every process's last flush is in.
 - Every Locust process that tokenload manages watches its parent (the Locust
   master for a forked worker, `tokenload run` otherwise): on Linux the kernel
-  sends SIGTERM when the parent dies (`PR_SET_PDEATHSIG`), and a greenlet that
-  polls `os.getppid()` does the same everywhere. A worker also watches its
+  sends SIGINT when the parent dies (`PR_SET_PDEATHSIG`), and a greenlet that
+  polls `os.getppid()` does the same everywhere. SIGINT, Locust's Ctrl-C,
+  because a headless shape run installs its SIGTERM handler only after the
+  shape ends (until then SIGTERM kills it without a flush); and a managed
+  process undoes an inherited "ignore SIGINT" (`&` in a script, nohup). A worker also watches its
   master's heartbeats (one a second): none for `MASTER_LOST_S` means the master
   is gone (killed, or the network to it cut).
 - A process that lost its parent or master stops at once instead of draining
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import logging
 import os
 import signal
@@ -49,7 +51,9 @@ def _prctl(option: int, value: int) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The process's own symbols (libc is linked in): no library search, which would run
+        # `ldconfig` in a subprocess and yield to gevent in the middle of Locust's `init`.
+        libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(option, value, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
@@ -69,6 +73,12 @@ def adopt_orphans() -> None:
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
+def take_sigint() -> None:
+    """A managed Locust process handles SIGINT even when started with it ignored (`&` in a script)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Inside the block SIGTERM raises KeyboardInterrupt, so `kill PID` stops a run like Ctrl-C."""
@@ -86,10 +96,10 @@ def wait_group(pgid: int, timeout_s: float, hurry: bool = False) -> list[int]:
     """Wait until no process of group `pgid` is left; returns the pids that had to be killed.
 
     `hurry`: the group's leader (the Locust master) died abnormally, so its
-    workers are told to stop now (SIGTERM) instead of being waited for.
+    workers are told to stop now (SIGINT, Locust's Ctrl-C) instead of being waited for.
     """
     if hurry:
-        _signal_group(pgid, signal.SIGTERM)
+        _signal_group(pgid, signal.SIGINT)
     deadline = time.monotonic() + timeout_s
     while _group_alive(pgid):
         if time.monotonic() >= deadline:
@@ -162,9 +172,9 @@ class Lifeline:
         import gevent
 
         if self.parent_pid is not None:
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGINT)
         if self.check() is not None:  # the parent died before the watch was set
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
             return
         gevent.spawn(self._watch)
 
@@ -174,7 +184,7 @@ class Lifeline:
         while self.check() is None:
             gevent.sleep(POLL_S)
         log.error("tokenload: %s; stopping this Locust process now", self.reason)
-        os.kill(os.getpid(), signal.SIGTERM)  # Locust's own shutdown: users stopped, `quit` fired, records flushed
+        os.kill(os.getpid(), signal.SIGINT)  # Locust's Ctrl-C: users stopped, `quit` fired, records flushed
 
 
 def parent_to_watch(forked_worker: bool) -> int | None:

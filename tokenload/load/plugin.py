@@ -49,6 +49,8 @@ from tokenload.protocols import adapter_for
 FLUSH_INTERVAL_S = 1.0
 MANAGED_ENV = "TOKENLOAD_MANAGED"  # set by `tokenload run`, which finalises the run itself
 _ENVIRONMENT: Environment | None = None
+if os.environ.get(MANAGED_ENV):
+    lifeline.take_sigint()
 
 
 @events.init_command_line_parser.add_listener
@@ -71,11 +73,11 @@ def _init(environment: Environment, **_: Any) -> None:
     scenario = load_scenario(opts.scenario)
     state = LoadState()
     environment.tokenload_state = state  # type: ignore[attr-defined]
-    _arm_lifeline(environment)
     if isinstance(environment.runner, WorkerRunner):
         install_step_listener(environment, state)
         census.follow_census(environment, state)
         _setup_process(environment, scenario)
+        _arm_lifeline(environment)
         return
     from tokenload.load.runner import default_run_dir, new_run_id, write_run_info
 
@@ -96,6 +98,7 @@ def _init(environment: Environment, **_: Any) -> None:
         atexit.register(_finalise_standalone, run_dir)
     if not isinstance(environment.runner, MasterRunner):
         _setup_process(environment, scenario)
+    _arm_lifeline(environment)
 
 
 def _channel(scenario: Scenario, host: str | None) -> tuple[Scenario, Channel]:
@@ -183,7 +186,7 @@ def _flush_forever(environment: Environment) -> None:
         _flush(environment)
     logging.getLogger(__name__).error("tokenload: the run was finalised without this process's last records; "
                                       "they are dropped and the process stops")
-    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 @events.test_stop.add_listener

@@ -5,10 +5,11 @@ when imported, which would break the caller (`tokenload demo` runs an asyncio
 simulator next to it) and makes Ctrl-C handling depend on Locust's internals.
 The child runs the real `locust` command line (headless, `--web`, `--processes`,
 `--master`, `--worker`), so everything Locust users know still applies. It gets
-its own session: a Ctrl-C reaches only this process, which forwards exactly one
-SIGINT to Locust's process group (master and forked workers), waits for it to
-drain and flush, and finalises. A second Ctrl-C kills the group (the last
-second of records may be lost, never more).
+its own session: a Ctrl-C (or SIGTERM) reaches only this process, which
+forwards exactly one SIGINT to Locust's process group (master and forked
+workers; SIGINT because a headless shape run handles no SIGTERM until the
+shape ends), waits for it to drain and flush, and finalises. A second one kills the group (the last second of records may be
+lost, never more). Locust dies with this process (see `lifeline.py`).
 
 Finalising happens here, after every Locust process has exited, never in a
 Locust `test_stop`: the segments are merged into `requests.parquet` and
@@ -409,14 +410,17 @@ def recover(run_dir: Path, quiet_s: float = RECOVER_QUIET_S) -> int | None:
     """Finalise a run whose `tokenload run` was killed; the number of records recovered, or None.
 
     None when there is nothing to recover (no segments, or already finalised).
-    A run whose processes flushed within the last `quiet_s` seconds may still be
-    running: finalising it would seal it under them, so that is a `ConfigError`.
+    A run with a process that has not finished and flushed within the last
+    `quiet_s` seconds may still be running: finalising it would seal it under
+    that process, so that is a `ConfigError`.
     """
     seg = records.unfinalised(run_dir)
     if seg is None or (run_dir / REQUESTS_FILE).exists():
         return None
-    latest = max((s.get("updated_at", 0.0) for s in records.worker_states(seg).values()), default=0.0)
-    if seg.name == records.SEGMENTS_DIR and time.time() - latest < quiet_s:
+    states = records.worker_states(seg).values()
+    latest = max((s.get("updated_at", 0.0) for s in states), default=0.0)
+    running = not all(s.get("done") for s in states) and time.time() - latest < quiet_s
+    if seg.name == records.SEGMENTS_DIR and running:
         raise ConfigError(f"{run_dir} is still being written (a Locust process flushed {time.time() - latest:.0f} s "
                           "ago); wait for the run to end, then analyse it")
     return len(finalise(run_dir, recovered=True))
