@@ -149,17 +149,25 @@ def _group_pids(pgid: int) -> list[int]:
 
 
 class Lifeline:
-    """One Locust process's watch on its parent and (on a worker) its master."""
+    """One Locust process's watch on its parent and (on a worker) its master.
+
+    It interrupts its process once at most: a second SIGINT in the middle of
+    Locust's shutdown would cut the final flush short.
+    """
 
     def __init__(self, parent_pid: int | None, heartbeat: Callable[[], float | None] | None) -> None:
         self.parent_pid = parent_pid
         self.heartbeat = heartbeat
         self.reason: str | None = None
+        self._kernel_watches_parent = False
+
+    def parent_gone(self) -> bool:
+        return self.parent_pid is not None and os.getppid() != self.parent_pid
 
     def check(self) -> str | None:
         """Why this process must stop now (its parent or master is gone), else None; remembered."""
         if self.reason is None:
-            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            if self.parent_gone():
                 self.reason = f"parent process {self.parent_pid} is gone"
             elif self.heartbeat is not None:
                 last = self.heartbeat()
@@ -172,8 +180,9 @@ class Lifeline:
         import gevent
 
         if self.parent_pid is not None:
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGINT)
-        if self.check() is not None:  # the parent died before the watch was set
+            self._kernel_watches_parent = _prctl(_PR_SET_PDEATHSIG, signal.SIGINT)
+        if self.parent_gone():  # the parent died before the watch was set
+            self.check()
             os.kill(os.getpid(), signal.SIGINT)
             return
         gevent.spawn(self._watch)
@@ -184,7 +193,8 @@ class Lifeline:
         while self.check() is None:
             gevent.sleep(POLL_S)
         log.error("tokenload: %s; stopping this Locust process now", self.reason)
-        os.kill(os.getpid(), signal.SIGINT)  # Locust's Ctrl-C: users stopped, `quit` fired, records flushed
+        if not (self._kernel_watches_parent and self.parent_gone()):  # else the kernel already sent SIGINT
+            os.kill(os.getpid(), signal.SIGINT)  # Locust's Ctrl-C: users stopped, `quit` fired, records flushed
 
 
 def parent_to_watch(forked_worker: bool) -> int | None:
