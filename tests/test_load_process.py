@@ -170,7 +170,10 @@ def test_sigkill_of_the_master_stops_its_workers_and_the_run_waits_for_them(tmp_
     _recorded_everything_the_server_saw(df, truth_frame(truth_path))
     assert df.worker.nunique() == 2
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["workers_lost"] == []  # both workers flushed their last records before the merge
+    # Both flushed their last records before the merge (none "did not finish"); both stopped early.
+    assert not any("did not finish" in w for w in manifest["warnings"]), manifest["warnings"]
+    assert manifest["workers_lost"] == sorted(df.worker.unique())
+    assert any("workers stopped early" in w and "is gone" in w for w in manifest["warnings"])
     assert sorted(p.name for p in out.iterdir()) == ["locust.log", "manifest.json", "requests.parquet"]
 
 

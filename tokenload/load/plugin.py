@@ -175,7 +175,10 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
 def _flush(environment: Environment, done: bool = False) -> None:
     ctx: ProcessContext | None = getattr(environment, "tokenload_process", None)
     if ctx is not None:
-        ctx.writer.flush({"lag": environment.tokenload_probe.stats(), "pid": os.getpid()}, done=done)  # type: ignore[attr-defined]
+        line: lifeline.Lifeline | None = getattr(environment, "tokenload_lifeline", None)
+        state = {"lag": environment.tokenload_probe.stats(), "pid": os.getpid(),  # type: ignore[attr-defined]
+                 "lost": None if line is None else line.reason}
+        ctx.writer.flush(state, done=done)
 
 
 def _flush_forever(environment: Environment) -> None:

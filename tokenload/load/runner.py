@@ -364,11 +364,18 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
         warnings.append(lateness["warning"])
     # A worker that never marked itself done was killed or crashed: what it flushed (every
     # second) is kept, the records of its last second and its open streams are lost.
-    lost = missing if wait_s else sorted(w for w, s in states.items() if not s.get("done"))
-    if lost:
-        last = ", ".join(f"{w} (last flush {_iso(states.get(w, {}).get('updated_at'))})" for w in lost)
+    unfinished = missing if wait_s else sorted(w for w, s in states.items() if not s.get("done"))
+    if unfinished:
+        last = ", ".join(f"{w} (last flush {_iso(states.get(w, {}).get('updated_at'))})" for w in unfinished)
         warnings.append(f"workers did not finish (killed or crashed): {last}; records after their last flush "
                         "are lost (at most about 1 s of each)")
+    # A worker that lost its master (killed, or the network to it cut) stopped early on its own: its
+    # records are all there, but its users were missing from the rest of the run.
+    cut_off = sorted(w for w, s in states.items() if s.get("lost") and w not in unfinished)
+    if cut_off:
+        warnings.append("workers stopped early: " + ", ".join(f"{w} ({states[w]['lost']})" for w in cut_off)
+                        + "; Locust did not replace their users, the records' active_users say how many ran")
+    lost = sorted({*unfinished, *cut_off})
     if lingering:
         warnings.append(f"Locust processes {', '.join(map(str, lingering))} did not exit after the drain time and "
                         "were killed")
