@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from loadkit import truth_frame, write_scenario
 
 SUBNET = "10.201.0"
@@ -50,7 +49,7 @@ def _cannot_use_namespaces() -> str | None:
     except (subprocess.CalledProcessError, OSError) as exc:
         return f"`ip netns add` / bridges do not work here: {getattr(exc, 'stderr', exc)}".strip()
     finally:
-        subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=10)
+        subprocess.run(["ip", "netns", "del", probe], check=False, capture_output=True, timeout=10)
     return None
 
 
@@ -78,7 +77,7 @@ def hosts() -> Iterator[dict[str, str]]:
         yield {role: names[role] for role in ("m", "w1", "w2")}
     finally:
         for ns in names.values():
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True, timeout=10)
 
 
 def _in(ns: str, *command: str, log: Path) -> subprocess.Popen[bytes]:
@@ -88,10 +87,11 @@ def _in(ns: str, *command: str, log: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_for_sim(ns: str, timeout_s: float = 20) -> None:
-    probe = ("import socket,sys; s=socket.create_connection(('%s', %d), 1)" % (MASTER_IP, SIM_PORT))
+    probe = f"import socket; socket.create_connection(('{MASTER_IP}', {SIM_PORT}), 1)"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", probe], capture_output=True).returncode == 0:
+        command = ["ip", "netns", "exec", ns, sys.executable, "-c", probe]
+        if subprocess.run(command, check=False, capture_output=True, timeout=10).returncode == 0:
             return
         time.sleep(0.3)
     raise AssertionError("the simulator did not come up in the master's namespace")

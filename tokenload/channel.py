@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypedDict
 from urllib.parse import urlsplit
 
 from tokenload.errors import ConfigError
@@ -397,9 +397,21 @@ def add_channel_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--settings", metavar="FILE", help="settings.json in {\"anthropic\": {...}} or Claude Code's {\"env\": {...}} form")
 
 
-def channel_flags(args: argparse.Namespace) -> dict[str, str | None]:
+class ChannelFlags(TypedDict, total=False):
+    """The CHANNEL options as `resolve()` takes them: the flags layer."""
+
+    protocol: str | None
+    base_url: str | None
+    api_key: str | None
+    auth_token: str | None
+    model: str | None
+    settings: str | None
+
+
+def channel_flags(args: argparse.Namespace) -> ChannelFlags:
     """The parsed CHANNEL options as `resolve()`'s keyword arguments."""
-    return {name: getattr(args, name) for name in ("protocol", "base_url", "api_key", "auth_token", "model", "settings")}
+    return ChannelFlags(protocol=args.protocol, base_url=args.base_url, api_key=args.api_key,
+                        auth_token=args.auth_token, model=args.model, settings=args.settings)
 
 
 def resolve_from_args(args: argparse.Namespace) -> Resolution:

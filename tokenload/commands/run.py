@@ -84,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tokenload.channel import channel_flags
-    from tokenload.load.runner import Distribution, execute, plan_run, resolve_scenario_channel
+    from tokenload.load.runner import (
+        Distribution,
+        execute,
+        plan_run,
+        resolve_scenario_channel,
+    )
     from tokenload.load.scenario import load_scenario
     from tokenload.rundir import REQUESTS_FILE
 
@@ -93,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                                 master_bind_host=args.master_bind_host, expect_workers=args.expect_workers)
     scenario = load_scenario(args.scenario)
     scenario, resolution = resolve_scenario_channel(scenario, f"scenario {scenario.name} [channel]",
-                                                    **channel_flags(args))
+                                                    channel_flags(args))
     plan = plan_run(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
                     distribution=distribution, web=args.web)
     err = Console(stderr=True, highlight=False)

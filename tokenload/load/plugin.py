@@ -36,11 +36,11 @@ from locust import events
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
+from tokenload.channel import Channel
 from tokenload.load import census, handoff, lifeline, records
 from tokenload.load.control import LoadState, RunControl, install_step_listener
 from tokenload.load.lag import LagProbe
 from tokenload.load.prompts import PromptSource
-from tokenload.channel import Channel
 from tokenload.load.scenario import Scenario, load_scenario
 from tokenload.load.transport import Transport
 from tokenload.load.user import Arrivals, ProcessContext
@@ -108,7 +108,7 @@ def _channel(scenario: Scenario, host: str | None) -> tuple[Scenario, Channel]:
 
     channel = handoff.channel_from_env()
     if channel is None:
-        scenario, resolution = resolve_scenario_channel(scenario, "scenario [channel]", base_url=host)
+        scenario, resolution = resolve_scenario_channel(scenario, "scenario [channel]", {"base_url": host})
         channel = resolution.channel
     return bind(scenario, channel)
 

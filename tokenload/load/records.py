@@ -35,8 +35,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.feather as feather
 import pyarrow.parquet as pq
+from pyarrow import feather
 
 from tokenload.errors import ConfigError
 from tokenload.rundir import REQUESTS_FILE
@@ -92,7 +92,7 @@ SCHEMA = pa.schema([
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     write(tmp)
     os.replace(tmp, path)

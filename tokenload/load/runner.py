@@ -36,7 +36,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenload.channel import Channel, Resolution, resolve
+from tokenload.channel import Channel, ChannelFlags, Resolution, resolve
 from tokenload.errors import ConfigError, HarnessError
 from tokenload.load import handoff, lag, lifeline, records
 from tokenload.load.scenario import Scenario
@@ -89,7 +89,7 @@ def scenario_layer(scenario: Scenario) -> dict[str, str | None]:
             "model": section.models[0] if section.models else None}
 
 
-def resolve_scenario_channel(scenario: Scenario, label: str, **flags: str | None) -> tuple[Scenario, Resolution]:
+def resolve_scenario_channel(scenario: Scenario, label: str, flags: ChannelFlags) -> tuple[Scenario, Resolution]:
     """Resolve the channel with the scenario as a layer; the scenario's model list follows the result.
 
     A scenario may list several models (requests pick among them); that list
@@ -97,7 +97,7 @@ def resolve_scenario_channel(scenario: Scenario, label: str, **flags: str | None
     flag, the environment or a settings file replaces it, as any layer above
     the scenario does.
     """
-    resolution = resolve(**flags, scenario=scenario_layer(scenario), scenario_label=label)  # type: ignore[arg-type]
+    resolution = resolve(**flags, scenario=scenario_layer(scenario), scenario_label=label)
     if resolution.sources.get("model") != label:
         scenario = dataclasses.replace(
             scenario, channel=dataclasses.replace(scenario.channel, models=(resolution.channel.model,)))
