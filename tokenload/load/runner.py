@@ -8,8 +8,9 @@ The child runs the real `locust` command line (headless, `--web`, `--processes`,
 its own session: a Ctrl-C (or SIGTERM) reaches only this process, which
 forwards exactly one SIGINT to Locust's process group (master and forked
 workers; SIGINT because a headless shape run handles no SIGTERM until the
-shape ends), waits for it to drain and flush, and finalises. A second one kills the group (the last second of records may be
-lost, never more). Locust dies with this process (see `lifeline.py`).
+shape ends), waits for it to drain and flush, and finalises. A second one
+kills the group (the last second of records may be lost, never more). Locust
+dies with this process (see `lifeline.py`).
 
 Finalising happens here, after every Locust process has exited, never in a
 Locust `test_stop`: the segments are merged into `requests.parquet` and
@@ -54,7 +55,8 @@ LATE_THRESHOLD_S = 0.010
 LATE_WARN_FRACTION = 0.05
 # After the drain time, how long the processes of a stopping run get to flush and exit before they are killed.
 GROUP_GRACE_S = 10.0
-# `analyze` finalises a killed run only when no process flushed for this long (live ones flush every second).
+# `analyze` finalises a killed run only when every process finished, or none flushed for this long
+# (live ones flush every second).
 RECOVER_QUIET_S = 5.0
 
 
