@@ -12,11 +12,12 @@ Locust master left its forked workers sending for ~58 s, until Locust's own
   before it finalises: every process's last flush is in.
 - Every Locust process that tokenload manages watches its parent (the Locust
   master for a forked worker, `tokenload run` otherwise): on Linux the kernel
-  sends SIGINT when the parent dies (`PR_SET_PDEATHSIG`), and a greenlet that
-  polls `os.getppid()` does the same everywhere. SIGINT, Locust's Ctrl-C,
-  because a headless shape run installs its SIGTERM handler only after the
-  shape ends (until then SIGTERM kills it without a flush); and a managed
-  process undoes an inherited "ignore SIGINT" (`&` in a script, nohup). A worker also watches its
+  signals it when the parent dies (`PR_SET_PDEATHSIG`), and a greenlet that
+  polls `os.getppid()` does the same everywhere. Either way the process gets
+  Locust's Ctrl-C (KeyboardInterrupt), because a headless shape run installs
+  its SIGTERM handler only after the shape ends (until then SIGTERM kills it
+  without a flush); a managed process also undoes an inherited "ignore
+  SIGINT" (`&` in a script, nohup). A worker also watches its
   master's heartbeats (one a second): none for `MASTER_LOST_S` means the master
   is gone (killed, or the network to it cut).
 - A process that lost its parent or master stops at once instead of draining
@@ -37,6 +38,8 @@ import time
 from collections.abc import Callable, Iterator
 
 PARENT_ENV = "TOKENLOAD_PARENT_PID"
+# Sent by the kernel when the parent dies (Linux); handled as Ctrl-C, with the reason recorded.
+PARENT_DEATH_SIGNAL = signal.SIGUSR2
 MASTER_LOST_S = 5.0  # no heartbeat from the master for this long: it is gone (Locust's own limit is 60 s)
 POLL_S = 0.5
 _PR_SET_PDEATHSIG = 1
@@ -180,12 +183,25 @@ class Lifeline:
         import gevent
 
         if self.parent_pid is not None:
-            self._kernel_watches_parent = _prctl(_PR_SET_PDEATHSIG, signal.SIGINT)
+            signal.signal(PARENT_DEATH_SIGNAL, self._parent_died)
+            self._kernel_watches_parent = _prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL)
         if self.parent_gone():  # the parent died before the watch was set
             self.check()
             os.kill(os.getpid(), signal.SIGINT)
             return
         gevent.spawn(self._watch)
+
+    def _parent_died(self, signum: int, frame: object) -> None:
+        """The kernel's parent-death signal. It can come while the dying parent's other threads still
+        exist (`getppid()` unchanged for a moment), so the reason is recorded here, not looked up."""
+        self.reason = self.reason or f"parent process {self.parent_pid} is gone"
+        raise KeyboardInterrupt  # Locust's Ctrl-C
+
+    def quiet(self) -> None:
+        """Locust is shutting down: a further interrupt would only cut its final flush short.
+        (`tokenload run` escalates with SIGKILL, never a second SIGINT.)"""
+        for sig in (signal.SIGINT, PARENT_DEATH_SIGNAL):
+            signal.signal(sig, signal.SIG_IGN)
 
     def _watch(self) -> None:
         import gevent

@@ -204,9 +204,7 @@ def _quitting(environment: Environment, **_: Any) -> None:
     if (line is not None and line.check()) or (ctx is not None and ctx.writer.sealed):
         environment.stop_timeout = 0  # nobody waits for a drain: stop now, open streams are kept as records
     if line is not None:
-        # Shutting down already: a further SIGINT (a forked worker's master exiting under it) would only
-        # cut the final flush short. `tokenload run` escalates with SIGKILL, never a second SIGINT.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        line.quiet()
     control: RunControl | None = getattr(environment, "tokenload", None)
     if control is not None:
         control.finish("interrupted")
