@@ -76,10 +76,26 @@ def adopt_orphans() -> None:
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
+_interrupted = False
+
+
+def interrupt_once(signum: int = signal.SIGINT, frame: object = None) -> None:
+    """Locust's Ctrl-C (KeyboardInterrupt), once per process.
+
+    A later one would land in the middle of Locust's shutdown and cut the final
+    flush short, and they do come: the kernel repeats the parent-death signal
+    as each thread of a dying parent exits, and `tokenload run` interrupts the
+    whole group. `tokenload run` escalates with SIGKILL, never a second SIGINT.
+    """
+    global _interrupted
+    if not _interrupted:
+        _interrupted = True
+        raise KeyboardInterrupt
+
+
 def take_sigint() -> None:
-    """A managed Locust process handles SIGINT even when started with it ignored (`&` in a script)."""
-    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    """A managed Locust process handles SIGINT once, even when started with it ignored (`&` in a script)."""
+    signal.signal(signal.SIGINT, interrupt_once)
 
 
 @contextlib.contextmanager
@@ -95,14 +111,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def wait_group(pgid: int, timeout_s: float, hurry: bool = False) -> list[int]:
+def wait_group(pgid: int, timeout_s: float) -> list[int]:
     """Wait until no process of group `pgid` is left; returns the pids that had to be killed.
 
-    `hurry`: the group's leader (the Locust master) died abnormally, so its
-    workers are told to stop now (SIGINT, Locust's Ctrl-C) instead of being waited for.
+    Orphaned workers of a dead master stop by themselves (they watch their
+    parent); only what is still there after `timeout_s` is killed.
     """
-    if hurry:
-        _signal_group(pgid, signal.SIGINT)
     deadline = time.monotonic() + timeout_s
     while _group_alive(pgid):
         if time.monotonic() >= deadline:
@@ -152,17 +166,12 @@ def _group_pids(pgid: int) -> list[int]:
 
 
 class Lifeline:
-    """One Locust process's watch on its parent and (on a worker) its master.
-
-    It interrupts its process once at most: a second SIGINT in the middle of
-    Locust's shutdown would cut the final flush short.
-    """
+    """One Locust process's watch on its parent and (on a worker) its master."""
 
     def __init__(self, parent_pid: int | None, heartbeat: Callable[[], float | None] | None) -> None:
         self.parent_pid = parent_pid
         self.heartbeat = heartbeat
         self.reason: str | None = None
-        self._kernel_watches_parent = False
 
     def parent_gone(self) -> bool:
         return self.parent_pid is not None and os.getppid() != self.parent_pid
@@ -184,7 +193,7 @@ class Lifeline:
 
         if self.parent_pid is not None:
             signal.signal(PARENT_DEATH_SIGNAL, self._parent_died)
-            self._kernel_watches_parent = _prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL)
+            _prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL)
         if self.parent_gone():  # the parent died before the watch was set
             self.check()
             os.kill(os.getpid(), signal.SIGINT)
@@ -193,15 +202,16 @@ class Lifeline:
 
     def _parent_died(self, signum: int, frame: object) -> None:
         """The kernel's parent-death signal. It can come while the dying parent's other threads still
-        exist (`getppid()` unchanged for a moment), so the reason is recorded here, not looked up."""
-        self.reason = self.reason or f"parent process {self.parent_pid} is gone"
-        raise KeyboardInterrupt  # Locust's Ctrl-C
+        exist (`getppid()` unchanged for a moment), so the reason is recorded here, not looked up. A
+        process already shutting down on request was not cut off: it just finishes."""
+        if not _interrupted:
+            self.reason = self.reason or f"parent process {self.parent_pid} is gone"
+            interrupt_once()
 
     def quiet(self) -> None:
-        """Locust is shutting down: a further interrupt would only cut its final flush short.
-        (`tokenload run` escalates with SIGKILL, never a second SIGINT.)"""
-        for sig in (signal.SIGINT, PARENT_DEATH_SIGNAL):
-            signal.signal(sig, signal.SIG_IGN)
+        """Locust is shutting down: later interrupts are ignored (see `interrupt_once`)."""
+        global _interrupted
+        _interrupted = True
 
     def _watch(self) -> None:
         import gevent
@@ -209,7 +219,7 @@ class Lifeline:
         while self.check() is None:
             gevent.sleep(POLL_S)
         log.error("tokenload: %s; stopping this Locust process now", self.reason)
-        if not (self._kernel_watches_parent and self.parent_gone()):  # else the kernel already sent SIGINT
+        if not _interrupted:
             os.kill(os.getpid(), signal.SIGINT)  # Locust's Ctrl-C: users stopped, `quit` fired, records flushed
 
 

@@ -272,7 +272,7 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
         rc = _supervise(proc, run_dir, on_live)
-        lingering = lifeline.wait_group(proc.pid, scenario.stop.drain_s + GROUP_GRACE_S, hurry=rc != 0)
+        lingering = lifeline.wait_group(proc.pid, scenario.stop.drain_s + GROUP_GRACE_S)
     if distribution.worker:
         return run_dir
     finalise(run_dir, wait_s=scenario.stop.drain_s + 10 if distribution.master else 0.0, locust_rc=rc,
