@@ -14,7 +14,9 @@ true:
 4. auth (the online half of BRIEF #1);
 5. model (BRIEF #3);
 6. latency (BRIEF #4, #5, #6): TTFT, TPOT, long outputs;
-7. streaming end to end: incremental arrival and a clean end.
+7. streaming end to end: incremental arrival and a clean end;
+8. the rate limits the channel announced (`anthropic-ratelimit-*`, `x-ratelimit-*`),
+   as one line: what a load test may send.
 
 Checks that need an earlier one are skipped with the reason when it failed, so
 a broken channel gets at most a handful of cheap requests. All network access
@@ -30,6 +32,7 @@ import ipaddress
 import json
 import re
 import ssl
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -56,6 +59,7 @@ from tokenload.client import stream_exchange
 from tokenload.errors import ConfigError
 from tokenload.measure import Timeline
 from tokenload.protocols.base import body_message, classify_http, looks_like_html
+from tokenload.record import RequestRecord
 from tokenload.tokens import synth_prompt
 
 OK, FAIL, SKIP = "ok", "fail", "skip"
@@ -133,8 +137,8 @@ class Doctor:
     home: Path
     limits: Limits = field(default_factory=Limits)
     channel: Channel = field(init=False)
-    _tiny: dict[str, Any] | None = None
-    _probe: tuple[dict[str, Any], Timeline] | None = None
+    _tiny: RequestRecord | None = None
+    _probe: tuple[RequestRecord, Timeline] | None = None
     _models: list[str] | None = None
     _models_fetched: bool = False
 
@@ -159,13 +163,13 @@ class Doctor:
         t = self.limits.timeout_s
         return httpx.Client(timeout=httpx.Timeout(t, connect=min(t, 10.0)), follow_redirects=False)
 
-    def tiny(self) -> dict[str, Any]:
+    def tiny(self) -> RequestRecord:
         """A one-token streaming request: the cheapest request that proves key and model."""
         if self._tiny is None:
             self._tiny = stream_exchange(self.channel, "Reply with OK.", 1)[0]
         return self._tiny
 
-    def probe(self) -> tuple[dict[str, Any], Timeline]:
+    def probe(self) -> tuple[RequestRecord, Timeline]:
         """The latency probe, shared with the streaming check."""
         if self._probe is None:
             prompt = synth_prompt(self.limits.prompt_tokens, prefix=_PROBE_PREFIX)
@@ -628,6 +632,28 @@ def check_streaming(ctx: Doctor) -> CheckResult:
                        details=details)
 
 
+def check_rate_limits(ctx: Doctor) -> CheckResult:
+    """The rate limits the channel announced on the latency probe (values only); a limit used up fails."""
+    from tokenload.load.pacing import parse_rate_headers
+
+    _, timeline = ctx.probe()
+    info = parse_rate_headers(timeline.response_headers, time.time())
+    details = {k: getattr(info, k) for k in ("requests_limit", "requests_remaining", "tokens_limit", "tokens_remaining")}
+    parts = [f"{limit:,} {what}/min ({'?' if left is None else f'{left:,}'} left)"
+             for what, limit, left in (("requests", info.requests_limit, info.requests_remaining),
+                                       ("tokens", info.tokens_limit, info.tokens_remaining)) if limit is not None]
+    if not parts:
+        return CheckResult("rate_limits", "rate limits", OK, "the channel sent no rate-limit headers", details=details,
+                           blocking=False)
+    saw = "the channel allows " + " and ".join(parts)
+    wait = info.server_wait()
+    if wait is not None:
+        return CheckResult("rate_limits", "rate limits", FAIL, f"{saw}: a limit is used up for {wait:.0f} s",
+                           f"wait {wait:.0f} s, or lower the load: set [load] max_rps or max_tokens_per_min under "
+                           "these limits", details, blocking=False)
+    return CheckResult("rate_limits", "rate limits", OK, saw, details=details, blocking=False)
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -644,6 +670,7 @@ CHECKS: tuple[Check, ...] = (
     Check("model", "model", check_model, ("auth",)),
     Check("latency", "latency", check_latency, ("model",)),
     Check("streaming", "streaming", check_streaming, ("model",)),
+    Check("rate_limits", "rate limits", check_rate_limits, ("model",)),
 )
 
 
@@ -675,7 +702,29 @@ def unreadable(error: ConfigError, env: Mapping[str, str]) -> list[CheckResult]:
     return [first, *rest]
 
 
-def diagnose(
+# The check that explains each configuration error kind a load run can meet.
+CHECK_FOR_KIND: dict[str, str] = {ek.BAD_BASE_URL: "base_url", ek.AUTH: "auth", ek.NOT_FOUND_MODEL: "model"}
+
+
+def explain(channel: Channel, kind: str, timeout_s: float = 5.0) -> CheckResult | None:
+    """Doctor's own check for a configuration error a load run hit: what it sees and the exact fix.
+
+    The run's channel is already resolved, so every field counts as given by flag
+    (`set --base-url to ...`). None when the kind has no check or the check passes
+    now (the channel changed, or the error came from elsewhere).
+    """
+    name = CHECK_FOR_KIND.get(kind)
+    if name is None:
+        return None
+    raw = {f: v for f in SECRET_FIELDS if (v := getattr(channel, f, None))}
+    sources = {f: "flag" for f in Resolution.FIELD_LABELS}
+    ctx = Doctor(Resolution(channel, sources, [], [], raw), {}, Path.cwd(), Path.home(), Limits(timeout_s=timeout_s))
+    check = next(c for c in CHECKS if c.name == name)
+    result = _redacted(ctx, check.run(ctx))
+    return result if result.status == FAIL else None
+
+
+def diagnose_channel(
     *,
     flags: Mapping[str, str | None],
     env: Mapping[str, str],
@@ -685,7 +734,7 @@ def diagnose(
 ) -> tuple[list[CheckResult], Channel | None]:
     """Resolve and check a channel; `(results, None)` when the configuration could not be read."""
     try:
-        resolution = resolve(env=env, cwd=cwd, home=home, **flags)  # type: ignore[arg-type]
+        resolution = resolve(env=env, cwd=cwd, home=home, **flags)
     except ConfigError as exc:
         return unreadable(exc, env), None
     ctx = Doctor(resolution, env, cwd, home, limits or Limits())

@@ -10,11 +10,11 @@ client never interprets the wire format and the adapter never touches sockets.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from tokenload import errors as ek
 from tokenload.measure import Timeline, measure
-from tokenload.protocols.base import Protocol, classify_http, looks_like_html
+from tokenload.protocols.base import ProtocolAdapter, classify_http, looks_like_html
+from tokenload.record import RequestRecord
 from tokenload.sse import SSEDecoder
 
 _MAX_ERROR_BODY = 64 * 1024
@@ -27,7 +27,7 @@ class StreamSession:
 
     def __init__(
         self,
-        adapter: Protocol,
+        adapter: ProtocolAdapter,
         t0: float,
         *,
         estimated_input_tokens: int | None = None,
@@ -46,6 +46,7 @@ class StreamSession:
         tl.t_headers = t
         tl.http_status = status
         headers = {k.lower(): v for k, v in headers.items()}  # clients differ in header-name case
+        tl.response_headers = headers
         self._content_type = headers.get("content-type", "")
         tl.request_id = headers.get("request-id") or headers.get("x-request-id")
         self._streaming = status == 200 and not looks_like_html(self._content_type, b"") and (
@@ -85,7 +86,7 @@ class StreamSession:
             kind = ek.TIMEOUT_STALL
         tl.fail(kind, message)
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> RequestRecord:
         """SPEC.md's per-request fields for this exchange (error messages redacted: servers echo keys)."""
         record = measure(self.timeline, self._estimate)
         if record["error_message"]:

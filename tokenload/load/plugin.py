@@ -9,14 +9,20 @@ Importing this module (the locustfile does) registers the listeners once:
 - `init` (checked again at `test_start`): every process that runs users builds
   its `ProcessContext` (channel, one shared transport, prompts, segment writer,
   lag probe) and a greenlet that flushes records every second.
-- `test_stop` / `quit`: flush what is left; at `quit` mark the process done.
+- `init`: every process feeds its live token statistics (`tokenstats`: the
+  request event carries each record; workers' deltas merge on the master), and
+  the master or local process tracks the runs (`series`: with the web UI each
+  start is a run directory of its own) and adds the tokenload tab (`webui`).
+- `test_stop`: the test's users are stopped: flush what is left and close the
+  writer (its run is complete); `quit`: the same for a process that never stopped.
 - `init`, for processes `tokenload run` manages and forked workers: the
   lifeline (`lifeline.py`: die with the parent, a worker stops when its master
   is gone) and, on a master with workers, the user census (`census.py`).
 
-When Locust runs without `tokenload run` (plain `locust -f`), the master or
-local process also finalises the run directory at interpreter exit, after
-Locust has reaped its local workers.
+When Locust runs headless without `tokenload run` (plain `locust -f`), the
+master or local process also finalises the run directory at interpreter exit,
+after Locust has reaped its local workers; with the web UI, `series` finalises
+each run when it stops.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
 from tokenload.channel import Channel
-from tokenload.load import census, handoff, lifeline, records
+from tokenload.load import census, handoff, lifeline, records, series, tokenstats
 from tokenload.load.control import LoadState, RunControl, install_step_listener
 from tokenload.load.lag import LagProbe
 from tokenload.load.prompts import PromptSource
@@ -71,12 +77,14 @@ def _init(environment: Environment, **_: Any) -> None:
     global _ENVIRONMENT
     _ENVIRONMENT = environment
     scenario = load_scenario(opts.scenario)
-    state = LoadState()
+    state = LoadState.for_scenario(scenario)
     environment.tokenload_state = state  # type: ignore[attr-defined]
+    tokenstats.install(environment)
     if isinstance(environment.runner, WorkerRunner):
         install_step_listener(environment, state)
         census.follow_census(environment, state)
         _setup_process(environment, scenario)
+        series.follow_master(environment)
         _arm_lifeline(environment)
         return
     from tokenload.load.runner import default_run_dir, new_run_id, write_run_info
@@ -88,16 +96,18 @@ def _init(environment: Environment, **_: Any) -> None:
     run_dir = Path(opts.run_dir)
     if not opts.stop_timeout:
         environment.stop_timeout = scenario.stop.drain_s
-    control = RunControl(environment, scenario, run_dir, state)
+    bound, channel = _channel(scenario, environment.host)
+    control = RunControl(environment, scenario, run_dir, state, channel)
     environment.tokenload = control  # type: ignore[attr-defined]
     if isinstance(environment.runner, MasterRunner):
         census.start_census(environment, control)
     if not os.environ.get(MANAGED_ENV):
-        bound, channel = _channel(scenario, environment.host)
         write_run_info(run_dir, opts.run_id, bound, channel.public())
-        atexit.register(_finalise_standalone, run_dir)
+        if environment.web_ui is None:  # with the web UI every start is a run of its own, finalised at its stop
+            atexit.register(_finalise_standalone, run_dir)
     if not isinstance(environment.runner, MasterRunner):
         _setup_process(environment, scenario)
+    series.lead(environment)
     _arm_lifeline(environment)
 
 
@@ -159,11 +169,12 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         adapters={m: adapter_for(channel.with_model(m)) for m in models},
         transport=Transport(channel),
         prompts=PromptSource(scenario, models, salt),
-        writer=records.SegmentWriter(Path(opts.run_dir), worker),
+        writer=records.SegmentWriter(Path(opts.run_dir) if opts.run_dir else None, worker),
         state=state,
         arrivals=arrivals,
         extra_body=scenario.output.extra_body(),
         think_time_s=load.think_time_s,
+        retry=load.retry,
     )
     environment.tokenload_process = ctx  # type: ignore[attr-defined]
     probe = LagProbe()
@@ -194,7 +205,8 @@ def _flush_forever(environment: Environment) -> None:
 
 @events.test_stop.add_listener
 def _test_stop(environment: Environment, **_: Any) -> None:
-    _flush(environment)
+    """A test's users are all stopped: its records are complete (a next start is a new run)."""
+    _flush(environment, done=True)
 
 
 @events.quitting.add_listener

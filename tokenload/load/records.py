@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from pyarrow import feather
 
 from tokenload.errors import ConfigError
+from tokenload.record import RequestRecord, arrow_schema
 from tokenload.rundir import REQUESTS_FILE
 
 SEGMENTS_DIR = "segments"
@@ -47,48 +48,8 @@ SEGMENTS_DIR = "segments"
 CANCELLED = "cancelled"
 SEALED_DIR = "segments.sealed"
 
-# SPEC.md's columns first, in SPEC order, then tokenload's extras.
-SCHEMA = pa.schema([
-    ("request_id", pa.string()),
-    ("run_id", pa.string()),
-    ("worker", pa.string()),
-    ("user_id", pa.string()),
-    ("step", pa.int32()),
-    ("active_users", pa.int32()),
-    ("scheduled_at", pa.float64()),
-    ("started_at", pa.float64()),
-    ("protocol", pa.string()),
-    ("model", pa.string()),
-    ("status", pa.string()),
-    ("error_kind", pa.string()),
-    ("http_status", pa.int32()),
-    ("ttfb_s", pa.float64()),
-    ("ttft_s", pa.float64()),
-    ("ttft_text_s", pa.float64()),
-    ("tpot_s", pa.float64()),
-    ("e2e_s", pa.float64()),
-    ("input_tokens", pa.int64()),
-    ("input_tokens_source", pa.string()),
-    ("output_tokens", pa.int64()),
-    ("output_tokens_source", pa.string()),
-    ("max_tokens", pa.int64()),
-    ("chunks", pa.int64()),
-    ("itl_p50_s", pa.float64()),
-    ("itl_p99_s", pa.float64()),
-    ("itl_max_s", pa.float64()),
-    ("stop_reason", pa.string()),
-    # extras
-    ("finished_at", pa.float64()),
-    ("late_s", pa.float64()),
-    ("prompt_tokens_target", pa.int64()),
-    ("in_flight", pa.bool_()),
-    ("server_request_id", pa.string()),
-    ("error_message", pa.string()),
-    ("duration_s", pa.float64()),
-    ("reasoning_tokens", pa.int64()),
-    ("thinking_chunks", pa.int64()),
-    ("malformed_events", pa.int64()),
-])
+# The columns are defined in tokenload.record (RequestRecord): add a column there, not here.
+SCHEMA = arrow_schema()
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 
 
@@ -106,11 +67,15 @@ def write_json(path: Path, data: Any) -> None:
 class SegmentWriter:
     """Buffers one process's records and writes them as numbered Arrow segments."""
 
-    def __init__(self, run_dir: Path, worker: str) -> None:
-        self.dir = run_dir / SEGMENTS_DIR
-        self.dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, run_dir: Path | None, worker: str) -> None:
+        """`run_dir` None: a worker that learns its run from the master at the first start; writes nothing."""
+        self.dir = Path() if run_dir is None else run_dir / SEGMENTS_DIR
+        if run_dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        # Closed once its run is over: the run directory may be finalised (segments gone) after that.
+        self.closed = run_dir is None
         self.worker = worker
-        self._rows: list[dict[str, Any]] = []
+        self._rows: list[RequestRecord] = []
         self._seq = 0
         self.written = 0
         self.sealed = False  # the run was finalised under this writer: nothing more is written
@@ -118,7 +83,7 @@ class SegmentWriter:
         # any user runs, not in the middle of a stream where it would delay timestamps.
         pa.Table.from_pylist([{"request_id": "warm-up"}], schema=SCHEMA)
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: RequestRecord) -> None:
         self._rows.append(record)
 
     @property
@@ -126,11 +91,14 @@ class SegmentWriter:
         return len(self._rows)
 
     def flush(self, state: dict[str, Any], done: bool = False) -> None:
-        """Write buffered rows (if any) as a new segment, then this process's state file.
+        """Write buffered rows (if any) as a new segment, then this process's state file; `done` closes the writer.
 
         Once the run is sealed the rows are dropped (`sealed` turns True): they
         arrived after the run was finalised and must not change it.
         """
+        if self.closed:
+            return
+        self.closed = done
         rows, self._rows = self._rows, []
         if self.sealed:
             return

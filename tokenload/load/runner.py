@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenload.channel import Channel, ChannelFlags, Resolution, resolve
 from tokenload.errors import ConfigError, HarnessError
-from tokenload.load import handoff, lag, lifeline, records
+from tokenload.load import handoff, lag, lifeline, records, websession
 from tokenload.load.scenario import Scenario
 from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
 
@@ -116,7 +116,7 @@ def bind(scenario: Scenario, channel: Channel) -> tuple[Scenario, Channel]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Distribution:
+class ProcessLayout:
     """How Locust is spread over processes and machines; invalid combinations are a `ConfigError`."""
 
     processes: int | None = None
@@ -168,8 +168,10 @@ class RunPlan:
     scenario: Scenario
     channel: Channel
     run_dir: Path
-    distribution: Distribution
+    distribution: ProcessLayout
     web: bool
+    web_host: str = "127.0.0.1"
+    web_port: int | None = None
 
 
 def plan_run(
@@ -179,8 +181,10 @@ def plan_run(
     *,
     users: int | None = None,
     duration_s: float | None = None,
-    distribution: Distribution = Distribution(),
+    distribution: ProcessLayout = ProcessLayout(),
     web: bool = False,
+    web_host: str = "127.0.0.1",
+    web_port: int | None = None,
 ) -> RunPlan:
     """Check everything a Locust process would trip over, before any process starts.
 
@@ -205,7 +209,7 @@ def plan_run(
     else:
         run_dir = Path(out_dir) if out_dir else default_run_dir(scenario.name)
         _check_new_run_dir(run_dir)
-    return RunPlan(scenario, channel, run_dir, distribution, web)
+    return RunPlan(scenario, channel, run_dir, distribution, web, web_host, web_port)
 
 
 def _check_new_run_dir(run_dir: Path) -> None:
@@ -225,19 +229,23 @@ def run_scenario(
     *,
     users: int | None = None,
     duration_s: float | None = None,
-    distribution: Distribution = Distribution(),
+    distribution: ProcessLayout = ProcessLayout(),
     web: bool = False,
+    web_host: str = "127.0.0.1",
+    web_port: int | None = None,
     on_live: Callable[[dict[str, Any]], None] | None = None,
 ) -> Path:
     """Run `scenario` against `channel` and return the finalised run directory.
 
     `users` / `duration_s` override the scenario like `tokenload run --users/--duration`;
-    `on_live` receives the live numbers about twice a second. Raises `ConfigError`
+    `on_live` receives the live numbers about twice a second. With `web`, Locust's UI
+    on `web_host` stays up until Ctrl-C and every start in it is a run of its own
+    (`run_dir`, then `run_dir-2`, ...: `websession.session_runs`). Raises `ConfigError`
     for bad input (before anything starts); a Locust process that fails is
     reported in the manifest and by a `HarnessError` naming the log file.
     """
     plan = plan_run(scenario, channel, out_dir, users=users, duration_s=duration_s, distribution=distribution,
-                    web=web)
+                    web=web, web_host=web_host, web_port=web_port)
     return execute(plan, on_live)
 
 
@@ -255,6 +263,7 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
         log_name = f"locust-worker-{socket.gethostname()}-{os.getpid()}.log"
     else:
         run_id = new_run_id()
+        started = time.time()
         scenario_path = write_run_info(run_dir, run_id, scenario, channel.public())
         log_name = LOG_FILE
     command = [
@@ -262,7 +271,7 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
         "--scenario", str(scenario_path), "--run-dir", str(run_dir), "--run-id", run_id,
         "--host", channel.base_url, "--stop-timeout", f"{scenario.stop.drain_s:g}",
         "--exit-code-on-error", "0", "--loglevel", "INFO",
-        *(["--web-host", "127.0.0.1", "--autostart", "--autoquit", "10"] if plan.web else ["--headless"]),
+        *(websession.locust_args(plan.web_host, plan.web_port) if plan.web else ["--headless"]),
         *distribution.locust_args(),
     ]
     env = {**os.environ, **handoff.channel_to_env(channel), **lifeline.parent_env(), "TOKENLOAD_MANAGED": "1",
@@ -275,8 +284,11 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
         lingering = lifeline.wait_group(proc.pid, scenario.stop.drain_s + GROUP_GRACE_S)
     if distribution.worker:
         return run_dir
-    finalise(run_dir, wait_s=scenario.stop.drain_s + 10 if distribution.master else 0.0, locust_rc=rc,
-             lingering=lingering)
+    if plan.web:  # each start was a run of its own, finalised by the Locust master at its stop
+        websession.session_runs(run_dir, since=started)
+    else:
+        finalise(run_dir, wait_s=scenario.stop.drain_s + 10 if distribution.master else 0.0, locust_rc=rc,
+                 lingering=lingering)
     if rc != 0:
         raise HarnessError(f"Locust exited with code {rc}; see {run_dir / LOG_FILE}")
     return run_dir
@@ -358,7 +370,9 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
     table = records.merge_segments(run_dir, seg)
     ended = max((s.get("updated_at", 0.0) for s in states.values()), default=time.time())
     warnings: list[str] = []
-    scheduler_lag = lag.summarise({w: s.get("lag", {}) for w, s in states.items()})
+    finished = [s for s, f in zip(table.column("status").to_pylist(), table.column("in_flight").to_pylist()) if not f]
+    ok_share = finished.count("ok") / len(finished) if finished else 0.0
+    scheduler_lag = lag.summarise({w: s.get("lag", {}) for w, s in states.items()}, ok_share)
     if scheduler_lag.get("warning"):
         warnings.append(scheduler_lag["warning"])
     lateness = _lateness(table, scenario)
@@ -401,6 +415,7 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
         "workers_lost": lost,
         "plan": control.get("plan", []),
         "steps": control.get("steps", []),
+        "storms": control.get("storms", []),
         "records": {
             "total": len(table),
             "in_flight": int(sum(table.column("in_flight").to_pylist())) if len(table) else 0,

@@ -206,7 +206,7 @@ def _pump_plain(response: HTTPSocketPoolResponse, session: StreamSession, guard:
     if response.message_complete:
         session.on_end(_perf())
         return
-    sock = response._sock
+    sock: Any = response._sock
     recv = sock._sock.recv
     watcher = sock._read_event
     wait = get_hub().switch

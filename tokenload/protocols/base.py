@@ -37,7 +37,7 @@ _TITLE = re.compile(rb"<title[^>]*>(.*?)</title>", re.I | re.S)
 # The C scanner under `json.loads`, called directly: on a string that is exactly one JSON
 # value it returns what `json.loads` would, without loads' two regex whitespace scans and
 # three Python frames (1.5 of about 2.2 us per token event). Anything else goes to `json.loads`.
-_scan = json.JSONDecoder().scan_once
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def looks_like_html(content_type: str, body: bytes) -> bool:
@@ -139,7 +139,7 @@ def classify_http(status: int, content_type: str, body: bytes) -> tuple[str, str
     return ek.MALFORMED_STREAM, f"HTTP {status} {content_type or 'without content-type'}, not an event stream: {message}"
 
 
-class Protocol(ABC):
+class ProtocolAdapter(ABC):
     """One wire format. Subclasses set `name` and implement `body` and `handle`."""
 
     name: str
@@ -184,7 +184,7 @@ class Protocol(ABC):
             # Valid JSON of the wrong shape (a string where an object belongs): a bad event, not our crash.
             tl.malformed += 1
 
-    def on_done(self, tl: Timeline) -> None:
+    def on_done(self, tl: Timeline) -> None:  # noqa: B027 (a hook whose default does nothing)
         """`data: [DONE]`: only OpenAI Chat sends it; elsewhere it is ignored."""
 
     @abstractmethod
