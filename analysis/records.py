@@ -171,7 +171,9 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
     for col in FLOAT_COLUMNS:
         out[col] = pd.to_numeric(df[col], errors="coerce").astype(np.float64)
     status = df["status"].astype("string").str.lower().fillna("error")
-    out["status"] = pd.Categorical(np.where(status.eq("ok"), "ok", "error"), categories=["ok", "error"])
+    # `cancelled` (the run ended while the request was open, `in_flight`) is no error; `in_flight` keeps it
+    # out of the completed requests.
+    out["status"] = pd.Categorical(np.where(status.isin(["ok", "cancelled"]), "ok", "error"), categories=["ok", "error"])
     is_error = out["status"].eq("error").to_numpy()
     kind = df["error_kind"].astype("string").fillna("unknown")
     out["error_kind"] = pd.Categorical(kind.where(is_error, None))

@@ -349,3 +349,45 @@ def test_resolve_from_args_reads_flags_and_environment(tmp_path: Path, monkeypat
     add_channel_arguments(parser)
     res = resolve_from_args(parser.parse_args(["--base-url", "http://h/api", "--protocol", "anthropic", "--model", "m"]))
     assert (res.channel.url, res.channel.model, res.channel.auth_token) == ("http://h/api/v1/messages", "m", TOKEN)
+
+
+# ------------------------------------------------------------ the scenario layer (a load scenario's [channel])
+
+
+@pytest.mark.parametrize(
+    ("layers", "winner"),
+    [
+        (("flag", "env", "settings", "scenario"), "flag"),
+        (("env", "settings", "scenario"), "env"),
+        (("settings", "scenario"), "settings"),
+        (("scenario",), "scenario"),
+        ((), "default"),
+    ],
+)
+def test_scenario_values_are_defaults_below_flags_environment_and_settings(
+        tmp_path: Path, layers: tuple[str, ...], winner: str) -> None:
+    """flags > environment > settings > scenario > built-in defaults, and the source names the true layer."""
+    label = "scenario ramp [channel]"
+    env = {"ANTHROPIC_MODEL": "m-env", "ANTHROPIC_BASE_URL": "http://env.example"} if "env" in layers else {}
+    if "settings" in layers:
+        write(tmp_path / ".claude/settings.json", {"env": {"ANTHROPIC_MODEL": "m-settings",
+                                                           "ANTHROPIC_BASE_URL": "http://settings.example"}})
+    flags = {"model": "m-flag", "base_url": "http://flag.example"} if "flag" in layers else {}
+    scenario = {"model": "m-scenario", "base_url": "http://scenario.example"} if "scenario" in layers else None
+    res = resolve(env=env, cwd=tmp_path, home=tmp_path / "home", scenario=scenario, scenario_label=label, **flags)
+    expected_model = {"default": "claude-sonnet-4-20250514"}.get(winner, f"m-{winner}")
+    assert res.channel.model == expected_model
+    source = {"flag": "flag --model", "env": "environment ANTHROPIC_MODEL", "scenario": label,
+              "default": "default"}.get(winner, "settings ")
+    assert res.sources["model"].startswith(source), res.sources
+    assert f"model from {res.sources['model']}" in res.describe()
+
+
+def test_a_scenario_protocol_beats_the_inference_but_not_the_flag(tmp_path: Path) -> None:
+    """Inferring openai-chat from OPENAI_* variables is a default: a scenario's protocol wins over it."""
+    env = {"OPENAI_BASE_URL": "http://relay.example/v1"}
+    res = resolve_in(tmp_path, env, scenario={"protocol": "openai-responses"}, scenario_label="scenario s")
+    assert (res.channel.protocol, res.sources["protocol"]) == ("openai-responses", "scenario s")
+    assert res.channel.base_url == "http://relay.example/v1"
+    res = resolve_in(tmp_path, env, protocol="openai-chat", scenario={"protocol": "openai-responses"})
+    assert (res.channel.protocol, res.sources["protocol"]) == ("openai-chat", "flag --protocol")

@@ -140,7 +140,15 @@ drain_s = 0
     with launch(["--truth", str(truth_path)]) as sim:
         proc = subprocess.Popen(run_command(scenario, sim.base_url, tmp_path / "run"), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        time.sleep(6)
+        state = tmp_path / "run" / "segments" / "local.state.json"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # some requests completed and were flushed (not a fixed sleep:
+            try:                            # a busy machine starts Locust slower)
+                if json.loads(state.read_text())["records"] >= 4:
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err

@@ -3,7 +3,8 @@
 Users already configured their channel for a coding assistant, so tokenload reads
 that configuration exactly as it is: flags > environment (`ANTHROPIC_*`,
 `OPENAI_*`) > settings.json (tokenload's `{"anthropic": {...}}` form or Claude
-Code's `{"env": {...}}` form) > defaults. Every field remembers where it came
+Code's `{"env": {...}}` form) > a load scenario's `[channel]` defaults > built-in
+defaults, all decided in `resolve()`. Every field remembers where it came
 from, so `doctor` can say which source supplied it. Secrets never leave this
 module in clear text: `repr()`, `public()` and `redact()` show fingerprints only.
 """
@@ -17,7 +18,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypedDict
 from urllib.parse import urlsplit
 
 from tokenload.errors import ConfigError
@@ -296,14 +297,25 @@ def resolve(
     auth_token: str | None = None,
     model: str | None = None,
     settings: str | None = None,
+    scenario: Mapping[str, str | None] | None = None,
+    scenario_label: str = "scenario",
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     home: Path | None = None,
 ) -> Resolution:
-    """Resolve a channel: flags (the keyword arguments) > environment > settings > defaults."""
+    """Resolve a channel: flags (the keyword arguments) > environment > settings > scenario > defaults.
+
+    `scenario` is a load scenario's `[channel]` table (`protocol`, `base_url`,
+    `model`): defaults the scenario's author suggests, so anything the user set
+    (a flag, an exported variable, a settings file) wins over them. The source
+    of such a value reads `scenario_label`, e.g. `scenario ramp.toml [channel]`.
+    The protocol is never set by the environment; inferring openai-chat from
+    OPENAI_*-only variables is a default, so a scenario's protocol beats it.
+    """
     env = os.environ if env is None else env
     cwd = Path.cwd() if cwd is None else cwd
     home = Path.home() if home is None else home
+    suggested = {k: v for k, v in (scenario or {}).items() if v is not None and v.strip()}
     files = settings_paths(settings, cwd, home)
     file_fields: dict[str, tuple[str, Path]] = {}
     for path in reversed(files):  # lower precedence first, so higher ones overwrite
@@ -313,35 +325,33 @@ def resolve(
     def has_any(fam: str) -> bool:
         return any(v in env or v in file_fields for v in ENV_VARS[fam].values())
 
-    if protocol is None:
+    if protocol is not None:
+        proto_source = "flag --protocol"
+    elif "protocol" in suggested:
+        protocol, proto_source = suggested["protocol"], scenario_label
+    else:
         protocol = "openai-chat" if has_any("openai") and not has_any("anthropic") else "anthropic"
         proto_source = "default" if protocol == "anthropic" else "inferred from OPENAI_* variables"
-    else:
-        proto_source = "flag --protocol"
     if protocol not in PROTOCOLS:
         raise ConfigError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
     # An OpenAI-protocol run against a relay configured only through ANTHROPIC_*
     # (one endpoint speaking both APIs) falls back to those variables.
     families = ["anthropic"] if protocol == "anthropic" else ["openai", "anthropic"]
     flags = {"base_url": base_url, "api_key": api_key, "auth_token": auth_token, "model": model}
+    defaults = {"base_url": DEFAULT_BASE_URLS[protocol], "model": DEFAULT_MODELS[protocol]}
     raw: dict[str, str] = {}
     sources: dict[str, str] = {"protocol": proto_source}
     for name in ("base_url", "api_key", "auth_token", "model", "headers"):
-        # An empty or blank value is unset, as for the SDKs: a lower source still applies.
-        if flags.get(name) is not None and flags[name].strip():  # type: ignore[union-attr]
-            raw[name], sources[name] = flags[name], f"flag --{name.replace('_', '-')}"  # type: ignore[assignment]
-            continue
+        layers: list[tuple[str | None, str]] = [(flags.get(name), f"flag --{name.replace('_', '-')}")]
         for var in (ENV_VARS[fam][name] for fam in families if name in ENV_VARS[fam]):
-            if env.get(var, "").strip():
-                raw[name], sources[name] = env[var], f"environment {var}"
-                break
-            if var in file_fields and file_fields[var][0].strip():
-                raw[name], sources[name] = file_fields[var][0], f"settings {file_fields[var][1]} ({var})"
-                break
-    raw.setdefault("base_url", DEFAULT_BASE_URLS[protocol])
-    sources.setdefault("base_url", "default")
-    raw.setdefault("model", DEFAULT_MODELS[protocol])
-    sources.setdefault("model", "default")
+            setting = file_fields.get(var)
+            layers += [(env.get(var), f"environment {var}"),
+                       (setting[0] if setting else None, f"settings {setting[1]} ({var})" if setting else "")]
+        layers += [(suggested.get(name), scenario_label), (defaults.get(name), "default")]
+        # An empty or blank value is unset, as for the SDKs: a lower layer still applies.
+        found = next(((value, source) for value, source in layers if value is not None and value.strip()), None)
+        if found is not None:
+            raw[name], sources[name] = found
 
     warnings: list[str] = []
     clean: dict[str, str] = {}
@@ -377,7 +387,7 @@ def add_channel_arguments(parser: argparse.ArgumentParser) -> None:
         "Resolution order: these flags > environment (ANTHROPIC_BASE_URL, ANTHROPIC_AUTH_TOKEN, "
         "ANTHROPIC_API_KEY, ANTHROPIC_MODEL, ANTHROPIC_CUSTOM_HEADERS, OPENAI_BASE_URL, OPENAI_API_KEY, "
         "OPENAI_MODEL) > settings.json (--settings, else ./.claude/settings.local.json, "
-        "./.claude/settings.json, ~/.claude/settings.json) > defaults.",
+        "./.claude/settings.json, ~/.claude/settings.json) > a scenario's [channel] table (run) > defaults.",
     )
     group.add_argument("--base-url", help="API base URL, e.g. https://relay.example/api (the path part matters)")
     group.add_argument("--api-key", help="key sent as x-api-key (Anthropic) or Bearer (OpenAI); prefer the environment")
@@ -387,13 +397,23 @@ def add_channel_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--settings", metavar="FILE", help="settings.json in {\"anthropic\": {...}} or Claude Code's {\"env\": {...}} form")
 
 
+class ChannelFlags(TypedDict, total=False):
+    """The CHANNEL options as `resolve()` takes them: the flags layer."""
+
+    protocol: str | None
+    base_url: str | None
+    api_key: str | None
+    auth_token: str | None
+    model: str | None
+    settings: str | None
+
+
+def channel_flags(args: argparse.Namespace) -> ChannelFlags:
+    """The parsed CHANNEL options as `resolve()`'s keyword arguments."""
+    return ChannelFlags(protocol=args.protocol, base_url=args.base_url, api_key=args.api_key,
+                        auth_token=args.auth_token, model=args.model, settings=args.settings)
+
+
 def resolve_from_args(args: argparse.Namespace) -> Resolution:
     """Resolve the channel from parsed CHANNEL options plus environment and settings."""
-    return resolve(
-        protocol=args.protocol,
-        base_url=args.base_url,
-        api_key=args.api_key,
-        auth_token=args.auth_token,
-        model=args.model,
-        settings=args.settings,
-    )
+    return resolve(**channel_flags(args))

@@ -51,6 +51,7 @@ from tokenload.channel import (
     SECRET_FIELDS,
     SETTINGS_CANDIDATES,
     Channel,
+    ChannelFlags,
     Resolution,
     endpoint_url,
     family,
@@ -777,7 +778,7 @@ def explain(channel: Channel, kind: str, timeout_s: float = 5.0) -> CheckResult 
 
 def diagnose_channel(
     *,
-    flags: Mapping[str, str | None],
+    flags: ChannelFlags,
     env: Mapping[str, str],
     cwd: Path,
     home: Path,

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 Int32 = Annotated[int, "int32"]  # an int stored as Arrow int32 (plain `int` is int64)
-Status = Literal["ok", "error"]
+Status = Literal["ok", "error", "cancelled"]
 
 
 class SpecRecord(TypedDict, total=False):

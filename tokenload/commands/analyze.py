@@ -21,6 +21,11 @@ Exit codes: 0 the report was written (even when it finds the channel broke:
 read the verdict or summary.json's `breakpoint` and `diagnosis`); 2 bad input
 (not a run directory, missing columns, an empty run: the report, when one could
 be written, says what is missing).
+
+A run whose `tokenload run` was killed (even with SIGKILL) holds only its
+flushed record segments: analyze finalises them first (requests.parquet and
+manifest.json, stop reason `interrupted`) and says how many records it
+recovered.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 HELP = "analyse a run: summary.json, plots and report.html, verdict table"
 
@@ -75,6 +84,16 @@ def export_csv(run_dir: Path) -> Path:
     path = run_dir / "requests.csv"
     pacsv.write_csv(pq.read_table(run_dir / REQUESTS_FILE), path)
     return path
+
+
+def _recover(run_dir: Path, console: Console) -> None:
+    """Finalise a killed run's segments, so it can be analysed like any other (one line says so)."""
+    from tokenload.load.runner import recover
+
+    recovered = recover(run_dir) if run_dir.is_dir() else None
+    if recovered is not None:
+        console.print(f"recovered {recovered} records from the segments of a run that was not finalised "
+                      "(its `tokenload run` was killed)", markup=False, soft_wrap=True)
 
 
 def parse_percentiles(text: str | None) -> tuple[float, ...]:
@@ -128,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
     options = StepOptions(percentiles=parse_percentiles(args.percentiles), warmup_s=args.warmup,
                           goodput=parse_goodput(args.goodput))
     console = Console(stderr=args.quiet)
+    _recover(Path(args.run_dir), console)
     summary = analyze_run(args.run_dir, args.slo_ttft, args.slo_e2e, slo_target=args.slo_target,
                           low_load_users=args.low_load_users, console=console, options=options)
     if not args.quiet:

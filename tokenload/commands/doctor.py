@@ -38,7 +38,7 @@ import os
 import sys
 from pathlib import Path
 
-from tokenload.channel import add_channel_arguments
+from tokenload.channel import add_channel_arguments, channel_flags
 
 HELP = ("check the seven common channel mistakes in order, then rate limits and prompt caching: ok, or FAIL "
         "with what was seen and the fix")
@@ -77,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
     limits = Limits(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot, e2e_s=args.slo_e2e,
                     expected_output_tokens=args.expected_output_tokens, burst_s=args.burst_ms / 1000,
                     timeout_s=args.timeout, prompt_tokens=args.prompt_tokens)
-    flags = {k: getattr(args, k) for k in ("protocol", "base_url", "api_key", "auth_token", "model", "settings")}
-    results, channel = diagnose_channel(flags=flags, env=os.environ, cwd=Path.cwd(), home=Path.home(), limits=limits)
+    results, channel = diagnose_channel(flags=channel_flags(args), env=os.environ, cwd=Path.cwd(), home=Path.home(), limits=limits)
 
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2))

@@ -14,8 +14,16 @@ finished run's report.html. Every start in the UI is a run directory of its
 own (RUN_DIR, RUN_DIR-2, ...), finalised and analysed when it stops; at Ctrl-C
 they are all printed, the last one last.
 
-Records are flushed to RUN_DIR at least once a second, so Ctrl-C keeps them
-(a second Ctrl-C kills Locust and may lose the last second). At the end RUN_DIR
+The scenario's [channel] values are defaults: the CHANNEL flags, the
+environment and settings.json win over them, and the channel line says where
+each value came from. Everything (scenario, dataset, options, --out) is checked
+before Locust starts: a problem is one line and exit code 2.
+
+Records are flushed to RUN_DIR at least once a second, so Ctrl-C or SIGTERM
+keeps them (a second one kills Locust and may lose the last second). Locust
+never outlives this command: killed even with SIGKILL, its Locust processes
+stop within a second or two, and `tokenload analyze RUN_DIR` finalises what
+they flushed. At the end RUN_DIR
 holds requests.parquet (one row per request, SPEC.md columns) and manifest.json;
 RUN_DIR is printed as the last line of stdout, ready for `tokenload analyze`.
 Errors are listed by kind with the fix. A run whose requests fail on the
@@ -57,7 +65,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="run directory (default results/<scenario>-<timestamp>)")
     parser.add_argument("--users", type=int, help="cap users: constant load of N, a ramp up to N, or an open-loop pool of N")
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (caps the scenario's plan)")
-    parser.add_argument("--processes", type=int, default=0, metavar="N", help="fork N local Locust worker processes")
+    parser.add_argument("--processes", type=int, metavar="N", help="fork N >= 1 local Locust worker processes")
     parser.add_argument("--web", action="store_true",
                         help="run in Locust's web UI (with a tokenload tab) instead of headless: it prints its URL, "
                              "starts the scenario, and stays up after the plan ends until Ctrl-C; every start in the "
@@ -93,45 +101,28 @@ def live_line(live: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from tokenload.channel import resolve_from_args
-    from tokenload.errors import ConfigError
-    from tokenload.load.runner import ProcessLayout, run_scenario
+    from tokenload.channel import channel_flags
+    from tokenload.load.runner import ProcessLayout, execute, plan_run, resolve_scenario_channel
     from tokenload.load.scenario import load_scenario
     from tokenload.rundir import REQUESTS_FILE
 
-    if args.master and args.worker:
-        raise ConfigError("--master and --worker exclude each other")
-    if args.processes < 0 or (args.processes and (args.master or args.worker)):
-        raise ConfigError("--processes N needs N >= 1 and cannot be combined with --master or --worker")
+    distribution = ProcessLayout(processes=args.processes, master=args.master, worker=args.worker,
+                                 master_host=args.master_host, master_port=args.master_port,
+                                 master_bind_host=args.master_bind_host, expect_workers=args.expect_workers)
     scenario = load_scenario(args.scenario)
-    if scenario.load.kind == "trace" and (args.processes or args.master or args.worker):
-        raise ConfigError("a trace replay runs in one Locust process (every process would send the whole trace); "
-                          "drop --processes / --master / --worker")
-    section = scenario.channel
-    for flag, value in (("protocol", section.protocol), ("base_url", section.base_url)):
-        if getattr(args, flag) is None and value is not None:
-            setattr(args, flag, value)
-    if args.model is None and section.models:
-        args.model = section.models[0]
-    elif args.model is not None:
-        import dataclasses
-
-        scenario = dataclasses.replace(scenario, channel=dataclasses.replace(section, models=(args.model,)))
-    resolution = resolve_from_args(args)
+    scenario, resolution = resolve_scenario_channel(scenario, f"scenario {scenario.name} [channel]",
+                                                    channel_flags(args))
+    plan = plan_run(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
+                    distribution=distribution, web=args.web, web_host=args.web_host, web_port=args.web_port)
     err = Console(stderr=True, highlight=False)
     for warning in resolution.warnings:
         err.print(f"[yellow]warning:[/] {warning}")
-    err.print(f"[bold]{scenario.name}[/] against {resolution.channel}")
+    err.print(f"[bold]{plan.scenario.name}[/] against {plan.channel}")
     err.print(f"[dim]{resolution.describe()}[/]", markup=True, soft_wrap=True)
-    distribution = ProcessLayout(processes=args.processes, master=args.master, worker=args.worker,
-                                master_host=args.master_host, master_port=args.master_port,
-                                master_bind_host=args.master_bind_host,
-                                expect_workers=args.expect_workers)
     if args.web:
-        return _run_web(args, scenario, resolution.channel, distribution, err)
+        return _run_web(args, plan.scenario, plan.channel, distribution, err)
     with err.status("starting Locust") as status:
-        run_dir = run_scenario(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
-                               distribution=distribution, on_live=lambda live: status.update(live_line(live)))
+        run_dir = execute(plan, on_live=lambda live: status.update(live_line(live)))
     failed = False
     if not args.worker:
         failed = _print_summary(err, run_dir / REQUESTS_FILE)

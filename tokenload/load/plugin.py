@@ -15,6 +15,9 @@ Importing this module (the locustfile does) registers the listeners once:
   start is a run directory of its own) and adds the tokenload tab (`webui`).
 - `test_stop`: the test's users are stopped: flush what is left and close the
   writer (its run is complete); `quit`: the same for a process that never stopped.
+- `init`, for processes `tokenload run` manages and forked workers: the
+  lifeline (`lifeline.py`: die with the parent, a worker stops when its master
+  is gone) and, on a master with workers, the user census (`census.py`).
 
 When Locust runs headless without `tokenload run` (plain `locust -f`), the
 master or local process also finalises the run directory at interpreter exit,
@@ -25,10 +28,11 @@ each run when it stops.
 from __future__ import annotations
 
 import atexit
-import dataclasses
+import logging
 import os
 import random
 import re
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -38,8 +42,8 @@ from locust import events
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-from tokenload.channel import resolve
-from tokenload.load import handoff, records, series, tokenstats
+from tokenload.channel import Channel
+from tokenload.load import census, handoff, lifeline, records, series, tokenstats
 from tokenload.load.control import LoadState, RunControl, install_step_listener
 from tokenload.load.lag import LagProbe
 from tokenload.load.prompts import PromptSource
@@ -53,6 +57,8 @@ from tokenload.protocols import adapter_for
 FLUSH_INTERVAL_S = 1.0
 MANAGED_ENV = "TOKENLOAD_MANAGED"  # set by `tokenload run`, which finalises the run itself
 _ENVIRONMENT: Environment | None = None
+if os.environ.get(MANAGED_ENV):
+    lifeline.take_sigint()
 
 
 @events.init_command_line_parser.add_listener
@@ -78,8 +84,10 @@ def _init(environment: Environment, **_: Any) -> None:
     tokenstats.install(environment)
     if isinstance(environment.runner, WorkerRunner):
         install_step_listener(environment, state)
+        census.follow_census(environment, state)
         _setup_process(environment, scenario)
         series.follow_master(environment)
+        _arm_lifeline(environment)
         return
     from tokenload.load.runner import default_run_dir, new_run_id, write_run_info
 
@@ -90,26 +98,44 @@ def _init(environment: Environment, **_: Any) -> None:
     run_dir = Path(opts.run_dir)
     if not opts.stop_timeout:
         environment.stop_timeout = scenario.stop.drain_s
-    environment.tokenload = RunControl(environment, scenario, run_dir, state,  # type: ignore[attr-defined]
-                                       _channel(scenario, environment.host))
+    bound, channel = _channel(scenario, environment.host)
+    control = RunControl(environment, scenario, run_dir, state, channel)
+    environment.tokenload = control  # type: ignore[attr-defined]
+    if isinstance(environment.runner, MasterRunner):
+        census.start_census(environment, control)
     if not os.environ.get(MANAGED_ENV):
-        write_run_info(run_dir, opts.run_id, scenario, _channel(scenario, environment.host).public())
+        write_run_info(run_dir, opts.run_id, bound, channel.public())
         if environment.web_ui is None:  # with the web UI every start is a run of its own, finalised at its stop
             atexit.register(_finalise_standalone, run_dir)
     if not isinstance(environment.runner, MasterRunner):
         _setup_process(environment, scenario)
     series.lead(environment)
+    _arm_lifeline(environment)
 
 
-def _channel(scenario: Scenario, host: str | None) -> Any:
-    """The channel: handed over by `tokenload run`, else resolved like every tokenload command."""
+def _channel(scenario: Scenario, host: str | None) -> tuple[Scenario, Channel]:
+    """The channel (handed over by `tokenload run`, else resolved like every tokenload command) and the
+    scenario bound to it."""
+    from tokenload.load.runner import bind, resolve_scenario_channel
+
     channel = handoff.channel_from_env()
     if channel is None:
-        section = scenario.channel
-        channel = resolve(protocol=section.protocol, base_url=host or section.base_url,
-                          model=section.models[0] if section.models else None).channel
-    return dataclasses.replace(channel, first_token_timeout_s=scenario.channel.first_token_timeout_s,
-                               idle_timeout_s=scenario.channel.idle_timeout_s)
+        scenario, resolution = resolve_scenario_channel(scenario, "scenario [channel]", {"base_url": host})
+        channel = resolution.channel
+    return bind(scenario, channel)
+
+
+def _arm_lifeline(environment: Environment) -> None:
+    """Processes `tokenload run` manages, and forked workers, stop when their parent or master is gone."""
+    runner = environment.runner
+    worker = runner if isinstance(runner, WorkerRunner) else None
+    forked = worker is not None and bool(getattr(environment.parsed_options, "processes", None))
+    parent = lifeline.parent_to_watch(forked) if forked or os.environ.get(MANAGED_ENV) else None
+    if parent is None and worker is None:
+        return
+    line = lifeline.Lifeline(parent, None if worker is None else lambda: worker.last_heartbeat_timestamp)
+    environment.tokenload_lifeline = line  # type: ignore[attr-defined]
+    line.arm()
 
 
 def _worker_id(environment: Environment) -> str:
@@ -129,8 +155,8 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
     opts = environment.parsed_options
     assert opts is not None
     worker = _worker_id(environment)
-    channel = _channel(scenario, environment.host)
-    models = scenario.channel.models or (channel.model,)
+    scenario, channel = _channel(scenario, environment.host)
+    models = scenario.channel.models
     salt = random.SystemRandom().getrandbits(31)
     state: LoadState = environment.tokenload_state  # type: ignore[attr-defined]
     load = scenario.load
@@ -168,13 +194,21 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
 def _flush(environment: Environment, done: bool = False) -> None:
     ctx: ProcessContext | None = getattr(environment, "tokenload_process", None)
     if ctx is not None:
-        ctx.writer.flush({"lag": environment.tokenload_probe.stats(), "pid": os.getpid()}, done=done)  # type: ignore[attr-defined]
+        line: lifeline.Lifeline | None = getattr(environment, "tokenload_lifeline", None)
+        state = {"lag": environment.tokenload_probe.stats(), "pid": os.getpid(),  # type: ignore[attr-defined]
+                 "lost": None if line is None else line.reason}
+        ctx.writer.flush(state, done=done)
 
 
 def _flush_forever(environment: Environment) -> None:
-    while True:
+    """Flush every second; once the run was finalised under this process (sealed), stop it."""
+    ctx: ProcessContext = environment.tokenload_process  # type: ignore[attr-defined]
+    while not ctx.writer.sealed:
         gevent.sleep(FLUSH_INTERVAL_S)
         _flush(environment)
+    logging.getLogger(__name__).error("tokenload: the run was finalised without this process's last records; "
+                                      "they are dropped and the process stops")
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 @events.test_stop.add_listener
@@ -185,6 +219,12 @@ def _test_stop(environment: Environment, **_: Any) -> None:
 
 @events.quitting.add_listener
 def _quitting(environment: Environment, **_: Any) -> None:
+    line: lifeline.Lifeline | None = getattr(environment, "tokenload_lifeline", None)
+    ctx: ProcessContext | None = getattr(environment, "tokenload_process", None)
+    if (line is not None and line.check()) or (ctx is not None and ctx.writer.sealed):
+        environment.stop_timeout = 0  # nobody waits for a drain: stop now, open streams are kept as records
+    if line is not None:
+        line.quiet()
     control: RunControl | None = getattr(environment, "tokenload", None)
     if control is not None:
         control.finish("interrupted")
@@ -203,4 +243,5 @@ def _quit(exit_code: int, **_: Any) -> None:
 def _finalise_standalone(run_dir: Path) -> None:
     from tokenload.load.runner import finalise
 
-    print(f"tokenload: records in {finalise(run_dir)}")
+    finalise(run_dir)
+    print(f"tokenload: records in {run_dir}")

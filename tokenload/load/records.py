@@ -11,28 +11,42 @@ workers and to prove no record went missing.
 
 Nothing is finalised inside Locust: the master's `test_stop` fires before the
 workers' last records exist (LOCUST-NOTES.md). `merge_segments` runs after all
-Locust processes have exited, in `tokenload run`.
+Locust processes have exited, in `tokenload run` (or in `tokenload analyze`,
+for a run whose `tokenload run` was killed).
+
+The rule for late writers: a run is sealed when finalising starts, by renaming
+`segments/` to `segments.sealed/` (one atomic rename, also on a shared network
+filesystem). A process that flushes after that finds no `segments/` directory:
+its write fails, its records are dropped and it stops (`SegmentWriter.sealed`).
+So nothing written after a run is finalised ever lands in it; finalising first
+waits for every process it knows of to flush and exit, so in a healthy run
+nothing is dropped either.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.feather as feather
 import pyarrow.parquet as pq
+from pyarrow import feather
 
 from tokenload.errors import ConfigError
 from tokenload.record import RequestRecord, arrow_schema
 from tokenload.rundir import REQUESTS_FILE
 
 SEGMENTS_DIR = "segments"
+# The third `status` beside `ok` and `error`: the run ended while the request was open (`in_flight` is true):
+# no error, no complete answer; the timings it got are kept.
+CANCELLED: Final = "cancelled"
+SEALED_DIR = "segments.sealed"
 
 # The columns are defined in tokenload.record (RequestRecord): add a column there, not here.
 SCHEMA = arrow_schema()
@@ -64,6 +78,7 @@ class SegmentWriter:
         self._rows: list[RequestRecord] = []
         self._seq = 0
         self.written = 0
+        self.sealed = False  # the run was finalised under this writer: nothing more is written
         # The first conversion loads pyarrow's kernels (~0.2 s): pay it now, before
         # any user runs, not in the middle of a stream where it would delay timestamps.
         pa.Table.from_pylist([{"request_id": "warm-up"}], schema=SCHEMA)
@@ -76,25 +91,37 @@ class SegmentWriter:
         return len(self._rows)
 
     def flush(self, state: dict[str, Any], done: bool = False) -> None:
-        """Write buffered rows (if any) as a new segment, then this process's state file; `done` closes the writer."""
+        """Write buffered rows (if any) as a new segment, then this process's state file; `done` closes the writer.
+
+        Once the run is sealed the rows are dropped (`sealed` turns True): they
+        arrived after the run was finalised and must not change it.
+        """
         if self.closed:
             return
         self.closed = done
         rows, self._rows = self._rows, []
-        if rows:
-            table = pa.Table.from_pylist(rows, schema=SCHEMA)
-            path = self.dir / f"{self.worker}-{self._seq:06d}.arrow"
-            _atomic_write(path, lambda tmp: feather.write_feather(table, tmp, compression="uncompressed"))
-            self._seq += 1
-            self.written += len(rows)
-        write_json(self.dir / f"{self.worker}.state.json",
-                   {**state, "worker": self.worker, "records": self.written, "done": done, "updated_at": time.time()})
+        if self.sealed:
+            return
+        try:
+            if rows:
+                table = pa.Table.from_pylist(rows, schema=SCHEMA)
+                path = self.dir / f"{self.worker}-{self._seq:06d}.arrow"
+                _atomic_write(path, lambda tmp: feather.write_feather(table, tmp, compression="uncompressed"))
+                self._seq += 1
+                self.written += len(rows)
+            write_json(self.dir / f"{self.worker}.state.json",
+                       {**state, "worker": self.worker, "records": self.written, "done": done,
+                        "updated_at": time.time()})
+        except FileNotFoundError:
+            if self.dir.is_dir():
+                raise
+            self.sealed = True
 
 
-def worker_states(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """Every process's latest state file, by worker id."""
+def worker_states(seg_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every process's latest state file in a segments directory, by worker id."""
     states = {}
-    for path in sorted((run_dir / SEGMENTS_DIR).glob("*.state.json")):
+    for path in sorted(seg_dir.glob("*.state.json")):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -107,21 +134,36 @@ def wait_for_workers(run_dir: Path, expected: list[str], timeout_s: float) -> li
     """Wait until every expected worker marked its state done; return those that did not."""
     deadline = time.monotonic() + timeout_s
     while True:
-        states = worker_states(run_dir)
+        states = worker_states(run_dir / SEGMENTS_DIR)
         missing = [w for w in expected if not states.get(w, {}).get("done")]
         if not missing or time.monotonic() >= deadline:
             return missing
         time.sleep(0.2)
 
 
-def merge_segments(run_dir: Path) -> pa.Table:
-    """Concatenate every segment into RUN_DIR/requests.parquet; duplicates are an error.
+def unfinalised(run_dir: Path) -> Path | None:
+    """The segments directory of a run that was not finalised (killed, or still running), or None."""
+    for name in (SEALED_DIR, SEGMENTS_DIR):  # a sealed one first: a finalise that was itself cut short
+        if (run_dir / name).is_dir():
+            return run_dir / name
+    return None
 
-    Segments are removed only after the Parquet file is safely in place.
+
+def seal(run_dir: Path) -> Path:
+    """Seal the run against late writers (see the module docstring); returns the sealed directory."""
+    sealed = run_dir / SEALED_DIR
+    if not sealed.is_dir():
+        (run_dir / SEGMENTS_DIR).mkdir(parents=True, exist_ok=True)
+        os.replace(run_dir / SEGMENTS_DIR, sealed)
+    return sealed
+
+
+def merge_segments(run_dir: Path, sealed: Path) -> pa.Table:
+    """Concatenate every segment of `sealed` into RUN_DIR/requests.parquet; duplicates are an error.
+
+    The sealed directory is removed only after the Parquet file is safely in place.
     """
-    seg_dir = run_dir / SEGMENTS_DIR
-    paths = sorted(seg_dir.glob("*.arrow")) if seg_dir.is_dir() else []
-    tables = [feather.read_table(p) for p in paths]
+    tables = [feather.read_table(p) for p in sorted(sealed.glob("*.arrow"))]
     table = pa.concat_tables(tables).cast(SCHEMA) if tables else SCHEMA.empty_table()
     ids = table.column("request_id")
     if len(ids) != len(pc.unique(ids)):
@@ -129,6 +171,5 @@ def merge_segments(run_dir: Path) -> pa.Table:
     if len(table):
         table = table.sort_by([("started_at", "ascending")])
     _atomic_write(run_dir / REQUESTS_FILE, lambda tmp: pq.write_table(table, tmp))
-    for p in paths:
-        p.unlink()
+    shutil.rmtree(sealed)
     return table

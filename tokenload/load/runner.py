@@ -5,10 +5,12 @@ when imported, which would break the caller (`tokenload demo` runs an asyncio
 simulator next to it) and makes Ctrl-C handling depend on Locust's internals.
 The child runs the real `locust` command line (headless, `--web`, `--processes`,
 `--master`, `--worker`), so everything Locust users know still applies. It gets
-its own session: a Ctrl-C reaches only this process, which forwards exactly one
-SIGINT to Locust's process group (master and forked workers), waits for it to
-drain and flush, and finalises. A second Ctrl-C kills the group (the last
-second of records may be lost, never more).
+its own session: a Ctrl-C (or SIGTERM) reaches only this process, which
+forwards exactly one SIGINT to Locust's process group (master and forked
+workers; SIGINT because a headless shape run handles no SIGTERM until the
+shape ends), waits for it to drain and flush, and finalises. A second one
+kills the group (the last second of records may be lost, never more). Locust
+dies with this process (see `lifeline.py`).
 
 Finalising happens here, after every Locust process has exited, never in a
 Locust `test_stop`: the segments are merged into `requests.parquet` and
@@ -33,13 +35,16 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tokenload.channel import Channel
+from tokenload.channel import Channel, ChannelFlags, Resolution, resolve
 from tokenload.errors import ConfigError, HarnessError
-from tokenload.load import handoff, lag, records, websession
+from tokenload.load import handoff, lag, lifeline, records, websession
 from tokenload.load.scenario import OPEN_LOOP_KINDS, Scenario
 from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 RUN_INFO = "run.json"
 SCENARIO_FILE = "scenario.json"
@@ -48,6 +53,11 @@ LOG_FILE = "locust.log"
 # the user pool could not keep up with the arrival rate.
 LATE_THRESHOLD_S = 0.010
 LATE_WARN_FRACTION = 0.05
+# After the drain time, how long the processes of a stopping run get to flush and exit before they are killed.
+GROUP_GRACE_S = 10.0
+# `analyze` finalises a killed run only when every process finished, or none flushed for this long
+# (live ones flush every second).
+RECOVER_QUIET_S = 5.0
 
 
 def new_run_id() -> str:
@@ -74,17 +84,60 @@ def write_run_info(run_dir: Path, run_id: str, scenario: Scenario, channel_publi
     return path
 
 
+def scenario_layer(scenario: Scenario) -> dict[str, str | None]:
+    """The scenario's `[channel]` table as `channel.resolve()`'s scenario layer (defaults, not flags)."""
+    section = scenario.channel
+    return {"protocol": section.protocol, "base_url": section.base_url,
+            "model": section.models[0] if section.models else None}
+
+
+def resolve_scenario_channel(scenario: Scenario, label: str, flags: ChannelFlags) -> tuple[Scenario, Resolution]:
+    """Resolve the channel with the scenario as a layer; the scenario's model list follows the result.
+
+    A scenario may list several models (requests pick among them); that list
+    stands only while the model comes from the scenario layer. A model set by a
+    flag, the environment or a settings file replaces it, as any layer above
+    the scenario does.
+    """
+    resolution = resolve(**flags, scenario=scenario_layer(scenario), scenario_label=label)
+    if resolution.sources.get("model") != label:
+        scenario = dataclasses.replace(
+            scenario, channel=dataclasses.replace(scenario.channel, models=(resolution.channel.model,)))
+    return scenario, resolution
+
+
+def bind(scenario: Scenario, channel: Channel) -> tuple[Scenario, Channel]:
+    """A scenario and a channel made consistent: the models to send to, the scenario's timeouts."""
+    if not scenario.channel.models:
+        scenario = dataclasses.replace(scenario, channel=dataclasses.replace(scenario.channel, models=(channel.model,)))
+    channel = dataclasses.replace(channel, first_token_timeout_s=scenario.channel.first_token_timeout_s,
+                                  idle_timeout_s=scenario.channel.idle_timeout_s)
+    return scenario, channel
+
+
 @dataclasses.dataclass(frozen=True)
 class ProcessLayout:
-    """How Locust is spread over processes and machines."""
+    """How Locust is spread over processes and machines; invalid combinations are a `ConfigError`."""
 
-    processes: int = 0
+    processes: int | None = None
     master: bool = False
     worker: bool = False
     master_host: str = "127.0.0.1"
     master_port: int = 5557
     master_bind_host: str = "127.0.0.1"
     expect_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.master and self.worker:
+            raise ConfigError("--master and --worker exclude each other; give one")
+        if self.processes is not None and self.processes < 1:
+            raise ConfigError(f"--processes must be at least 1, got {self.processes}; leave it out for one process")
+        if self.processes is not None and (self.master or self.worker):
+            raise ConfigError("--processes forks local workers and cannot be combined with --master or --worker")
+        if self.expect_workers < 1:
+            raise ConfigError(f"--expect-workers must be at least 1, got {self.expect_workers}")
+        if not 0 < self.master_port < 65536:
+            raise ConfigError(f"--master-port must be a TCP port (1-65535), got {self.master_port}")
 
     def locust_args(self) -> list[str]:
         if self.worker:
@@ -108,6 +161,70 @@ def _free_loopback_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """A validated run, not started yet: nothing exists on disk and no process runs."""
+
+    scenario: Scenario
+    channel: Channel
+    run_dir: Path
+    distribution: ProcessLayout
+    web: bool
+    web_host: str = "127.0.0.1"
+    web_port: int | None = None
+
+
+def plan_run(
+    scenario: Scenario,
+    channel: Channel,
+    out_dir: str | Path | None = None,
+    *,
+    users: int | None = None,
+    duration_s: float | None = None,
+    distribution: ProcessLayout = ProcessLayout(),
+    web: bool = False,
+    web_host: str = "127.0.0.1",
+    web_port: int | None = None,
+) -> RunPlan:
+    """Check everything a Locust process would trip over, before any process starts.
+
+    A problem found inside Locust is a log file to read and a half-made run
+    directory that blocks reusing `--out`; found here it is one `ConfigError`
+    line. This builds what each Locust process builds from the scenario
+    (the resolved scenario as the processes will read it, the prompt source
+    with its dataset, one protocol adapter per model) and throws it away.
+    """
+    from tokenload.load.prompts import PromptSource
+    from tokenload.protocols import adapter_for
+
+    if scenario.load.kind == "trace" and (distribution.processes or distribution.master or distribution.worker):
+        raise ConfigError("a trace replay runs in one Locust process (every process would send the whole trace); "
+                          "drop --processes / --master / --worker")
+    scenario, channel = bind(scenario.with_overrides(users=users, duration_s=duration_s), channel)
+    Scenario.from_dict(json.loads(json.dumps(scenario.to_dict())), "resolved scenario", Path("."), scenario.name)
+    PromptSource(scenario, scenario.channel.models, 0)
+    for model in scenario.channel.models:
+        adapter_for(channel.with_model(model))
+    if distribution.worker:
+        if out_dir is None:
+            raise ConfigError("a worker needs --out: the master's run directory, on a filesystem both machines share")
+        run_dir = Path(out_dir)
+    else:
+        run_dir = Path(out_dir) if out_dir else default_run_dir(scenario.name)
+        _check_new_run_dir(run_dir)
+    return RunPlan(scenario, channel, run_dir, distribution, web, web_host, web_port)
+
+
+def _check_new_run_dir(run_dir: Path) -> None:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--out {run_dir} is a file, not a directory; choose another --out")
+    if any((run_dir / name).exists() for name in (REQUESTS_FILE, records.SEGMENTS_DIR, records.SEALED_DIR)):
+        raise ConfigError(f"run directory {run_dir} already holds a run; choose another --out")
+    existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot create the run directory {run_dir}: {existing} is not writable; choose another --out")
+
+
 def run_scenario(
     scenario: Scenario,
     channel: Channel,
@@ -127,24 +244,27 @@ def run_scenario(
     `on_live` receives the live numbers about twice a second. With `web`, Locust's UI
     on `web_host` stays up until Ctrl-C and every start in it is a run of its own
     (`run_dir`, then `run_dir-2`, ...: `websession.session_runs`). Raises `ConfigError`
-    for bad input; a Locust process that fails is reported in the manifest and by
-    a `HarnessError` naming the log file.
+    for bad input (before anything starts); a Locust process that fails is
+    reported in the manifest and by a `HarnessError` naming the log file.
     """
-    scenario = scenario.with_overrides(users=users, duration_s=duration_s)
-    if not scenario.channel.models:
-        scenario = dataclasses.replace(scenario, channel=dataclasses.replace(scenario.channel, models=(channel.model,)))
-    channel = dataclasses.replace(channel, first_token_timeout_s=scenario.channel.first_token_timeout_s,
-                                  idle_timeout_s=scenario.channel.idle_timeout_s)
+    plan = plan_run(scenario, channel, out_dir, users=users, duration_s=duration_s, distribution=distribution,
+                    web=web, web_host=web_host, web_port=web_port)
+    return execute(plan, on_live)
+
+
+def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """Start Locust for a validated plan, supervise it, and finalise the run directory.
+
+    Finalising waits until every Locust process of this machine has exited
+    (forked workers included: Locust's own `kill_workers` can leave one behind
+    its master), so each one's last flush is in; a process still there after
+    the drain time and a grace period is killed and named in the manifest.
+    """
+    scenario, channel, run_dir, distribution = plan.scenario, plan.channel, plan.run_dir, plan.distribution
     if distribution.worker:
-        if out_dir is None:
-            raise ConfigError("a worker needs --out: the master's run directory, on a filesystem both machines share")
-        run_dir = Path(out_dir)
         run_id, scenario_path = _join_master_run(run_dir)
         log_name = f"locust-worker-{socket.gethostname()}-{os.getpid()}.log"
     else:
-        run_dir = Path(out_dir) if out_dir else default_run_dir(scenario.name)
-        if (run_dir / REQUESTS_FILE).exists() or (run_dir / records.SEGMENTS_DIR).exists():
-            raise ConfigError(f"run directory {run_dir} already holds a run; choose another --out")
         run_id = new_run_id()
         started = time.time()
         scenario_path = write_run_info(run_dir, run_id, scenario, channel.public())
@@ -154,20 +274,24 @@ def run_scenario(
         "--scenario", str(scenario_path), "--run-dir", str(run_dir), "--run-id", run_id,
         "--host", channel.base_url, "--stop-timeout", f"{scenario.stop.drain_s:g}",
         "--exit-code-on-error", "0", "--loglevel", "INFO",
-        *(websession.locust_args(web_host, web_port) if web else ["--headless"]),
+        *(websession.locust_args(plan.web_host, plan.web_port) if plan.web else ["--headless"]),
         *distribution.locust_args(),
     ]
-    env = {**os.environ, **handoff.channel_to_env(channel), "TOKENLOAD_MANAGED": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **handoff.channel_to_env(channel), **lifeline.parent_env(), "TOKENLOAD_MANAGED": "1",
+           "PYTHONUNBUFFERED": "1"}
+    lifeline.adopt_orphans()
     with open(run_dir / log_name, "ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
         rc = _supervise(proc, run_dir, on_live)
+        lingering = lifeline.wait_group(proc.pid, scenario.stop.drain_s + GROUP_GRACE_S)
     if distribution.worker:
         return run_dir
-    if web:  # each start was a run of its own, finalised by the Locust master at its stop
+    if plan.web:  # each start was a run of its own, finalised by the Locust master at its stop
         websession.session_runs(run_dir, since=started)
     else:
-        finalise(run_dir, wait_s=scenario.stop.drain_s + 10 if distribution.master else 0.0, locust_rc=rc)
+        finalise(run_dir, wait_s=scenario.stop.drain_s + 10 if distribution.master else 0.0, locust_rc=rc,
+                 lingering=lingering)
     if rc != 0:
         raise HarnessError(f"Locust exited with code {rc}; see {run_dir / LOG_FILE}")
     return run_dir
@@ -190,25 +314,24 @@ def _join_master_run(run_dir: Path, timeout_s: float = 60.0) -> tuple[str, Path]
 
 
 def _supervise(proc: subprocess.Popen[bytes], run_dir: Path, on_live: Callable[[dict[str, Any]], None] | None) -> int:
-    """Wait for Locust, reporting live numbers; Ctrl-C stops it gracefully, twice kills it."""
+    """Wait for Locust, reporting live numbers; Ctrl-C or SIGTERM stops it gracefully, a second one kills it."""
     control = run_dir / records.SEGMENTS_DIR / "control.json"
     interrupts = 0
-    while True:
-        try:
-            rc = proc.wait(timeout=0.5)
-            return rc
-        except subprocess.TimeoutExpired:
-            if on_live is not None:
-                live = _read_json(control).get("live")
-                if live:
-                    on_live(live)
-        except KeyboardInterrupt:
-            interrupts += 1
-            sig = signal.SIGINT if interrupts == 1 else signal.SIGKILL
+    with lifeline.sigterm_as_interrupt():
+        while True:
             try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
+                return proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if on_live is not None:
+                    live = _read_json(control).get("live")
+                    if live:
+                        on_live(live)
+            except KeyboardInterrupt:
+                interrupts += 1
+                try:
+                    os.killpg(proc.pid, signal.SIGINT if interrupts == 1 else signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -232,14 +355,22 @@ def _iso(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat()
 
 
-def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None) -> Path:
-    """Merge the segments into requests.parquet and write manifest.json; returns `run_dir`."""
-    seg = run_dir / records.SEGMENTS_DIR
+def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, lingering: list[int] | None = None,
+             recovered: bool = False) -> pa.Table:
+    """Seal the run, merge its segments into requests.parquet and write manifest.json; returns the records.
+
+    `wait_s` > 0 (a master with workers on other machines): first wait that
+    long for every worker to flush its last records. `lingering`: pids of
+    Locust processes that had to be killed. `recovered`: finalised by
+    `tokenload analyze` for a run whose `tokenload run` was killed.
+    """
+    missing = records.wait_for_workers(run_dir, _read_json(run_dir / records.SEGMENTS_DIR / "control.json").get(
+        "workers", []), wait_s) if wait_s else []
+    seg = records.seal(run_dir)
     info, control = _read_json(seg / RUN_INFO), _read_json(seg / "control.json")
     scenario = _read_json(seg / SCENARIO_FILE)
-    missing = records.wait_for_workers(run_dir, control.get("workers", []), wait_s) if wait_s else []
-    states = records.worker_states(run_dir)
-    table = records.merge_segments(run_dir)
+    states = records.worker_states(seg)
+    table = records.merge_segments(run_dir, seg)
     ended = max((s.get("updated_at", 0.0) for s in states.values()), default=time.time())
     warnings: list[str] = []
     finished = [s for s, f in zip(table.column("status").to_pylist(), table.column("in_flight").to_pylist()) if not f]
@@ -252,13 +383,26 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None) -
         warnings.append(lateness["warning"])
     # A worker that never marked itself done was killed or crashed: what it flushed (every
     # second) is kept, the records of its last second and its open streams are lost.
-    lost = missing if wait_s else sorted(w for w, s in states.items() if not s.get("done"))
-    if lost:
-        last = ", ".join(f"{w} (last flush {_iso(states.get(w, {}).get('updated_at'))})" for w in lost)
+    unfinished = missing if wait_s else sorted(w for w, s in states.items() if not s.get("done"))
+    if unfinished:
+        last = ", ".join(f"{w} (last flush {_iso(states.get(w, {}).get('updated_at'))})" for w in unfinished)
         warnings.append(f"workers did not finish (killed or crashed): {last}; records after their last flush "
                         "are lost (at most about 1 s of each)")
+    # A worker that lost its master (killed, or the network to it cut) stopped early on its own: its
+    # records are all there, but its users were missing from the rest of the run.
+    cut_off = sorted(w for w, s in states.items() if s.get("lost") and w not in unfinished)
+    if cut_off:
+        warnings.append("workers stopped early: " + ", ".join(f"{w} ({states[w]['lost']})" for w in cut_off)
+                        + "; Locust did not replace their users, the records' active_users say how many ran")
+    lost = sorted({*unfinished, *cut_off})
+    if lingering:
+        warnings.append(f"Locust processes {', '.join(map(str, lingering))} did not exit after the drain time and "
+                        "were killed")
     if locust_rc:
         warnings.append(f"Locust exited with code {locust_rc}; see {LOG_FILE}")
+    if recovered:
+        warnings.append("this run's `tokenload run` was killed; `tokenload analyze` finalised what its processes "
+                        "had flushed")
     counts = table.group_by("worker").aggregate([("request_id", "count")]).to_pylist() if len(table) else []
     manifest = {
         "run_id": info.get("run_id"),
@@ -270,7 +414,7 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None) -
         "ended_at": ended,
         "started_at_iso": _iso(info.get("started_at")),
         "ended_at_iso": _iso(ended),
-        "stop_reason": control.get("stop_reason") or ("interrupted" if locust_rc else None),
+        "stop_reason": control.get("stop_reason") or ("interrupted" if locust_rc or recovered else None),
         "workers_lost": lost,
         "plan": control.get("plan", []),
         "steps": control.get("steps", []),
@@ -286,13 +430,27 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None) -
         "warnings": warnings,
     }
     records.write_json(run_dir / MANIFEST_FILE, manifest)
-    for name in (RUN_INFO, SCENARIO_FILE, "control.json"):
-        (seg / name).unlink(missing_ok=True)
-    for path in seg.glob("*.state.json"):
-        path.unlink()
-    if seg.is_dir() and not any(seg.iterdir()):
-        seg.rmdir()
-    return run_dir
+    return table
+
+
+def recover(run_dir: Path, quiet_s: float = RECOVER_QUIET_S) -> int | None:
+    """Finalise a run whose `tokenload run` was killed; the number of records recovered, or None.
+
+    None when there is nothing to recover (no segments, or already finalised).
+    A run with a process that has not finished and flushed within the last
+    `quiet_s` seconds may still be running: finalising it would seal it under
+    that process, so that is a `ConfigError`.
+    """
+    seg = records.unfinalised(run_dir)
+    if seg is None or (run_dir / REQUESTS_FILE).exists():
+        return None
+    states = records.worker_states(seg).values()
+    latest = max((s.get("updated_at", 0.0) for s in states), default=0.0)
+    running = not all(s.get("done") for s in states) and time.time() - latest < quiet_s
+    if seg.name == records.SEGMENTS_DIR and running:
+        raise ConfigError(f"{run_dir} is still being written (a Locust process flushed {time.time() - latest:.0f} s "
+                          "ago); wait for the run to end, then analyse it")
+    return len(finalise(run_dir, recovered=True))
 
 
 def _lateness(table: Any, scenario: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ Schema (all sections optional except `[load]`):
     description = "..."
     seed = 0                      # prompt texts, lengths and arrivals are reproducible
 
-    [channel]                     # defaults for the channel; CLI flags win
+    [channel]                     # defaults: flags, environment, settings.json win
     protocol = "anthropic"        # anthropic | openai-chat | openai-responses
     base_url = "http://..."
     models = ["sim-7b"]           # or model = "sim-7b"; requests pick uniformly

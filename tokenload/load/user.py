@@ -46,7 +46,7 @@ from tokenload import errors as ek
 from tokenload.load.control import REQUEST_TYPE, LoadState
 from tokenload.load.pacing import parse_rate_headers, pushed_back
 from tokenload.load.prompts import PromptSource, RequestPlan
-from tokenload.load.records import SegmentWriter
+from tokenload.load.records import CANCELLED, SegmentWriter
 from tokenload.load.sessions import Session
 from tokenload.load.tokenstats import CHUNK_TIMES_KEY, RECORD_KEY
 from tokenload.load.traces import TraceArrivals, TraceRow
@@ -295,6 +295,8 @@ class LLMUser(User):
                 "session_id": plan.session_id, "turn": plan.turn, "context_tokens": plan.estimated_input_tokens,
                 "phase": phase,
             })
+            if in_flight and record["status"] == "ok":
+                record["status"] = CANCELLED
             ctx.writer.append(record)
             if budget is not None:
                 budget.finished((record["input_tokens"] or 0) + (record["output_tokens"] or 0))

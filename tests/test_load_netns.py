@@ -1,0 +1,195 @@
+"""Master and two workers on three network hosts: Linux network namespaces joined by a private bridge.
+
+Each test builds its own namespaces (`tl<pid>-m`, `-w1`, `-w2`, and `-sw` holding
+the bridge), links each host to the bridge with a veth pair created inside the
+namespaces (nothing is added to the machine's own network), gives them
+addresses in 10.201.0.0/24 and deletes everything afterwards. The simulator and
+the Locust master run on the master host; each worker is `tokenload run
+--worker` on its own host, all sharing one run directory on the filesystem, as
+the README describes for several machines. Needs root and iproute2; skipped
+with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from loadkit import truth_frame, write_scenario
+
+SUBNET = "10.201.0"
+MASTER_IP = f"{SUBNET}.1"
+SIM_PORT = 18080
+MASTER_PORT = 15557
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=10)
+
+
+def _cannot_use_namespaces() -> str | None:
+    if shutil.which("ip") is None:
+        return "iproute2's `ip` is not installed"
+    if os.geteuid() != 0:
+        return "creating network namespaces needs root"
+    probe = f"tl{os.getpid()}-probe"
+    try:
+        _ip("netns", "add", probe)
+        _ip("-n", probe, "link", "add", "br0", "type", "bridge")
+    except (subprocess.CalledProcessError, OSError) as exc:
+        return f"`ip netns add` / bridges do not work here: {getattr(exc, 'stderr', exc)}".strip()
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], check=False, capture_output=True, timeout=10)
+    return None
+
+
+pytestmark = pytest.mark.skipif(bool(_cannot_use_namespaces()), reason=str(_cannot_use_namespaces()))
+
+
+@contextlib.contextmanager
+def hosts() -> Iterator[dict[str, str]]:
+    """Three hosts on one private bridge: {"m": ns, "w1": ns, "w2": ns}; the address of host i is SUBNET.i."""
+    prefix = f"tl{os.getpid()}"
+    names = {role: f"{prefix}-{role}" for role in ("sw", "m", "w1", "w2")}
+    try:
+        for ns in names.values():
+            _ip("netns", "add", ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+        sw = names["sw"]
+        _ip("-n", sw, "link", "add", "br0", "type", "bridge")
+        _ip("-n", sw, "link", "set", "br0", "up")
+        for number, role in enumerate(("m", "w1", "w2"), 1):
+            ns = names[role]
+            _ip("-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"p-{role}", "netns", sw)
+            _ip("-n", sw, "link", "set", f"p-{role}", "master", "br0", "up")
+            _ip("-n", ns, "addr", "add", f"{SUBNET}.{number}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+        yield {role: names[role] for role in ("m", "w1", "w2")}
+    finally:
+        for ns in names.values():
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True, timeout=10)
+
+
+def _in(ns: str, *command: str, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(["ip", "netns", "exec", ns, *command], stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "TERM": "dumb"})
+
+
+def _wait_for_sim(ns: str, timeout_s: float = 20) -> None:
+    probe = f"import socket; socket.create_connection(('{MASTER_IP}', {SIM_PORT}), 1)"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        command = ["ip", "netns", "exec", ns, sys.executable, "-c", probe]
+        if subprocess.run(command, check=False, capture_output=True, timeout=10).returncode == 0:
+            return
+        time.sleep(0.3)
+    raise AssertionError("the simulator did not come up in the master's namespace")
+
+
+SCENARIO = """
+[prompt]
+tokens = 32
+[output]
+max_tokens = 30
+ignore_eos = true
+[load]
+kind = "constant"
+users = 4
+step_s = {step_s}
+[stop]
+drain_s = 3
+"""
+
+
+@contextlib.contextmanager
+def cluster(tmp_path: Path, step_s: float) -> Iterator[tuple[dict[str, str], dict[str, subprocess.Popen[bytes]]]]:
+    """Simulator + master on the master host, one `tokenload run --worker` on each worker host."""
+    scenario = write_scenario(tmp_path, SCENARIO.format(step_s=step_s))
+    out = tmp_path / "run"
+    channel = ["--base-url", f"http://{MASTER_IP}:{SIM_PORT}/api", "--model", "sim-7b"]
+    run = [sys.executable, "-m", "tokenload", "run", str(scenario), "--out", str(out), *channel,
+           "--master-port", str(MASTER_PORT)]
+    with hosts() as ns:
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        try:
+            procs["sim"] = _in(ns["m"], sys.executable, "-m", "tokenload", "sim", "--profile", "fast", "--host",
+                               MASTER_IP, "--port", str(SIM_PORT), "--truth", str(tmp_path / "truth.jsonl"),
+                               log=tmp_path / "sim.log")
+            _wait_for_sim(ns["m"])
+            procs["master"] = _in(ns["m"], *run, "--master", "--master-bind-host", MASTER_IP, "--expect-workers", "2",
+                                  log=tmp_path / "master.log")
+            for role in ("w1", "w2"):
+                procs[role] = _in(ns[role], *run, "--worker", "--master-host", MASTER_IP, log=tmp_path / f"{role}.log")
+            yield ns, procs
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.terminate()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=15)
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=5)
+
+
+def test_master_and_two_workers_on_three_hosts(tmp_path: Path) -> None:
+    """One run id, both workers' records merged, as many records as the server saw requests."""
+    with cluster(tmp_path, step_s=6) as (_, procs):
+        for role in ("master", "w1", "w2"):
+            assert procs[role].wait(timeout=90) == 0, (tmp_path / f"{role}.log").read_text()[-3000:]
+    out = tmp_path / "run"
+    df = pd.read_parquet(out / "requests.parquet")
+    truth = truth_frame(tmp_path / "truth.jsonl")
+    assert df.run_id.nunique() == 1 and df.worker.nunique() == 2
+    assert len(df) == len(truth) > 20 and df.request_id.is_unique
+    assert set(df.server_request_id) == set(truth.request_id)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["run_id"] == df.run_id.iloc[0] and manifest["workers_lost"] == []
+    assert not (out / "segments").exists()
+
+
+def test_a_worker_cut_off_mid_run_stops_and_writes_nothing_into_the_finished_run(tmp_path: Path) -> None:
+    """Cut one worker's link mid-run: it stops within seconds on its own, the master finishes with the other
+    worker, the manifest names the lost one, and the finished run directory never changes afterwards."""
+    out = tmp_path / "run"
+    with cluster(tmp_path, step_s=14) as (ns, procs):
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and len(list(out.glob("segments/*.arrow"))) < 4:
+            time.sleep(0.2)  # both workers have flushed records
+        time.sleep(2)
+        _ip("-n", ns["w1"], "link", "set", "eth0", "down")
+        cut = time.monotonic()
+        assert procs["w1"].wait(timeout=30) is not None
+        w1_stopped_after = time.monotonic() - cut
+        assert procs["master"].wait(timeout=60) == 1, (tmp_path / "master.log").read_text()[-3000:]
+        master_done_after = time.monotonic() - cut
+        assert procs["w2"].wait(timeout=30) == 0
+        finished = hashlib.sha256((out / "requests.parquet").read_bytes()).hexdigest()
+        listing = sorted(p.name for p in out.iterdir())
+        time.sleep(3)
+        assert hashlib.sha256((out / "requests.parquet").read_bytes()).hexdigest() == finished
+        assert sorted(p.name for p in out.iterdir()) == listing
+    assert w1_stopped_after < 15, w1_stopped_after  # Locust's own limit is 60 s without the master
+    assert master_done_after < 40, master_done_after
+    assert "segments" not in listing and "segments.sealed" not in listing
+    df = pd.read_parquet(out / "requests.parquet")
+    assert df.run_id.nunique() == 1 and df.request_id.is_unique
+    manifest = json.loads((out / "manifest.json").read_text())
+    (lost,) = manifest["workers_lost"]
+    assert df.worker.nunique() == 2 and lost in set(df.worker)
+    assert any("no heartbeat from the Locust master" in w for w in manifest["warnings"]), manifest["warnings"]
+    survivor = df[df.worker != lost]
+    # After the master noticed (about 3 s), the survivor's records carry the 2 users still running.
+    assert survivor.active_users.iloc[-5:].eq(2).all(), survivor.active_users.value_counts()

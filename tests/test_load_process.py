@@ -1,0 +1,296 @@
+"""The load path's processes under faults: signals, kills, lost workers, validation before start.
+
+Real `tokenload run`, real Locust, the real simulator on loopback. Processes are
+followed by their process group (never by name: other Locust runs may share
+the machine).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from loadkit import run_command, truth_frame, write_scenario
+
+from tokenload.load import records
+from tokenload.load.runner import finalise
+from tokenload.sim import launch
+
+LONG = """
+[prompt]
+tokens = 32
+[output]
+max_tokens = 60
+ignore_eos = true
+[load]
+kind = "constant"
+users = 4
+step_s = 60
+[stop]
+drain_s = 5
+"""
+
+
+def _group_alive(pgid: int) -> bool:
+    """Any live (not zombie) process in group `pgid`."""
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def _wait_until(predicate, timeout_s: float) -> float | None:  # type: ignore[no-untyped-def]
+    """Seconds until `predicate()` held, or None after `timeout_s`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(0.05)
+    return None
+
+
+def _states(out: Path) -> list[dict]:
+    found = []
+    for path in glob.glob(str(out / "segments" / "*.state.json")):
+        try:
+            found.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def _start(scenario: Path, base_url: str, out: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
+    """`tokenload run` in the background, once every process has flushed records; returns it and Locust's group."""
+    proc = subprocess.Popen(run_command(scenario, base_url, out, *extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TERM": "dumb"})
+    writers = 2 if "--processes" in extra else 1
+    assert _wait_until(lambda: len(_states(out)) == writers and all(s["records"] >= 3 for s in _states(out)), 30)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return proc, int(children[0])
+
+
+def _recorded_everything_the_server_saw(df: pd.DataFrame, truth: pd.DataFrame) -> None:
+    """Every request the server saw has a record; one cut before its headers has no server id, so those are
+    matched by count against the records of cut streams."""
+    unmatched = set(truth.request_id) - set(df.server_request_id.dropna())
+    assert len(unmatched) <= (df.status == "cancelled").sum(), (len(unmatched), df.status.value_counts())
+    assert df.request_id.is_unique
+
+
+# ---------------------------------------------------------------- signals (issue 14.9)
+
+
+def test_sigterm_stops_a_run_like_ctrl_c(tmp_path: Path) -> None:
+    """SIGTERM: records merged, the manifest says interrupted, exit 0; cut streams are `cancelled`, not `ok`."""
+    scenario = write_scenario(tmp_path, LONG.replace("drain_s = 5", "drain_s = 0").replace("= 60\n", "= 200\n"))
+    truth_path = tmp_path / "truth.jsonl"
+    out = tmp_path / "run"
+    with launch(["--truth", str(truth_path)]) as sim:
+        proc, _ = _start(scenario, sim.base_url, out)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert stdout.strip().splitlines()[-1] == str(out)
+    df = pd.read_parquet(out / "requests.parquet")
+    _recorded_everything_the_server_saw(df, truth_frame(truth_path))
+    assert json.loads((out / "manifest.json").read_text())["stop_reason"] == "interrupted"
+    assert df.in_flight.sum() >= 1
+    assert set(df.status[df.in_flight]) == {"cancelled"} and set(df.status[~df.in_flight]) == {"ok"}
+    # The analysis loads a `cancelled` record and does not count it as an error.
+    analysed = subprocess.run([sys.executable, "-m", "tokenload", "analyze", str(out), "--quiet"],
+                              check=False, capture_output=True, text=True, timeout=120)
+    assert analysed.returncode == 0, analysed.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert sum(step["errors"] for step in summary["steps"]) == 0
+
+
+def test_sigkill_of_run_stops_locust_and_analyze_recovers_the_segments(tmp_path: Path) -> None:
+    """`kill -9` of `tokenload run`: Locust stops within seconds (no more load), and `analyze` finalises the
+    segments it flushed instead of answering "requests.parquet is missing"."""
+    scenario = write_scenario(tmp_path, LONG)
+    truth_path = tmp_path / "truth.jsonl"
+    out = tmp_path / "run"
+    with launch(["--truth", str(truth_path)]) as sim:
+        proc, pgid = _start(scenario, sim.base_url, out, "--processes", "2")
+        proc.kill()
+        proc.communicate(timeout=10)
+        gone_after = _wait_until(lambda: not _group_alive(pgid), 15)
+        seen = len(truth_frame(truth_path))
+        time.sleep(2)
+        seen_later = len(truth_frame(truth_path))
+    assert gone_after is not None and gone_after < 10, gone_after  # before: Locust loaded on for 15 s
+    assert seen_later == seen  # no load after the processes were gone
+    assert not (out / "requests.parquet").exists() and list((out / "segments").glob("*.arrow"))
+    result = subprocess.run([sys.executable, "-m", "tokenload", "analyze", str(out), "--quiet"],
+                            check=False, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    df = pd.read_parquet(out / "requests.parquet")
+    assert f"recovered {len(df)} records from the segments" in result.stdout + result.stderr
+    _recorded_everything_the_server_saw(df, truth_frame(truth_path))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stop_reason"] == "interrupted" and manifest["records"]["total"] == len(df)
+    assert not (out / "segments").exists() and (out / "report.html").exists()
+
+
+def test_sigkill_of_the_master_stops_its_workers_and_the_run_waits_for_them(tmp_path: Path) -> None:
+    """`kill -9` of the Locust master under `--processes 2`: the forked workers stop within seconds, `tokenload
+    run` finalises after their last flush, and nothing lands in the run directory afterwards."""
+    scenario = write_scenario(tmp_path, LONG)
+    truth_path = tmp_path / "truth.jsonl"
+    out = tmp_path / "run"
+    with launch(["--truth", str(truth_path)]) as sim:
+        proc, pgid = _start(scenario, sim.base_url, out, "--processes", "2")
+        os.kill(pgid, signal.SIGKILL)
+        killed = time.monotonic()
+        gone_after = _wait_until(lambda: not _group_alive(pgid), 15)
+        _, stderr = proc.communicate(timeout=30)
+        finished_after = time.monotonic() - killed
+        seen = len(truth_frame(truth_path))
+        time.sleep(2)
+        seen_later = len(truth_frame(truth_path))
+    assert gone_after is not None and gone_after < 10, gone_after  # Locust's own master timeout: 60 s
+    assert finished_after < 25, finished_after
+    assert proc.returncode == 1 and "Locust exited with code -9" in stderr, stderr
+    assert seen_later == seen
+    df = pd.read_parquet(out / "requests.parquet")
+    _recorded_everything_the_server_saw(df, truth_frame(truth_path))
+    assert df.worker.nunique() == 2
+    manifest = json.loads((out / "manifest.json").read_text())
+    # Both flushed their last records before the merge (none "did not finish"); both stopped early.
+    assert not any("did not finish" in w for w in manifest["warnings"]), manifest["warnings"]
+    assert manifest["workers_lost"] == sorted(df.worker.unique())
+    assert any("workers stopped early" in w and "is gone" in w for w in manifest["warnings"])
+    assert sorted(p.name for p in out.iterdir()) == ["locust.log", "manifest.json", "requests.parquet"]
+
+
+# ---------------------------------------------------------------- late writers (issue 14.10)
+
+
+def test_a_writer_that_flushes_after_finalise_changes_nothing(tmp_path: Path) -> None:
+    """The rule: finalising seals the run; a process flushing later drops its rows and learns it must stop."""
+    late = records.SegmentWriter(tmp_path, "late")
+    early = records.SegmentWriter(tmp_path, "early")
+    early.append({"request_id": "a", "started_at": 1.0, "in_flight": False})
+    early.flush({}, done=True)
+    late.append({"request_id": "b", "started_at": 2.0, "in_flight": False})
+    late.flush({})
+    finalise(tmp_path)
+    before = (tmp_path / "requests.parquet").read_bytes()
+    late.append({"request_id": "c", "started_at": 3.0, "in_flight": False})
+    late.flush({}, done=True)
+    assert late.sealed and not early.sealed
+    assert (tmp_path / "requests.parquet").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "requests.parquet"]
+    assert list(pd.read_parquet(tmp_path / "requests.parquet").request_id) == ["a", "b"]
+    assert json.loads((tmp_path / "manifest.json").read_text())["workers_lost"] == ["late"]
+
+
+def test_analyze_does_not_finalise_a_run_that_is_still_writing(tmp_path: Path) -> None:
+    writer = records.SegmentWriter(tmp_path, "w1")
+    writer.append({"request_id": "a", "started_at": 1.0, "in_flight": False})
+    writer.flush({})  # not done, flushed just now: a live process
+    result = subprocess.run([sys.executable, "-m", "tokenload", "analyze", str(tmp_path)], check=False, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and "still being written" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "requests.parquet").exists() and (tmp_path / "segments").is_dir()
+
+
+# ---------------------------------------------------------------- a lost worker's users (issue 14.11)
+
+
+def test_records_after_a_lost_worker_carry_the_users_really_running(tmp_path: Path) -> None:
+    """Locust does not replace a lost worker's users: 4 planned users become 2, and the records say so."""
+    scenario = write_scenario(tmp_path, LONG.replace("step_s = 60", "step_s = 14"))
+    out = tmp_path / "run"
+    with launch() as sim:
+        proc, _ = _start(scenario, sim.base_url, out, "--processes", "2")
+        victim = _states(out)[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        killed_at = time.time()
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr  # a lost worker fails the run
+    df = pd.read_parquet(out / "requests.parquet")
+    survivor = df[df.worker != victim["worker"]]
+    before = survivor[survivor.started_at < killed_at]
+    after = survivor[survivor.started_at > killed_at + 6]  # missing after 3 s of silence, census within 1 s more
+    assert len(before) and set(before.active_users) == {4}
+    assert len(after) > 5 and set(after.active_users) == {2}, after.active_users.value_counts()
+
+
+# ---------------------------------------------------------------- validation before start (issue 14.12)
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("dataset", "bad.jsonl line 2: not valid JSON"),
+    ("users", "--users must be at least 1"),
+    ("duration", "--duration must be greater than 0"),
+    ("processes", "--processes must be at least 1"),
+    ("out-file", "is a file, not a directory"),
+    ("out-used", "already holds a run"),
+])
+def test_bad_input_is_one_line_before_any_process(tmp_path: Path, case: str, expect: str) -> None:
+    """One line, exit 2, no banner, no Locust, and no run directory left behind to block `--out`."""
+    body = "[load]\nkind = 'constant'\nusers = 1\nstep_s = 1\n"
+    if case == "dataset":
+        (tmp_path / "bad.jsonl").write_text('{"prompt": "hi"}\nnot json\n')
+        body += "[prompt]\ndataset = 'bad.jsonl'\n"
+    scenario = write_scenario(tmp_path, body)
+    out = tmp_path / "run"
+    extra = {"users": ["--users", "0"], "duration": ["--duration", "0"], "processes": ["--processes", "0"]}.get(case, [])
+    if case == "out-file":
+        out.write_text("not a directory")
+    if case == "out-used":
+        (out / "segments").mkdir(parents=True)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    result = subprocess.run([*run_command(scenario, "http://127.0.0.1:9", out), *extra], check=False, capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and expect in result.stderr, result.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+# ---------------------------------------------------------------- channel precedence (issue 14.8 / 16.3)
+
+
+def test_scenario_channel_values_are_defaults_the_environment_beats(tmp_path: Path) -> None:
+    """A scenario's `[channel] model` loses to ANTHROPIC_MODEL, and the channel line names the variable."""
+    scenario = write_scenario(tmp_path, """
+[channel]
+model = "model-from-scenario"
+[prompt]
+tokens = 16
+[output]
+max_tokens = 4
+[load]
+kind = "constant"
+users = 1
+step_s = 2
+[stop]
+drain_s = 2
+""")
+    with launch() as sim:
+        command = [sys.executable, "-m", "tokenload", "run", str(scenario), "--base-url", sim.base_url,
+                   "--out", str(tmp_path / "run")]
+        result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "TERM": "dumb", "ANTHROPIC_MODEL": "sim-7b"})
+    assert result.returncode == 0, result.stderr
+    assert "model from environment ANTHROPIC_MODEL" in result.stderr.replace("\n", " ")
+    df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert set(df.model) == {"sim-7b"} and df.status.eq("ok").all()
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["scenario"]["channel"]["models"] == ["sim-7b"]
