@@ -29,7 +29,6 @@ import difflib
 import ipaddress
 import json
 import re
-import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -55,7 +54,7 @@ from tokenload.channel import (
 from tokenload.client import stream_exchange
 from tokenload.errors import ConfigError
 from tokenload.measure import Timeline
-from tokenload.protocols.base import body_message, classify_http, looks_like_html
+from tokenload.failures import body_message, classify_exception, classify_http, looks_like_html
 from tokenload.tokens import synth_prompt
 
 OK, FAIL, SKIP = "ok", "fail", "skip"
@@ -241,37 +240,6 @@ def is_placeholder(key: str) -> bool:
     return bool(_PLACEHOLDER.match(key.strip()))
 
 
-def transport_failure(exc: httpx.HTTPError, url: str, timeout_s: float) -> str:
-    """Name a transport failure the way a person would: DNS, refused, TLS, timeout."""
-    host = urlsplit(url).netloc
-    chain = " ".join(str(e) for e in _causes(exc)).lower()
-    if isinstance(exc, httpx.ConnectTimeout) and "handshake" in chain:
-        return f"TLS handshake with {host} got no answer within {timeout_s:g} s: the server may speak plain http, not https"
-    if isinstance(exc, httpx.ConnectTimeout):
-        return f"connecting to {host} timed out after {timeout_s:g} s (host down, or a firewall drops the packets)"
-    if isinstance(exc, httpx.TimeoutException):
-        return f"{host} accepted the connection but sent no response within {timeout_s:g} s"
-    if any(isinstance(e, ssl.SSLError) for e in _causes(exc)) or "ssl" in chain or "certificate" in chain:
-        if "wrong version number" in chain or "record layer failure" in chain or "packet length too long" in chain:
-            return f"TLS handshake with {host} failed: the server speaks plain http, not https"
-        return f"TLS handshake with {host} failed: {exc}"
-    if any(s in chain for s in ("name or service not known", "nodename nor servname", "name resolution",
-                                "getaddrinfo", "no address associated")):
-        return f"DNS lookup of {urlsplit(url).hostname} failed: no such host"
-    if "refused" in chain:
-        return f"{host} refused the connection: nothing listens on that port"
-    return f"cannot reach {host}: {type(exc).__name__}: {exc}"
-
-
-def _causes(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in seen:
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen
-
-
 def base_variants(base_url: str) -> list[str]:
     """The bases users most often meant: `/v1` removed, `/api` added, trailing path parts dropped."""
     parts = urlsplit(base_url)
@@ -454,7 +422,7 @@ def check_base_url(ctx: Doctor) -> CheckResult:
         try:
             response = knock(ctx, http, channel.base_url)
         except httpx.HTTPError as exc:
-            saw = transport_failure(exc, url, ctx.limits.timeout_s)
+            saw = classify_exception(exc, url, timeout_s=ctx.limits.timeout_s)[1]
             fix = (f"use {urlunsplit(('http',) + urlsplit(channel.base_url)[1:])} in {ctx.where('base_url')}"
                    if "plain http" in saw else f"check the host and port in {ctx.where('base_url')} and that the channel is up")
             return fail(saw, fix)

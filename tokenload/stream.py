@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tokenload import errors as ek
+from tokenload.failures import classify_http, looks_like_html
 from tokenload.measure import Timeline, measure
-from tokenload.protocols.base import Protocol, classify_http, looks_like_html
+from tokenload.protocols.base import Protocol
 from tokenload.sse import SSEDecoder
 
 _MAX_ERROR_BODY = 64 * 1024
@@ -23,7 +24,7 @@ _MAX_ERROR_BODY = 64 * 1024
 class StreamSession:
     """One request/response, from just before the request is written to the end."""
 
-    __slots__ = ("adapter", "timeline", "_decoder", "_streaming", "_body", "_content_type", "_estimate")
+    __slots__ = ("adapter", "timeline", "headers", "_decoder", "_streaming", "_body", "_content_type", "_estimate")
 
     def __init__(
         self,
@@ -35,6 +36,8 @@ class StreamSession:
     ) -> None:
         self.adapter = adapter
         self.timeline = Timeline(t0=t0, on_text=on_text)
+        # The response headers, names lowercased (rate-limit and retry-after readers use them); empty until they arrive.
+        self.headers: dict[str, str] = {}
         self._decoder = SSEDecoder()
         self._streaming = False
         self._body = bytearray()
@@ -46,6 +49,7 @@ class StreamSession:
         tl.t_headers = t
         tl.http_status = status
         headers = {k.lower(): v for k, v in headers.items()}  # clients differ in header-name case
+        self.headers = headers
         self._content_type = headers.get("content-type", "")
         tl.request_id = headers.get("request-id") or headers.get("x-request-id")
         self._streaming = status == 200 and not looks_like_html(self._content_type, b"") and (
@@ -58,10 +62,12 @@ class StreamSession:
             tl.t_first_byte = t
             if self._streaming and looks_like_html("", chunk):
                 self._streaming = False  # an HTML page served as text/plain or event-stream
-        if not self._streaming:
+        if not self._streaming or tl.t_first_event is None:
+            # Kept until a stream proves itself: a 200 "event stream" may be a bare JSON error.
             if len(self._body) < _MAX_ERROR_BODY:
                 self._body += chunk
-            return
+            if not self._streaming:
+                return
         for event in self._decoder.feed(chunk):
             if tl.t_first_event is None:
                 tl.t_first_event = t
@@ -73,6 +79,10 @@ class StreamSession:
         tl.t_end = t
         if self._streaming:
             self._decoder.close()
+            if tl.t_first_event is None and self._body.lstrip()[:1] == b"{":
+                kind, message = classify_http(tl.http_status or 0, "application/json", bytes(self._body))
+                if kind != ek.MALFORMED_STREAM:  # a JSON error instead of events
+                    tl.fail(kind, message)
             self.adapter.finish(tl)
         else:
             tl.fail(*classify_http(tl.http_status or 0, self._content_type, bytes(self._body)))

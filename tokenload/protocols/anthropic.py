@@ -45,6 +45,8 @@ class AnthropicMessages(Protocol):
                 tl.input_tokens = usage["input_tokens"] + sum(
                     usage.get(k) or 0 for k in ("cache_read_input_tokens", "cache_creation_input_tokens")
                 )
+            if isinstance(usage.get("cache_read_input_tokens"), int):
+                tl.cached_tokens = usage["cache_read_input_tokens"]
         elif kind == "message_delta":
             tl.stop_reason = (obj.get("delta") or {}).get("stop_reason") or tl.stop_reason
             usage = obj.get("usage") or {}

@@ -52,6 +52,9 @@ class OpenAIChat(Protocol):
                 tl.input_tokens = usage["prompt_tokens"]
             if isinstance(usage.get("completion_tokens"), int):
                 tl.output_tokens = usage["completion_tokens"]
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            if isinstance(cached, int):
+                tl.cached_tokens = cached
             details = usage.get("completion_tokens_details") or {}
             if isinstance(details.get("reasoning_tokens"), int):
                 tl.reasoning_tokens = details["reasoning_tokens"]

@@ -47,6 +47,9 @@ class OpenAIResponses(Protocol):
                 tl.input_tokens = usage["input_tokens"]
             if isinstance(usage.get("output_tokens"), int):
                 tl.output_tokens = usage["output_tokens"]
+            cached = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+            if isinstance(cached, int):
+                tl.cached_tokens = cached
             reasoning = (usage.get("output_tokens_details") or {}).get("reasoning_tokens")
             if isinstance(reasoning, int):
                 tl.reasoning_tokens = reasoning
