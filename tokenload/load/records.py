@@ -74,6 +74,10 @@ SCHEMA = pa.schema([
     ("reasoning_tokens", pa.int64()),
     ("thinking_chunks", pa.int64()),
     ("malformed_events", pa.int64()),
+    ("connect_s", pa.float64()),
+    ("reconnects", pa.int32()),
+    ("eos_only", pa.bool_()),
+    ("cached_tokens", pa.int64()),
 ])
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 
