@@ -23,6 +23,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -413,7 +414,11 @@ class FakeServer:
     def _run(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
         self._new_release()
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        if self._tls is not None and self._handshake_delay_s:
+            # Held inside the handshake (the SNI callback runs in it), so the client's TLS
+            # setup takes that long. It blocks this loop: a TLS server takes one client at a time.
+            self._tls.sni_callback = lambda *_: time.sleep(self._handshake_delay_s)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self._tls))
         started.set()
         self._loop.run_forever()
         # Stopped: end the open exchanges (hanging or sleeping ones) before closing the loop.
@@ -439,9 +444,6 @@ class FakeServer:
             self.connections += 1
             number = self.connections
         try:
-            if self._tls is not None:
-                await asyncio.sleep(self._handshake_delay_s)
-                await writer.start_tls(self._tls)
             answered = 0
             while True:
                 received = await self._read_request(reader, number)

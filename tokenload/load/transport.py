@@ -120,7 +120,7 @@ class Transport:
             for attempt in (0, 1):
                 connecting = True
                 started = _perf()
-                sock = self._pool.get_socket()
+                sock = self._pool.get_socket() if attempt == 0 else _fresh_socket(self._pool)
                 connecting = False
                 reused = sock in self._used
                 self._used.add(sock)
@@ -338,6 +338,17 @@ def _recv_plain(sock: Any) -> bytes:
             return raw.recv(_BLOCK)
         except BlockingIOError:
             get_hub().wait(sock._read_event)
+
+
+def _fresh_socket(pool: ConnectionPool) -> Any:
+    """A new connection, past the pool's idle ones: after one died unheard, the others
+    (returned by the same server) are likely dead too. Same accounting as `get_socket`."""
+    pool._semaphore.acquire()
+    try:
+        return pool._create_socket()
+    except BaseException:
+        pool._semaphore.release()
+        raise
 
 
 def _drop(response: HTTPSocketPoolResponse) -> None:
