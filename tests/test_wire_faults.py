@@ -24,7 +24,16 @@ from typing import Any
 import httpx
 import pandas as pd
 import pytest
-from fakeserver import FakeServer, Script, Write, anthropic_stream, chat_stream, json_script, sse, stream_script
+from fakeserver import (
+    FakeServer,
+    Script,
+    Write,
+    anthropic_stream,
+    chat_stream,
+    json_script,
+    sse,
+    stream_script,
+)
 from loadkit import free_port, run_cli, write_scenario
 
 from tokenload import errors as ek
@@ -72,7 +81,7 @@ def _load(server_url: str, protocol: str, cases: list[dict[str, Any]], *, env: d
     """Send `cases` one after another through one load `Transport`; one record each."""
     cfg = {"channel": _channel_fields(server_url, protocol, **fields), "cases": cases}
     out = subprocess.run([*(prefix or []), sys.executable, "-c", _CHILD, json.dumps(cfg)], capture_output=True,
-                         text=True, timeout=120, env={**os.environ, **(env or {})})
+                         text=True, timeout=120, check=False, env={**os.environ, **(env or {})})
     assert out.returncode == 0, out.stderr
     records = [json.loads(line) for line in out.stdout.splitlines()]
     assert not any(r["error_kind"] == ek.CLIENT_ERROR for r in records), records
@@ -154,7 +163,7 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     cert, key = folder / "cert.pem", folder / "key.pem"
     made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
                            str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     if made.returncode != 0:
         pytest.skip(f"openssl could not make a certificate: {made.stderr.strip()[:200]}")
     return cert, key
@@ -330,7 +339,7 @@ def _no_network() -> list[str]:
     """A command prefix that runs in a fresh network namespace whose only interface (lo) is down."""
     if shutil.which("unshare") is None:
         pytest.skip("unshare is not installed: cannot run a client without a network")
-    probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True, text=True, timeout=10)
+    probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True, text=True, timeout=10, check=False)
     if probe.returncode != 0:
         pytest.skip(f"cannot create a network namespace here: {probe.stderr.strip()[:200]}")
     return ["unshare", "-rn"]
@@ -343,7 +352,7 @@ def test_network_down_is_bad_base_url_on_every_path(host: str) -> None:
     assert record["error_kind"] == ek.BAD_BASE_URL, record["error_message"]
     code = ("import json; from tokenload.channel import Channel; from tokenload.client import stream_once; "
             f"print(json.dumps(stream_once(Channel(base_url='http://{host}', api_key='{KEY}'), 'hi', 4)))")
-    out = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["error_kind"] == ek.BAD_BASE_URL
 

@@ -35,8 +35,8 @@ from tokenload.errors import ErrorKind
 
 # `^model: NAME` is the Anthropic API's own 404 message for an unknown model id.
 _MODEL_MISSING = re.compile(r"model.*(not[ _]found|does not exist|unknown|invalid|not supported|no such)|"
-                            r"(unknown|invalid|unsupported) model|model_not_found|^model: \S", re.I)
-_TITLE = re.compile(rb"<title[^>]*>(.*?)</title>", re.I | re.S)
+                            r"(unknown|invalid|unsupported) model|model_not_found|^model: \S", re.IGNORECASE)
+_TITLE = re.compile(rb"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 # How servers say a prompt does not fit the model's context window:
 # llama.cpp  `request (4476 tokens) exceeds the available context size (4096 tokens)`, type
 #            `exceed_context_size_error`, fields `n_prompt_tokens`, `n_ctx`;
@@ -46,27 +46,27 @@ _TITLE = re.compile(rb"<title[^>]*>(.*?)</title>", re.I | re.S)
 # Anthropic  `prompt is too long: 208656 tokens > 200000 maximum`, or
 #            `input length and max_tokens exceed context limit: 197626 + 8192 > 200000`.
 _CONTEXT = re.compile(r"context[_ ]length[_ ]exceeded|exceed_context_size|exceeds the available context size|"
-                      r"maximum context length|prompt is too long|exceed context limit|context window", re.I)
+                      r"maximum context length|prompt is too long|exceed context limit|context window", re.IGNORECASE)
 _CONTEXT_LIMIT = (
-    re.compile(r"maximum context length is (\d+)", re.I),
-    re.compile(r"available context size \((\d+) tokens?\)", re.I),
-    re.compile(r"tokens? > (\d+) maximum", re.I),
-    re.compile(r"exceed context limit: \d+ \+ \d+ > (\d+)", re.I),
+    re.compile(r"maximum context length is (\d+)", re.IGNORECASE),
+    re.compile(r"available context size \((\d+) tokens?\)", re.IGNORECASE),
+    re.compile(r"tokens? > (\d+) maximum", re.IGNORECASE),
+    re.compile(r"exceed context limit: \d+ \+ \d+ > (\d+)", re.IGNORECASE),
 )
 _CONTEXT_PROMPT = (
-    re.compile(r"request \((\d+) tokens?\) exceeds", re.I),
-    re.compile(r"your request has (\d+) input tokens", re.I),
-    re.compile(r"your messages resulted in (\d+) tokens", re.I),
-    re.compile(r"\((\d+) in the messages", re.I),
-    re.compile(r"prompt is too long: (\d+) tokens", re.I),
-    re.compile(r"exceed context limit: (\d+) \+", re.I),
+    re.compile(r"request \((\d+) tokens?\) exceeds", re.IGNORECASE),
+    re.compile(r"your request has (\d+) input tokens", re.IGNORECASE),
+    re.compile(r"your messages resulted in (\d+) tokens", re.IGNORECASE),
+    re.compile(r"\((\d+) in the messages", re.IGNORECASE),
+    re.compile(r"prompt is too long: (\d+) tokens", re.IGNORECASE),
+    re.compile(r"exceed context limit: (\d+) \+", re.IGNORECASE),
 )
 # Socket errors that mean "this address cannot be reached from here": a wrong host
 # or port, or this machine's network is down. No amount of load changes them.
 _UNREACHABLE = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN,
                           errno.EADDRNOTAVAIL, errno.EHOSTDOWN})
 _AUTH_WORDS = re.compile(r"invalid (api[ _-]?)?(key|token)|api[ _-]?key (is )?(invalid|missing|expired)|"
-                         r"unauthori[sz]ed|authentication", re.I)
+                         r"unauthori[sz]ed|authentication", re.IGNORECASE)
 _DNS_WORDS = ("name or service not known", "nodename nor servname", "name resolution", "getaddrinfo",
               "no address associated", "temporary failure in name resolution")
 _PLAIN_HTTP_WORDS = ("wrong version number", "record layer failure", "packet length too long", "http request")

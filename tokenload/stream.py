@@ -24,7 +24,7 @@ _MAX_ERROR_BODY = 64 * 1024
 class StreamSession:
     """One request/response, from just before the request is written to the end."""
 
-    __slots__ = ("adapter", "timeline", "headers", "_decoder", "_streaming", "_body", "_content_type", "_estimate")
+    __slots__ = ("_body", "_content_type", "_decoder", "_estimate", "_streaming", "adapter", "headers", "timeline")
 
     def __init__(
         self,

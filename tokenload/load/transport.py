@@ -217,7 +217,7 @@ class _Deadline:
     socket's wait with `_Expired`.
     """
 
-    __slots__ = ("sock", "t0", "first", "idle", "timeline", "timer", "hub")
+    __slots__ = ("first", "hub", "idle", "sock", "t0", "timeline", "timer")
 
     def __init__(self, sock: Any, t0: float, first: float, idle: float, timeline: Any) -> None:
         self.sock, self.t0, self.first, self.idle, self.timeline = sock, t0, first, idle, timeline
@@ -277,6 +277,7 @@ def _pump_plain(response: HTTPSocketPoolResponse, session: StreamSession) -> Non
         session.on_end(_perf())
         return
     sock = response._sock
+    assert sock is not None  # checked by the caller; an incomplete body keeps its socket
     recv = sock._sock.recv
     watcher = sock._read_event
     wait = get_hub().switch

@@ -35,7 +35,7 @@ class AnthropicMessages(Protocol):
         kind = obj.get("type", event)
         if kind == "content_block_delta":
             delta = obj.get("delta") or {}
-            field_kind = _DELTA_KINDS.get(delta.get("type"))
+            field_kind = _DELTA_KINDS.get(delta.get("type") or "")
             text = delta.get(field_kind[0]) if field_kind else None
             if field_kind and text and isinstance(text, str):
                 tl.token(t, field_kind[1], text)

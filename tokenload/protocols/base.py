@@ -33,7 +33,7 @@ class PreparedRequest:
 # The C scanner under `json.loads`, called directly: on a string that is exactly one JSON
 # value it returns what `json.loads` would, without loads' two regex whitespace scans and
 # three Python frames (1.5 of about 2.2 us per token event). Anything else goes to `json.loads`.
-_scan = json.JSONDecoder().scan_once
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 class Protocol(ABC):
