@@ -200,10 +200,21 @@ def test_tls_setup_is_connect_time_not_ttft_in_probe(slow_tls_server: FakeServer
     assert second["connect_s"] == 0.0
 
 
-def test_plain_probe_records_connect_time(fake_server: FakeServer) -> None:
+def test_plain_probe_records_connect_time(fake_server: FakeServer, tmp_path: Path) -> None:
     fake_server.play(stream_script("anthropic", TOKENS, 0.05, 0.01))
     record = _probe(fake_server, "anthropic")
     assert record["status"] == "ok" and 0 < record["connect_s"] < 0.5 and record["reconnects"] == 0
+    out = subprocess.run([sys.executable, "-m", "tokenload", "probe", "--json", "--base-url", fake_server.url + "/api",
+                          "--api-key", KEY], capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+                         env={"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout)
+    assert shown["connect_s"] > 0 and shown["reconnects"] == 0 and shown["eos_only"] is False
+    assert "cached_tokens" in shown
+    table = subprocess.run([sys.executable, "-m", "tokenload", "probe", "--base-url", fake_server.url + "/api",
+                            "--api-key", KEY], capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+                           env={"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "TERM": "dumb"})
+    assert table.returncode == 0 and "connect (TCP+TLS)" in table.stdout
 
 
 # --------------------------------------------------------------- deadlines
