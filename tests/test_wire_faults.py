@@ -277,6 +277,14 @@ def test_gzip_json_error_is_decoded_under_load(fake_server: FakeServer) -> None:
     assert record["error_kind"] == ek.AUTH and "Invalid API key" in record["error_message"]
 
 
+def test_a_body_that_is_not_the_gzip_it_claims_is_malformed(fake_server: FakeServer) -> None:
+    fake_server.play(Script(headers=(("content-type", "text/event-stream"), ("content-encoding", "gzip")),
+                            writes=chat_stream(TOKENS)))
+    assert _probe(fake_server, "openai-chat")["error_kind"] == ek.MALFORMED_STREAM
+    [record] = _load(fake_server.url, "openai-chat", [{}])
+    assert record["error_kind"] == ek.MALFORMED_STREAM and "could not be decoded" in record["error_message"]
+
+
 # ------------------------------------------------------------ error kinds
 
 

@@ -24,6 +24,7 @@ import json
 import re
 import socket
 import ssl
+import zlib
 from http.client import HTTPException
 from typing import Any
 from urllib.parse import urlsplit
@@ -114,8 +115,10 @@ def classify_exception(exc: BaseException, url: str, *, connecting: bool = False
             return ek.TIMEOUT_FIRST_TOKEN, (f"no connection to {host}{seconds}: the host is down, a firewall "
                                             "drops the packets, or the server accepts no more connections")
         return ek.TIMEOUT_FIRST_TOKEN, f"{host} accepted the connection but sent no response{seconds}"
-    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.DecodingError,
-                        httpx.CloseError)) or any(isinstance(e, (OSError, HTTPException)) for e in chain):
+    if isinstance(exc, httpx.DecodingError) or any(isinstance(e, zlib.error) for e in chain):
+        return ek.MALFORMED_STREAM, f"the compressed body could not be decoded: {_last_words(chain)}"
+    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.CloseError)) or any(
+            isinstance(e, (OSError, HTTPException)) for e in chain):
         return ek.DISCONNECTED, f"{type(exc).__name__}: {_last_words(chain)}"
     return ek.CLIENT_ERROR, f"{type(exc).__name__}: {exc}"
 
