@@ -186,8 +186,8 @@ def test_tls_setup_is_connect_time_not_ttft_under_load(slow_tls_server: FakeServ
     first, second = records
     assert first["status"] == second["status"] == "ok"
     assert first["connect_s"] >= 0.45  # the held-back handshake
-    assert 0.09 <= first["ttft_s"] < 0.35  # the server's 0.1 s, not 0.6 s
-    assert second["connect_s"] == 0.0 and second["ttft_s"] < 0.35
+    assert 0.09 <= first["ttft_s"] < 0.5  # the server's 0.1 s, not 0.6 s
+    assert second["connect_s"] == 0.0 and second["ttft_s"] < 0.5
 
 
 def test_tls_setup_is_connect_time_not_ttft_in_probe(slow_tls_server: FakeServer, tls_files: tuple[Path, Path]) -> None:
@@ -196,7 +196,7 @@ def test_tls_setup_is_connect_time_not_ttft_in_probe(slow_tls_server: FakeServer
         first = _probe(slow_tls_server, "openai-chat", client)
         second = _probe(slow_tls_server, "openai-chat", client)
     assert first["status"] == second["status"] == "ok"
-    assert first["connect_s"] >= 0.45 and 0.09 <= first["ttft_s"] < 0.35
+    assert first["connect_s"] >= 0.45 and 0.09 <= first["ttft_s"] < 0.5
     assert second["connect_s"] == 0.0
 
 
