@@ -21,9 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 from tokenload.analysis import plots
+from tokenload.analysis.breakpoint import users
 from tokenload.analysis.pipeline import analyze
 from tokenload.analysis.report import figure, h, html_table, page, verdict_html
-from tokenload.analysis.breakpoint import users
 from tokenload.analysis.steps import Slo
 from tokenload.analysis.summary import Analysis
 from tokenload.errors import ConfigError

@@ -73,7 +73,7 @@ def _e2e_advice(ttft: float, tpot: float, n_out: float, slo: Slo) -> list[str]:
             f"TPOT <= {_g(need)} s; today {_g(tpot)} s: cap max_tokens at {cap} or use a smaller model"]
 
 
-def diagnose(
+def diagnose_latency(
     *,
     slo: Slo,
     requests: int,
@@ -92,9 +92,9 @@ def diagnose(
     """
     error_rate = errors_total / requests if requests else 1.0
     if requests == 0 or low.get("e2e") is None or share_ttft is None:
-        advice = _error_advice(requests, errors_by_kind) if requests else [
+        lines = _error_advice(requests, errors_by_kind) if requests else [
             "no requests were recorded: check that the load generator reached the channel (tokenload doctor)"]
-        return {"bound": "errors", "share_ttft": None, "error_rate": error_rate, "advice": advice}
+        return {"bound": "errors", "share_ttft": None, "error_rate": error_rate, "advice": lines}
 
     load_share = 1.0 - low["e2e"] / high["e2e"] if high["e2e"] > 0 else 0.0
     share_low = low["ttft"] / low["e2e"] if low["e2e"] > 0 else 0.0

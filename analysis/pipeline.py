@@ -17,8 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tokenload.analysis import plots
 from tokenload.analysis.records import REQUESTS_FILE, load_run
-from tokenload.analysis.report import (figure, h, html_table, page, steps_html, verdict_html,
-                                       verdict_table)
+from tokenload.analysis.report import figure, h, html_table, page, steps_html, verdict_html, verdict_table
 from tokenload.analysis.steps import Slo
 from tokenload.analysis.summary import Analysis, summarize
 

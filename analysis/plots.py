@@ -24,8 +24,9 @@ from tokenload.analysis.breakpoint import users  # noqa: E402
 from tokenload.analysis.summary import Analysis  # noqa: E402
 
 View = tuple[str, Analysis]
+Curve = tuple[str, Callable[..., np.ndarray], str]  # (legend label, y(x), line style)
 MAX_POINTS = 20_000
-COLORS = plt.get_cmap("tab10").colors
+COLORS = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]
 DPI = 110
 
 
@@ -61,7 +62,7 @@ def _users_axis(ax: Axes, views: Sequence[View]) -> None:
 
 
 def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
-                 lines: Callable[[Analysis], list[tuple[str, Callable[[np.ndarray], np.ndarray], str]]]) -> None:
+                 lines: Callable[[Analysis], list[Curve]]) -> None:
     """Points of the low-load steps in the run's colour, others grey; then each run's model lines."""
     per_run = MAX_POINTS // max(len(views), 1)
     y_tops = []
@@ -87,7 +88,7 @@ def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
     ax.grid(alpha=0.3)
 
 
-def _ttft_lines(a: Analysis) -> list[tuple[str, Callable[[np.ndarray], np.ndarray], str]]:
+def _ttft_lines(a: Analysis) -> list[Curve]:
     fit = a.summary["fits"]["ttft_vs_input"]
     out = []
     lin = fit.get("linear")
@@ -102,7 +103,7 @@ def _ttft_lines(a: Analysis) -> list[tuple[str, Callable[[np.ndarray], np.ndarra
     return out
 
 
-def _e2e_lines(a: Analysis) -> list[tuple[str, Callable[[np.ndarray], np.ndarray], str]]:
+def _e2e_lines(a: Analysis) -> list[Curve]:
     fit = a.summary["fits"]["e2e_vs_output"]
     out = []
     if fit.get("slope_s_per_token") is not None:

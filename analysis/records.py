@@ -19,18 +19,12 @@ import numpy as np
 import pandas as pd
 
 from tokenload.errors import ConfigError
+from tokenload.record import SPEC_COLUMNS
 from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
 
-
-# SPEC.md's "at least" columns. All must exist (a missing one is named in the error),
-# but analysis reads only ANALYSIS_COLUMNS to keep memory low on million-row runs.
-REQUIRED_COLUMNS: tuple[str, ...] = (
-    "request_id", "run_id", "worker", "user_id", "step", "active_users", "scheduled_at",
-    "started_at", "protocol", "model", "status", "error_kind", "http_status", "ttfb_s",
-    "ttft_s", "ttft_text_s", "tpot_s", "e2e_s", "input_tokens", "input_tokens_source",
-    "output_tokens", "output_tokens_source", "max_tokens", "chunks", "itl_p50_s",
-    "itl_p99_s", "itl_max_s", "stop_reason",
-)
+# SPEC.md's "at least" columns (defined in tokenload.record). All must exist (a missing one is
+# named in the error), but analysis reads only ANALYSIS_COLUMNS to keep memory low on million-row runs.
+REQUIRED_COLUMNS: tuple[str, ...] = SPEC_COLUMNS
 FLOAT_COLUMNS: tuple[str, ...] = (
     "scheduled_at", "started_at", "ttft_s", "tpot_s", "e2e_s", "input_tokens",
     "output_tokens", "itl_p99_s",

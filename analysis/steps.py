@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -128,8 +128,9 @@ INT_KEYS: frozenset[str] = frozenset({"active_users", "requests", "errors", "ok"
 def steps_records(table: pd.DataFrame, errors_by_kind: pd.DataFrame) -> list[dict[str, Any]]:
     """`summary.json` `steps[]`: SPEC.md keys first, then extras incl. errors by kind."""
     rows = []
-    for step, row in table.iterrows():
-        record = {"step": int(step)}
+    for index, row in table.iterrows():
+        step = cast(int, index)
+        record: dict[str, Any] = {"step": int(step)}
         record.update({k: int(row[k]) if k in INT_KEYS else _nan_to_none(row[k]) for k in STEP_KEYS[1:]})
         if step in errors_by_kind.index:
             kinds = errors_by_kind.loc[step]

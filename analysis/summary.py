@@ -14,11 +14,10 @@ import numpy as np
 import pandas as pd
 
 from tokenload.analysis.breakpoint import find_breakpoint
-from tokenload.analysis.diagnosis import diagnose
+from tokenload.analysis.diagnosis import diagnose_latency
 from tokenload.analysis.fits import MIN_FIT_POINTS, linear_dict, linear_fit, ttft_vs_input
 from tokenload.analysis.records import Run
-from tokenload.analysis.steps import (FORMULA_STEP_TOLERANCE, PERCENTILES, Slo, errors_by_kind,
-                                      step_table, steps_records)
+from tokenload.analysis.steps import FORMULA_STEP_TOLERANCE, PERCENTILES, Slo, errors_by_kind, step_table, steps_records
 
 # A step counts as low-load while its median TTFT and TPOT stay within this factor of the lowest-load step's.
 LOW_LOAD_RISE = 1.25
@@ -50,8 +49,8 @@ def low_load_steps(table: pd.DataFrame, max_users: int | None = None) -> tuple[l
     if usable.empty:
         return [], "no successful requests"
     if max_users is not None:
-        chosen = usable[usable["active_users"] <= max_users]
-        return [int(s) for s in chosen.index], f"steps with at most {max_users} users (--low-load-users)"
+        capped = usable[usable["active_users"] <= max_users]
+        return [int(s) for s in capped.index], f"steps with at most {max_users} users (--low-load-users)"
     base_ttft, base_tpot = usable["ttft_p50_s"].iloc[0], usable["tpot_p50_s"].iloc[0]
     chosen: list[int] = []
     count = 0
@@ -121,7 +120,7 @@ def _e2e_drivers(low: pd.DataFrame) -> dict[str, Any]:
     n_in = low["input_tokens"].to_numpy()
     n_out = low["output_tokens"].to_numpy()
     r_in, r_out = _r2(n_in, y), _r2(n_out, y)
-    out = {"r2_input": r_in, "r2_output": r_out, "r2_both": _r2(np.column_stack([n_in, n_out]), y)}
+    out: dict[str, Any] = {"r2_input": r_in, "r2_output": r_out, "r2_both": _r2(np.column_stack([n_in, n_out]), y)}
     if r_in is None or r_out is None:
         out["verdict"] = "too few successful requests (or no variation in length) to tell"
     elif r_out > r_in:
@@ -182,7 +181,7 @@ def summarize(run: Run, slo: Slo = Slo(), low_load_users: int | None = None) -> 
     share = float(ok["ttft_s"].sum() / ok["e2e_s"].sum()) if len(ok) and ok["e2e_s"].sum() > 0 else None
     top = table[table["ok"] > 0].sort_values("active_users").iloc[-1] if len(ok) else None
     high_rows = ok[ok["step"] == top.name] if top is not None else ok
-    diagnosis = diagnose(
+    diagnosis = diagnose_latency(
         slo=slo, requests=int(len(df)), errors_total=int(df["status"].eq("error").sum()),
         errors_by_kind=error_counts, share_ttft=share,
         low=_side(low, table.loc[low_steps, "active_users"].max()) if len(low) else {},

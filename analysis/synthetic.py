@@ -100,7 +100,7 @@ def generate(law: Law = Law(), n: int = 20_000, seed: int = 0, start: float = 1_
         "protocol": "anthropic",
         "model": law.model,
         "status": np.where(is_error, "error", "ok"),
-        "error_kind": pd.Series(np.where(is_error, law.error_kind, None), dtype="string"),
+        "error_kind": pd.Series(np.where(is_error, law.error_kind, np.array(None)), dtype="string"),
         "http_status": np.where(is_error, 529, 200),
         "ttfb_s": ttft * 0.5,
         "ttft_s": np.where(is_error, np.nan, ttft),
@@ -116,7 +116,7 @@ def generate(law: Law = Law(), n: int = 20_000, seed: int = 0, start: float = 1_
         "itl_p50_s": tpot,
         "itl_p99_s": tpot * 2.0,
         "itl_max_s": tpot * 3.0,
-        "stop_reason": np.where(is_error, None, "end_turn"),
+        "stop_reason": np.where(is_error, np.array(None), "end_turn"),
         "finished_at": started + np.where(is_error, 0.0, e2e),
         "in_flight": np.zeros(size, dtype=bool),
     })

@@ -250,13 +250,13 @@ def _spawn_cell(base_url: str, users: int, out: str) -> None:
 # listener by hand with proto 0, so asyncio skips TCP_NODELAY and Nagle holds the first token
 # behind the response headers until the client's delayed ACK: about 40 ms on every reused
 # connection, outside the truth file's timestamps. Reported to the simulator's owner.)
-_SIM = """
+_SIM = f"""
 import sys
 from tokenload.sim import serve_in_thread
-with serve_in_thread(sys.argv[1], truth_path=sys.argv[2], models=["%s"]) as sim:
+with serve_in_thread(sys.argv[1], truth_path=sys.argv[2], models=[{MODEL!r}]) as sim:
     print(sim.base_url, flush=True)
     sys.stdin.read()
-""" % MODEL
+"""
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -88,7 +88,7 @@ def raw_request(base_url: str, path: str, body: dict[str, Any] | bytes | None = 
             response.ended = "eof"
         except ConnectionResetError:
             response.ended = "reset"
-        except socket.timeout:
+        except TimeoutError:
             response.ended = "timeout"
         return response
     finally:

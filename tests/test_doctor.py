@@ -4,7 +4,7 @@ Channels are the simulator (tokenload.sim, healthy or configured to exhibit a
 mistake) and the scripted server (tests/fakeserver.py) for what the simulator
 does not do on purpose: a dashboard answering 200 HTML, redirects, a buffering
 proxy, a stream without its final event, a server echoing the key. Checks run
-in-process through `diagnose`; exit codes, `--json` and secrecy run the real
+in-process through `diagnose_channel`; exit codes, `--json` and secrecy run the real
 console entry point in a subprocess.
 """
 
@@ -20,10 +20,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from fakeserver import Received, Script, body_script, json_script, stream_script
 
 from tokenload.channel import fingerprint, resolve
-from tokenload.doctor import CHECKS, FAIL, OK, SKIP, CheckResult, Doctor, Limits, base_variants, check_config, check_key, diagnose, is_local
+from tokenload.doctor import (
+    CHECKS,
+    FAIL,
+    OK,
+    SKIP,
+    CheckResult,
+    Doctor,
+    Limits,
+    base_variants,
+    check_config,
+    check_key,
+    diagnose_channel,
+    is_local,
+)
 from tokenload.sim import serve_in_thread
 
 KEY = "sk-doctor-7QxWv2LmZr9Tq4Hn"  # distinctive: must never appear in any output
@@ -43,7 +57,7 @@ def run_doctor(tmp_path: Path, env: dict[str, str] | None = None, limits: Limits
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     full = {k: flags.get(k) for k in ("protocol", "base_url", "api_key", "auth_token", "model", "settings")}
-    results, _ = diagnose(flags=full, env=env or {}, cwd=tmp_path, home=home, limits=limits)
+    results, _ = diagnose_channel(flags=full, env=env or {}, cwd=tmp_path, home=home, limits=limits)
     assert [r.name for r in results] == NAMES
     return {r.name: r for r in results}
 
@@ -96,7 +110,7 @@ def test_config_names_each_source(tmp_path: Path) -> None:
 
 def test_invalid_json_gives_line_and_column_and_skips_the_rest(tmp_path: Path) -> None:
     bad = write_settings(tmp_path / "s.json", '{\n  "env": {\n    "ANTHROPIC_BASE_URL": "http://x/api",,\n  }\n}\n')
-    results, channel = diagnose(flags={"settings": str(bad)}, env={}, cwd=tmp_path, home=tmp_path)
+    results, channel = diagnose_channel(flags={"settings": str(bad)}, env={}, cwd=tmp_path, home=tmp_path)
     assert channel is None
     assert results[0].status == FAIL and "line 3 column 42" in results[0].saw
     assert [r.status for r in results[1:]] == [SKIP] * (len(NAMES) - 1)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from fakeserver import FakeServer, Script, json_script, sse, stream_script
 
 from tokenload.errors import FIXES

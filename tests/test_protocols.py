@@ -19,6 +19,7 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+
 from fakeserver import (
     FakeServer,
     Script,

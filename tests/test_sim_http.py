@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+
 from simfixtures import anthropic_body, chat_body, raw_request, read_truth
 
 from tokenload.errors import ConfigError

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from simfixtures import RawResponse, anthropic_body, chat_body, parse_sse, raw_request, read_truth, responses_body
 
 from tokenload.sim import load_profile, serve_in_thread

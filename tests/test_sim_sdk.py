@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from simfixtures import read_truth
+
 from tokenload.sim import SimHandle, serve_in_thread
 from tokenload.tokens import estimate_tokens
 

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pandas as pd
 import pytest
+
 from fakeserver import (
     FakeServer,
     Script,

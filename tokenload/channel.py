@@ -244,7 +244,7 @@ def _read_settings(path: Path) -> dict[str, str]:
     try:
         text = path.read_text(encoding="utf-8-sig")  # editors on Windows save a BOM
     except OSError as exc:
-        raise ConfigError(f"cannot read settings file {path}: {exc.strerror}; check the path given to --settings")
+        raise ConfigError(f"cannot read settings file {path}: {exc.strerror}; check the path given to --settings") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"settings file {path} is not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8 JSON"

@@ -20,6 +20,7 @@ from tokenload.channel import Channel
 from tokenload.failures import classify_exception
 from tokenload.measure import Timeline
 from tokenload.protocols import adapter_for
+from tokenload.record import RequestRecord
 from tokenload.stream import StreamSession
 from tokenload.tokens import estimate_tokens
 
@@ -116,7 +117,7 @@ def stream_once(
     extra_body: Mapping[str, Any] | None = None,
     on_text: Callable[[str, str], None] | None = None,
     client: httpx.Client | None = None,
-) -> dict[str, Any]:
+) -> RequestRecord:
     """Send one streaming request and return its SPEC.md record (never raises for HTTP trouble)."""
     return stream_exchange(channel, prompt, max_tokens, extra_body=extra_body, on_text=on_text, client=client)[0]
 
@@ -129,7 +130,7 @@ def stream_exchange(
     extra_body: Mapping[str, Any] | None = None,
     on_text: Callable[[str, str], None] | None = None,
     client: httpx.Client | None = None,
-) -> tuple[dict[str, Any], Timeline]:
+) -> tuple[RequestRecord, Timeline]:
     """`stream_once`, plus the raw timeline: `doctor` reads its chunk arrival times to spot buffering proxies."""
     adapter = adapter_for(channel)
     request = adapter.prepare(prompt, max_tokens, extra_body)
@@ -187,7 +188,7 @@ def stream_exchange(
         if own:
             http.close()
     record = session.record()
-    record.update(protocol=channel.protocol, model=channel.model, max_tokens=max_tokens)
+    record.update({"protocol": channel.protocol, "model": channel.model, "max_tokens": max_tokens})
     return record, session.timeline
 
 

@@ -54,8 +54,9 @@ from tokenload.channel import (
 )
 from tokenload.client import stream_exchange
 from tokenload.errors import ConfigError
-from tokenload.measure import Timeline
 from tokenload.failures import body_message, classify_exception, classify_http, looks_like_html
+from tokenload.measure import Timeline
+from tokenload.record import RequestRecord
 from tokenload.tokens import synth_prompt
 
 OK, FAIL, SKIP = "ok", "fail", "skip"
@@ -133,8 +134,8 @@ class Doctor:
     home: Path
     limits: Limits = field(default_factory=Limits)
     channel: Channel = field(init=False)
-    _tiny: dict[str, Any] | None = None
-    _probe: tuple[dict[str, Any], Timeline] | None = None
+    _tiny: RequestRecord | None = None
+    _probe: tuple[RequestRecord, Timeline] | None = None
     _models: list[str] | None = None
     _models_fetched: bool = False
 
@@ -159,13 +160,13 @@ class Doctor:
         t = self.limits.timeout_s
         return httpx.Client(timeout=httpx.Timeout(t, connect=min(t, 10.0)), follow_redirects=False)
 
-    def tiny(self) -> dict[str, Any]:
+    def tiny(self) -> RequestRecord:
         """A one-token streaming request: the cheapest request that proves key and model."""
         if self._tiny is None:
             self._tiny = stream_exchange(self.channel, "Reply with OK.", 1)[0]
         return self._tiny
 
-    def probe(self) -> tuple[dict[str, Any], Timeline]:
+    def probe(self) -> tuple[RequestRecord, Timeline]:
         """The latency probe, shared with the streaming check."""
         if self._probe is None:
             prompt = synth_prompt(self.limits.prompt_tokens, prefix=f"{fresh_nonce()} {_PROBE_PREFIX}")
@@ -653,7 +654,7 @@ def unreadable(error: ConfigError, env: Mapping[str, str]) -> list[CheckResult]:
     return [first, *rest]
 
 
-def diagnose(
+def diagnose_channel(
     *,
     flags: Mapping[str, str | None],
     env: Mapping[str, str],
@@ -663,7 +664,7 @@ def diagnose(
 ) -> tuple[list[CheckResult], Channel | None]:
     """Resolve and check a channel; `(results, None)` when the configuration could not be read."""
     try:
-        resolution = resolve(env=env, cwd=cwd, home=home, **flags)  # type: ignore[arg-type]
+        resolution = resolve(env=env, cwd=cwd, home=home, **flags)
     except ConfigError as exc:
         return unreadable(exc, env), None
     ctx = Doctor(resolution, env, cwd, home, limits or Limits())

@@ -23,9 +23,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
+
+from tokenload.record import RequestRecord
 
 TOKEN_TEXT = "text"
 TOKEN_THINKING = "thinking"
@@ -104,7 +105,7 @@ def _since(t: float | None, t0: float) -> float | None:
     return None if t is None else t - t0
 
 
-def measure(tl: Timeline, estimated_input_tokens: int | None = None) -> dict[str, Any]:
+def measure(tl: Timeline, estimated_input_tokens: int | None = None) -> RequestRecord:
     """SPEC.md's per-request fields from a timeline (no run/user context)."""
     if tl.output_tokens is not None:
         output_tokens, output_source = tl.output_tokens, "server"

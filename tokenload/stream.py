@@ -10,12 +10,12 @@ client never interprets the wire format and the adapter never touches sockets.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from tokenload import errors as ek
 from tokenload.failures import classify_http, looks_like_html
 from tokenload.measure import Timeline, measure
-from tokenload.protocols.base import Protocol
+from tokenload.protocols.base import ProtocolAdapter
+from tokenload.record import RequestRecord
 from tokenload.sse import SSEDecoder
 
 _MAX_ERROR_BODY = 64 * 1024
@@ -28,7 +28,7 @@ class StreamSession:
 
     def __init__(
         self,
-        adapter: Protocol,
+        adapter: ProtocolAdapter,
         t0: float,
         *,
         estimated_input_tokens: int | None = None,
@@ -95,7 +95,7 @@ class StreamSession:
             kind = ek.TIMEOUT_STALL
         tl.fail(kind, message)
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> RequestRecord:
         """SPEC.md's per-request fields for this exchange (error messages redacted: servers echo keys)."""
         record = measure(self.timeline, self._estimate)
         if record["error_message"]:

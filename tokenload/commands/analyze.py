@@ -53,7 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def export_csv(run_dir: Path) -> Path:
-    """requests.parquet as CSV, every column (the analysis itself reads only the parquet)."""
+    """requests.parquet as CSV, every column (`tokenload.record.RequestRecord`; the analysis reads only the parquet)."""
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 

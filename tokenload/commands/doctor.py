@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from tokenload.doctor import FAIL, OK, Limits, diagnose
+    from tokenload.doctor import FAIL, OK, Limits, diagnose_channel
     from tokenload.errors import ConfigError
 
     for flag in ("slo_ttft", "slo_tpot", "slo_e2e", "burst_ms", "timeout"):
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                     expected_output_tokens=args.expected_output_tokens, burst_s=args.burst_ms / 1000,
                     timeout_s=args.timeout, prompt_tokens=args.prompt_tokens)
     flags = {k: getattr(args, k) for k in ("protocol", "base_url", "api_key", "auth_token", "model", "settings")}
-    results, channel = diagnose(flags=flags, env=os.environ, cwd=Path.cwd(), home=Path.home(), limits=limits)
+    results, channel = diagnose_channel(flags=flags, env=os.environ, cwd=Path.cwd(), home=Path.home(), limits=limits)
 
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2))

@@ -15,6 +15,7 @@ import json
 import sys
 
 from tokenload.channel import add_channel_arguments
+from tokenload.record import RequestRecord
 
 HELP = "one streaming request, tokens shown live, then TTFT, TPOT, total and the formula check"
 DEFAULT_PROMPT = "Count from 1 to 30, one number per word, separated by spaces."
@@ -59,13 +60,12 @@ def run(args: argparse.Namespace) -> int:
     record = stream_once(channel, args.prompt, args.max_tokens, on_text=None if args.json else show)
     check = formula(record["ttft_s"], record["tpot_s"], record["output_tokens"], record["e2e_s"])
     if args.json:
-        record["formula"] = check
-        record["channel"] = channel.public()
-        print(json.dumps(record, indent=2))
+        print(json.dumps({**record, "formula": check, "channel": channel.public()}, indent=2))
         return 0 if record["status"] == "ok" else 1
     out.print()
     if record["status"] != "ok":
         kind = record["error_kind"]
+        assert kind is not None  # measure() sets status "error" only with a kind
         err.print(
             f"[red]FAIL[/] {kind} (HTTP {record['http_status']}): {escape(str(record['error_message']))}",
             highlight=False,
@@ -80,7 +80,7 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} s"
 
 
-def _print_summary(out: object, record: dict, check: dict | None) -> None:
+def _print_summary(out: object, record: RequestRecord, check: dict | None) -> None:
     from rich.table import Table
 
     table = Table(show_header=False, box=None, pad_edge=False)

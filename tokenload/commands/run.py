@@ -77,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
 
     from tokenload.channel import resolve_from_args
     from tokenload.errors import ConfigError
-    from tokenload.rundir import REQUESTS_FILE
-    from tokenload.load.runner import Distribution, run_scenario
+    from tokenload.load.runner import ProcessLayout, run_scenario
     from tokenload.load.scenario import load_scenario
+    from tokenload.rundir import REQUESTS_FILE
 
     if args.master and args.worker:
         raise ConfigError("--master and --worker exclude each other")
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"[yellow]warning:[/] {warning}")
     err.print(f"[bold]{scenario.name}[/] against {resolution.channel}")
     err.print(f"[dim]{resolution.describe()}[/]", markup=True, soft_wrap=True)
-    distribution = Distribution(processes=args.processes, master=args.master, worker=args.worker,
+    distribution = ProcessLayout(processes=args.processes, master=args.master, worker=args.worker,
                                 master_host=args.master_host, master_port=args.master_port,
                                 master_bind_host=args.master_bind_host,
                                 expect_workers=args.expect_workers)

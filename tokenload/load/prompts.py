@@ -16,10 +16,10 @@ import random
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
-from typing import Any
 
 from tokenload.errors import ConfigError
 from tokenload.load.scenario import Distribution, Scenario
+from tokenload.record import RequestRecord
 from tokenload.tokens import estimate_tokens, synth_prompt
 
 # Calibration ratio bounds: a ratio outside them means the server counts something
@@ -139,7 +139,8 @@ class PromptSource:
             prompt = synth_prompt(local, seed=(self._salt << 32) | n, prefix=self._prefix)
         return RequestPlan(model, prompt, target, estimate_tokens(prompt), self._max_tokens.draw())
 
-    def observe(self, record: dict[str, Any], plan: RequestPlan) -> None:
+    def observe(self, record: RequestRecord, plan: RequestPlan) -> None:
         """Learn from a finished request's server-reported input tokens."""
-        if record.get("input_tokens_source") == "server" and record.get("input_tokens"):
-            self.calibration.observe(int(record["input_tokens"]), plan.estimated_input_tokens)
+        tokens = record.get("input_tokens")
+        if record.get("input_tokens_source") == "server" and tokens:
+            self.calibration.observe(tokens, plan.estimated_input_tokens)

@@ -29,60 +29,17 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
 from tokenload.errors import ConfigError
+from tokenload.record import RequestRecord, arrow_schema
 from tokenload.rundir import REQUESTS_FILE
 
 SEGMENTS_DIR = "segments"
 
-# SPEC.md's columns first, in SPEC order, then tokenload's extras.
-SCHEMA = pa.schema([
-    ("request_id", pa.string()),
-    ("run_id", pa.string()),
-    ("worker", pa.string()),
-    ("user_id", pa.string()),
-    ("step", pa.int32()),
-    ("active_users", pa.int32()),
-    ("scheduled_at", pa.float64()),
-    ("started_at", pa.float64()),
-    ("protocol", pa.string()),
-    ("model", pa.string()),
-    ("status", pa.string()),
-    ("error_kind", pa.string()),
-    ("http_status", pa.int32()),
-    ("ttfb_s", pa.float64()),
-    ("ttft_s", pa.float64()),
-    ("ttft_text_s", pa.float64()),
-    ("tpot_s", pa.float64()),
-    ("e2e_s", pa.float64()),
-    ("input_tokens", pa.int64()),
-    ("input_tokens_source", pa.string()),
-    ("output_tokens", pa.int64()),
-    ("output_tokens_source", pa.string()),
-    ("max_tokens", pa.int64()),
-    ("chunks", pa.int64()),
-    ("itl_p50_s", pa.float64()),
-    ("itl_p99_s", pa.float64()),
-    ("itl_max_s", pa.float64()),
-    ("stop_reason", pa.string()),
-    # extras
-    ("finished_at", pa.float64()),
-    ("late_s", pa.float64()),
-    ("prompt_tokens_target", pa.int64()),
-    ("in_flight", pa.bool_()),
-    ("server_request_id", pa.string()),
-    ("error_message", pa.string()),
-    ("duration_s", pa.float64()),
-    ("reasoning_tokens", pa.int64()),
-    ("thinking_chunks", pa.int64()),
-    ("malformed_events", pa.int64()),
-    ("connect_s", pa.float64()),
-    ("reconnects", pa.int32()),
-    ("eos_only", pa.bool_()),
-    ("cached_tokens", pa.int64()),
-])
+# The columns are defined in tokenload.record (RequestRecord): add a column there, not here.
+SCHEMA = arrow_schema()
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     write(tmp)
     os.replace(tmp, path)
@@ -100,14 +57,14 @@ class SegmentWriter:
         self.dir = run_dir / SEGMENTS_DIR
         self.dir.mkdir(parents=True, exist_ok=True)
         self.worker = worker
-        self._rows: list[dict[str, Any]] = []
+        self._rows: list[RequestRecord] = []
         self._seq = 0
         self.written = 0
         # The first conversion loads pyarrow's kernels (~0.2 s): pay it now, before
         # any user runs, not in the middle of a stream where it would delay timestamps.
         pa.Table.from_pylist([{"request_id": "warm-up"}], schema=SCHEMA)
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: RequestRecord) -> None:
         self._rows.append(record)
 
     @property

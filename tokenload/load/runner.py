@@ -75,7 +75,7 @@ def write_run_info(run_dir: Path, run_id: str, scenario: Scenario, channel_publi
 
 
 @dataclasses.dataclass(frozen=True)
-class Distribution:
+class ProcessLayout:
     """How Locust is spread over processes and machines."""
 
     processes: int = 0
@@ -115,7 +115,7 @@ def run_scenario(
     *,
     users: int | None = None,
     duration_s: float | None = None,
-    distribution: Distribution = Distribution(),
+    distribution: ProcessLayout = ProcessLayout(),
     web: bool = False,
     on_live: Callable[[dict[str, Any]], None] | None = None,
 ) -> Path:

@@ -312,13 +312,14 @@ class LoadSection:
         )
         if kind == "poisson":
             rate = d.get("rate")
-            rates = rate if isinstance(rate, list) else [rate]
+            rates: list[Any] = rate if isinstance(rate, list) else [rate]
             if rate is None or not rates or any(isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0 for r in rates):
                 raise ctx.fail(f"{w} rate", f"expected requests/s > 0 or a list of them, got {_show(rate)}")
             return cls(**common, rate=tuple(float(r) for r in rates),
                        max_users=ctx.number(d, "max_users", w, 64, integer=True, minimum=1),
                        arrival=ctx.text(d, "arrival", w, "poisson", choices=ARRIVALS) or "poisson")
         think = ctx.number(d, "think_time_s", w, 0.0, minimum=0)
+        users: tuple[int, ...]
         if kind == "constant":
             users = (ctx.number(d, "users", w, 1, integer=True, minimum=1),)
         else:
@@ -406,7 +407,7 @@ class Scenario:
         d = ctx.table(data, "top level", ("name", "description", "seed", "channel", "prompt", "output", "load", "stop"))
         return cls(
             name=ctx.text(d, "name", "top level", default_name) or default_name,
-            description=ctx.text(d, "description", "top level") if d.get("description") else "",
+            description=(ctx.text(d, "description", "top level") or "") if d.get("description") else "",
             seed=ctx.number(d, "seed", "top level", 0, integer=True),
             channel=ChannelSection.parse(d.get("channel"), ctx),
             prompt=PromptSection.parse(d.get("prompt"), ctx, base_dir),

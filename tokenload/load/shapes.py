@@ -40,6 +40,7 @@ class Phase:
 def build_plan(scenario: Scenario) -> list[Phase]:
     """The scenario's phases, cut at `[stop] duration_s` when set."""
     load = scenario.load
+    levels: list[tuple[int, float | None]]
     if load.kind == "poisson":
         levels = [(load.max_users, r) for r in load.rate]
     else:
@@ -74,7 +75,7 @@ class ScenarioShape(LoadTestShape):
         self._phase = None
 
     def tick(self) -> tuple[int, float] | None:
-        control = self.runner.environment.tokenload  # type: ignore[attr-defined]
+        control = self.runner.environment.tokenload  # type: ignore[union-attr]
         elapsed = self.get_run_time()
         phase = phase_at(control.plan, elapsed)
         reason = control.stop_reason(elapsed, phase, self._phase)

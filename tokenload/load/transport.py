@@ -276,8 +276,7 @@ def _pump_plain(response: HTTPSocketPoolResponse, session: StreamSession) -> Non
     if response.message_complete:
         session.on_end(_perf())
         return
-    sock = response._sock
-    assert sock is not None  # checked by the caller; an incomplete body keeps its socket
+    sock: Any = response._sock
     recv = sock._sock.recv
     watcher = sock._read_event
     wait = get_hub().switch

@@ -34,9 +34,9 @@ from tokenload.load.control import E2E, REQUEST_TYPE, TPOT, TTFT, LoadState
 from tokenload.load.prompts import PromptSource
 from tokenload.load.records import SegmentWriter
 from tokenload.load.transport import Transport
-from tokenload.protocols.base import Protocol
+from tokenload.protocols.base import ProtocolAdapter
+from tokenload.record import RequestRecord
 from tokenload.stream import StreamSession
-
 
 PARK_S = 3600.0
 
@@ -92,7 +92,7 @@ class ProcessContext:
     worker: str
     tag: str
     protocol: str
-    adapters: dict[str, Protocol]
+    adapters: dict[str, ProtocolAdapter]
     transport: Transport
     prompts: PromptSource
     writer: SegmentWriter
@@ -121,7 +121,7 @@ class LLMUser(User):
         return self.ctx.think_time_s if self.ctx.arrivals is None else 0.0
 
     def on_start(self) -> None:
-        self.ctx: ProcessContext = self.environment.tokenload_process  # type: ignore[attr-defined]
+        self.ctx: ProcessContext = self.environment.tokenload_process
         self.user_id = self.ctx.new_user_id()
         self.parked = False
 
@@ -158,13 +158,13 @@ class LLMUser(User):
         finally:
             record = session.record()
             duration = record["duration_s"]
-            record.update(
-                request_id=ctx.new_request_id(), run_id=ctx.run_id, worker=ctx.worker, user_id=self.user_id,
-                step=step, active_users=users, scheduled_at=scheduled_at,
-                late_s=max(0.0, record["started_at"] - scheduled_at), protocol=ctx.protocol, model=plan.model,
-                max_tokens=plan.max_tokens, prompt_tokens_target=plan.prompt_tokens_target, in_flight=in_flight,
-                finished_at=None if duration is None else record["started_at"] + duration,
-            )
+            record.update({
+                "request_id": ctx.new_request_id(), "run_id": ctx.run_id, "worker": ctx.worker,
+                "user_id": self.user_id, "step": step, "active_users": users, "scheduled_at": scheduled_at,
+                "late_s": max(0.0, record["started_at"] - scheduled_at), "protocol": ctx.protocol,
+                "model": plan.model, "max_tokens": plan.max_tokens, "prompt_tokens_target": plan.prompt_tokens_target,
+                "in_flight": in_flight, "finished_at": None if duration is None else record["started_at"] + duration,
+            })
             ctx.writer.append(record)
             if budget is not None:
                 budget.finished((record["input_tokens"] or 0) + (record["output_tokens"] or 0))
@@ -172,7 +172,7 @@ class LLMUser(User):
                 ctx.prompts.observe(record, plan)
                 self._fire(record)
 
-    def _fire(self, r: dict[str, Any]) -> None:
+    def _fire(self, r: RequestRecord) -> None:
         fire = self.environment.events.request.fire
         model = r["model"]
         ok = r["status"] == "ok"

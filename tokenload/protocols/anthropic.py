@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenload.measure import TOKEN_OTHER, TOKEN_TEXT, TOKEN_THINKING, Timeline
-from tokenload.protocols.base import Protocol
+from tokenload.protocols.base import ProtocolAdapter
 
 _DELTA_KINDS = {
     "text_delta": ("text", TOKEN_TEXT),
@@ -20,7 +20,7 @@ _DELTA_KINDS = {
 }
 
 
-class AnthropicMessages(Protocol):
+class AnthropicMessages(ProtocolAdapter):
     name = "anthropic"
 
     def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -35,7 +35,7 @@ class AnthropicMessages(Protocol):
         kind = obj.get("type", event)
         if kind == "content_block_delta":
             delta = obj.get("delta") or {}
-            field_kind = _DELTA_KINDS.get(delta.get("type") or "")
+            field_kind = _DELTA_KINDS.get(delta.get("type", ""))
             text = delta.get(field_kind[0]) if field_kind else None
             if field_kind and text and isinstance(text, str):
                 tl.token(t, field_kind[1], text)

@@ -36,7 +36,7 @@ class PreparedRequest:
 _scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-class Protocol(ABC):
+class ProtocolAdapter(ABC):
     """One wire format. Subclasses set `name` and implement `body` and `handle`."""
 
     name: str
@@ -81,7 +81,7 @@ class Protocol(ABC):
             # Valid JSON of the wrong shape (a string where an object belongs): a bad event, not our crash.
             tl.malformed += 1
 
-    def on_done(self, tl: Timeline) -> None:
+    def on_done(self, tl: Timeline) -> None:  # noqa: B027 (a hook whose default does nothing)
         """`data: [DONE]`: only OpenAI Chat sends it; elsewhere it is ignored."""
 
     @abstractmethod

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from tokenload.measure import TOKEN_OTHER, TOKEN_TEXT, TOKEN_THINKING, Timeline
-from tokenload.protocols.base import Protocol
+from tokenload.protocols.base import ProtocolAdapter
 
 
-class OpenAIChat(Protocol):
+class OpenAIChat(ProtocolAdapter):
     name = "openai-chat"
 
     def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:

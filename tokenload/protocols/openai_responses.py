@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenload.measure import TOKEN_OTHER, TOKEN_TEXT, TOKEN_THINKING, Timeline
-from tokenload.protocols.base import Protocol
+from tokenload.protocols.base import ProtocolAdapter
 
 _DELTA_KINDS = {
     "response.output_text.delta": TOKEN_TEXT,
@@ -22,7 +22,7 @@ _DELTA_KINDS = {
 }
 
 
-class OpenAIResponses(Protocol):
+class OpenAIResponses(ProtocolAdapter):
     name = "openai-responses"
 
     def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:

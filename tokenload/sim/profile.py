@@ -73,7 +73,7 @@ def knobs_help() -> str:
     """One line per knob with default and meaning, for docstrings and --help."""
     lines = []
     for f in dataclasses.fields(Profile):
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        default = f.default_factory() if callable(f.default_factory) else f.default
         lines.append(f"  {f.name} = {default!r}\n      {f.metadata['help']}")
     return "\n".join(lines)
 

@@ -80,7 +80,7 @@ class StreamSequence(Sequence):
     __slots__ = ("transport", "framer", "faults", "done", "outcome", "keep_alive", "preamble_sent",
                  "_special", "_prefix", "_split", "_cut_at", "_malformed_at", "_send")
 
-    def __init__(self, n_input: int, n_out: int, transport: asyncio.Transport, framer: wire.Protocol,
+    def __init__(self, n_input: int, n_out: int, transport: asyncio.WriteTransport, framer: wire.Framer,
                  faults: FaultPlan) -> None:
         stall_at = faults.after("stall")
         super().__init__(n_input, n_out, stall_at, faults.num("stall", "seconds") if stall_at >= 0 else 0.0)
@@ -177,7 +177,7 @@ class BodySequence(Sequence):
 
     __slots__ = ("transport", "done", "outcome")
 
-    def __init__(self, n_input: int, n_out: int, transport: asyncio.Transport) -> None:
+    def __init__(self, n_input: int, n_out: int, transport: asyncio.WriteTransport) -> None:
         super().__init__(n_input, n_out)
         self.transport = transport
         self.done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -382,7 +382,7 @@ class Generation:
         self.request_id = wire.new_request_id()
         anthropic_style = route in ("anthropic", "count_tokens") or (
             route == "models" and "anthropic-version" in request.headers)
-        self.proto: type[wire.Protocol] = wire.PROTOCOLS["anthropic" if anthropic_style else route
+        self.proto: type[wire.Framer] = wire.PROTOCOLS["anthropic" if anthropic_style else route
                                                           if route in wire.PROTOCOLS else "openai-chat"]
         self.record = _record(self.request_id, request, self.proto.name)
 
@@ -406,7 +406,7 @@ class Generation:
     async def run(self) -> bool:
         server, request = self.server, self.request
         if not server.authorized(request.headers):
-            anthropic = self.proto is wire.Anthropic
+            anthropic = self.proto is wire.AnthropicFramer
             return self._error(401, "invalid x-api-key" if anthropic else "Incorrect API key provided.",
                                error="auth", code=None if anthropic else "invalid_api_key")
         if self.route == "models":
@@ -422,13 +422,13 @@ class Generation:
         except ValueError:
             return self._error(400, "The request body is not valid JSON.", error="bad_request")
         try:
-            parsed = (wire.Anthropic if self.route == "count_tokens" else self.proto).parse(
+            parsed = (wire.AnthropicFramer if self.route == "count_tokens" else self.proto).parse(
                 body if self.route != "count_tokens" else {"max_tokens": 1, **body}, server.profile.default_max_tokens)
         except wire.BadRequest as exc:
             return self._error(400, str(exc), error="bad_request")
         self.record["model"] = parsed.model
         if parsed.model not in server.engines:
-            if self.proto is wire.Anthropic:
+            if self.proto is wire.AnthropicFramer:
                 return self._error(404, f"model: {parsed.model}", error="not_found_model")
             return self._error(404, f"The model `{parsed.model}` does not exist", error="not_found_model",
                                param="model", code="model_not_found")
@@ -485,7 +485,7 @@ class Generation:
         except ValueError as exc:
             return self._error(400, f"fault marker: {exc}", error="bad_request")
         plan = wire.Plan(self.request_id, parsed.model, n_in, n_out, n_think, early,
-                         include_usage=parsed.include_usage or self.proto is not wire.OpenAIChat,
+                         include_usage=parsed.include_usage or self.proto is not wire.OpenAIChatFramer,
                          unicode=faults.has("unicode"), offset=server.rng.randrange(1 << 16))
         self.record.update(fault=faults.describe(), planned_output_tokens=n_out, thinking_tokens=n_think,
                            max_tokens=parsed.max_tokens, stream=parsed.stream)
@@ -504,7 +504,7 @@ class Generation:
             await asyncio.sleep(faults.num("slow_headers", "seconds"))
         engine = server.engines[parsed.model]
         if engine.profile.max_queue and len(engine.waiting) >= engine.profile.max_queue:
-            if self.proto is wire.Anthropic:
+            if self.proto is wire.AnthropicFramer:
                 return self._error(529, "Overloaded", error="overloaded")
             return self._error(503, "The server is overloaded, please try again later.", error="overloaded")
         sse = wire.SSE(b"\r\n" if faults.has("crlf") else b"\r" if faults.has("cr") else b"\n",
@@ -559,7 +559,7 @@ class Generation:
         metrics.requests[(model, "stop" if seq.emitted == seq.n_out else "abort")] += 1
         self.server._write_truth(self.record)
 
-    async def _run_body(self, engine: Engine, framer: wire.Protocol) -> bool:
+    async def _run_body(self, engine: Engine, framer: wire.Framer) -> bool:
         seq = BodySequence(framer.plan.input_tokens, framer.plan.n_out, self.writer.transport)
 
         def on_end() -> None:

@@ -141,7 +141,7 @@ def _model(body: dict[str, Any]) -> str:
     return model
 
 
-class Protocol:
+class Framer:
     """Shared shape of the three framers; subclasses own every JSON layout."""
 
     name: ClassVar[str]
@@ -196,7 +196,7 @@ _ANTHROPIC_ERRORS = {
 }
 
 
-class Anthropic(Protocol):
+class AnthropicFramer(Framer):
     name = "anthropic"
     stop_reasons = ("end_turn", "max_tokens")
 
@@ -297,7 +297,7 @@ def _openai_error(status: int, message: str, code: str | None, param: str | None
     return dumps({"error": {"message": message, "type": etype, "param": param, "code": code}})
 
 
-class OpenAIChat(Protocol):
+class OpenAIChatFramer(Framer):
     name = "openai-chat"
     stop_reasons = ("stop", "length")
 
@@ -376,7 +376,7 @@ class OpenAIChat(Protocol):
                 "usage": self._usage()}
 
 
-class OpenAIResponses(Protocol):
+class OpenAIResponsesFramer(Framer):
     name = "openai-responses"
     # The contract ends every stream with response.completed, also at the token limit.
     stop_reasons = ("completed", "completed")
@@ -501,7 +501,7 @@ class OpenAIResponses(Protocol):
         return self._response("completed")
 
 
-PROTOCOLS: dict[str, type[Protocol]] = {p.name: p for p in (Anthropic, OpenAIChat, OpenAIResponses)}
+PROTOCOLS: dict[str, type[Framer]] = {p.name: p for p in (AnthropicFramer, OpenAIChatFramer, OpenAIResponsesFramer)}
 
 
 def new_request_id() -> str:
