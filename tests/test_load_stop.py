@@ -1,4 +1,4 @@
-"""Stop limits, a killed worker and the web UI: real Locust, the real simulator, loopback."""
+"""Stop limits and a killed worker: real Locust, the real simulator, loopback (the web UI: test_webui.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ import os
 import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from loadkit import free_port, run_command, truth_frame, write_scenario
+from loadkit import run_command, truth_frame, write_scenario
 
 from tokenload.sim import launch
 
@@ -158,59 +157,6 @@ drain_s = 3
     assert manifest["workers_lost"] == [victim["worker"]]
     assert any("did not finish" in w for w in manifest["warnings"])
     assert not (out / "segments").exists() or not list((out / "segments").glob("*.arrow"))
-
-
-def _listening(port: int) -> set[str]:
-    """Local addresses (hex, as /proc/net/tcp writes them) listening on `port`."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            address, hexport = fields[1].rsplit(":", 1)
-            if int(hexport, 16) == port and fields[3] == "0A":  # TCP_LISTEN
-                found.add(address)
-    return found
-
-
-@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from /proc")
-def test_web_ui_on_loopback_and_the_run_ends_by_itself(tmp_path: Path) -> None:
-    scenario = write_scenario(tmp_path, """
-[prompt]
-tokens = 16
-[output]
-max_tokens = 4
-[load]
-kind = "constant"
-users = 2
-step_s = 3
-[stop]
-drain_s = 2
-""")
-    port = free_port()
-    out = tmp_path / "run"
-    with launch() as sim:
-        proc = subprocess.Popen(run_command(scenario, sim.base_url, out, "--web"), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env={**os.environ, "LOCUST_WEB_PORT": str(port)})
-        page = b""
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not page:
-            try:
-                page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read()
-            except OSError:
-                time.sleep(0.2)
-        addresses = _listening(port)
-        stdout, stderr = proc.communicate(timeout=60)
-    assert b"locust" in page.lower()
-    assert addresses == {"0100007F"}, addresses  # 127.0.0.1 only, never 0.0.0.0
-    assert proc.returncode == 0, stderr
-    assert stdout.strip().splitlines()[-1] == str(out)
-    df = pd.read_parquet(out / "requests.parquet")
-    assert len(df) > 0 and df.status.eq("ok").all()
-    assert json.loads((out / "manifest.json").read_text())["stop_reason"] == "plan complete"
 
 
 def test_ramp_stops_after_the_first_step_over_the_error_limit(tmp_path: Path) -> None:

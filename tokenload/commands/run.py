@@ -2,8 +2,17 @@
 
 SCENARIO is a .toml file (see `scenarios/`) or a packaged name: demo, smoke,
 ramp, prompt-sweep, output-sweep, peak-vs-offpeak. Locust runs headless in a
-child process (`--web` for its UI on 127.0.0.1); a live line on stderr shows
-the step, users, request rate, TTFT/TPOT p50/p95 of the current step and errors.
+child process; a live line on stderr shows the step, users, request rate,
+TTFT/TPOT p50/p95 of the current step and errors.
+
+`--web` runs the scenario in Locust's web UI instead (on 127.0.0.1 unless
+`--web-host`): the UI's URL is printed on a line of its own as soon as it
+answers, the scenario starts at once, and the UI stays up after the plan ends
+until Ctrl-C. Its tokenload tab shows live TTFT, TPOT, ITL and e2e percentiles,
+tokens/s and error kinds per step, charts over time, and a link to each
+finished run's report.html. Every start in the UI is a run directory of its
+own (RUN_DIR, RUN_DIR-2, ...), finalised and analysed when it stops; at Ctrl-C
+they are all printed, the last one last.
 
 Records are flushed to RUN_DIR at least once a second, so Ctrl-C keeps them
 (a second Ctrl-C kills Locust and may lose the last second). At the end RUN_DIR
@@ -29,7 +38,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tokenload.channel import add_channel_arguments
 from tokenload.load.scenario import SCHEMA_HELP
@@ -47,7 +56,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--users", type=int, help="cap users: constant load of N, a ramp up to N, or an open-loop pool of N")
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (caps the scenario's plan)")
     parser.add_argument("--processes", type=int, default=0, metavar="N", help="fork N local Locust worker processes")
-    parser.add_argument("--web", action="store_true", help="show Locust's web UI on 127.0.0.1 instead of running headless")
+    parser.add_argument("--web", action="store_true",
+                        help="run in Locust's web UI (with a tokenload tab) instead of headless: it prints its URL, "
+                             "starts the scenario, and stays up after the plan ends until Ctrl-C; every start in the "
+                             "UI is a new run directory (DIR, DIR-2, ...)")
+    parser.add_argument("--web-host", default="127.0.0.1", metavar="ADDR",
+                        help="--web: interface the UI listens on (default 127.0.0.1)")
+    parser.add_argument("--web-port", type=int, metavar="N",
+                        help="--web: the UI's port (default $LOCUST_WEB_PORT, else 8089)")
     dist = parser.add_argument_group("distributed across machines")
     dist.add_argument("--master", action="store_true", help="run as Locust master")
     dist.add_argument("--expect-workers", type=int, default=1, metavar="N", help="master: workers to wait for (default 1)")
@@ -106,14 +122,54 @@ def run(args: argparse.Namespace) -> int:
                                 master_host=args.master_host, master_port=args.master_port,
                                 master_bind_host=args.master_bind_host,
                                 expect_workers=args.expect_workers)
+    if args.web:
+        return _run_web(args, scenario, resolution.channel, distribution, err)
     with err.status("starting Locust") as status:
         run_dir = run_scenario(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
-                               distribution=distribution, web=args.web,
-                               on_live=lambda live: status.update(live_line(live)))
+                               distribution=distribution, on_live=lambda live: status.update(live_line(live)))
     failed = False
     if not args.worker:
         failed = _print_summary(err, run_dir / REQUESTS_FILE)
     print(run_dir)
+    sys.stdout.flush()
+    return 1 if failed else 0
+
+
+def _run_web(args: argparse.Namespace, scenario: Any, channel: Any, distribution: Any, err: Console) -> int:
+    """`--web`: the UI's URL on a line of its own once it answers; at Ctrl-C, every run of the session.
+
+    Each start in the UI is a run directory of its own, finalised (and analysed)
+    by Locust when it stops; they are listed here in start order, the last one
+    on the last line.
+    """
+    import time
+
+    from tokenload.load import websession
+    from tokenload.load.runner import run_scenario
+    from tokenload.rundir import REQUESTS_FILE
+
+    def say(url: str) -> None:
+        print(url, flush=True)
+        err.print(f"web UI at {url} (tokenload tab: live token statistics). It stays up after the plan ends; "
+                  "each start in it is a new run directory. Press Ctrl-C to quit.", markup=False, soft_wrap=True)
+
+    since = time.time()
+    giving_up = websession.announce_when_up(websession.url(args.web_host, args.web_port), say)
+    try:
+        first = run_scenario(scenario, channel, args.out, users=args.users, duration_s=args.duration,
+                             distribution=distribution, web=True, web_host=args.web_host, web_port=args.web_port)
+    finally:
+        giving_up.set()
+    if args.worker:
+        print(first)
+        return 0
+    failed = False
+    runs = websession.session_runs(first, since) or [first]
+    for run_dir in runs:
+        err.print(f"[bold]{run_dir}[/]")
+        failed = _print_summary(err, run_dir / REQUESTS_FILE) or failed
+    for run_dir in runs:
+        print(run_dir)
     sys.stdout.flush()
     return 1 if failed else 0
 

@@ -19,8 +19,9 @@ master in its first step message) and a user takes a ticket before each send.
 Once a process's share is used up its users park, it tells the master
 (`BUDGET_MESSAGE`), and the run stops when every process is spent. A request
 limit is therefore never exceeded; a token budget by at most the requests in
-flight when it ran out. The breakpoint checks still read Locust's stats: good
-enough for deciding when to stop, never used for reported numbers.
+flight when it ran out. The breakpoint checks read the run's live token
+statistics (`tokenstats.current_run`, merged from the workers about every 3 s):
+good enough for deciding when to stop, never used for reported numbers.
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ from typing import Any
 
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
-from locust.stats import RequestStats, calculate_response_time_percentile
 
 from tokenload import errors as ek
 from tokenload.load.records import SEGMENTS_DIR, write_json
 from tokenload.load.scenario import Scenario
 from tokenload.load.shapes import Phase, build_plan
+from tokenload.load.tokenstats import Hist, current_run
 
 STEP_MESSAGE = "tokenload_step"
 BUDGET_MESSAGE = "tokenload_budget_spent"
@@ -48,8 +49,8 @@ CONTROL_FILE = "control.json"
 # (all failed, all with these kinds) end a run early.
 CONFIG_ERROR_KINDS = (ek.AUTH, ek.NOT_FOUND_MODEL, ek.BAD_BASE_URL)
 MISCONFIGURED_AFTER = 20
-# Locust stats request types; TTFT/TPOT/E2E carry milliseconds (per token for TPOT).
-REQUEST_TYPE, TTFT, TPOT, E2E = "POST", "TTFT", "TPOT", "E2E"
+# Locust's request type for an LLM request (one Locust request per LLM request).
+REQUEST_TYPE = "POST"
 
 
 class Budget:
@@ -112,37 +113,28 @@ class LoadState:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Cumulative counters from Locust's stats at one moment."""
+    """Cumulative counters of the current run at one moment (from `tokenstats.current_run`)."""
 
     requests: int
     failures: int
     tokens: int
-    ttft: Counter
-    tpot: Counter
+    ttft: Hist
+    tpot: Hist
 
     @classmethod
-    def take(cls, stats: RequestStats) -> Snapshot:
-        requests = failures = tokens = 0
-        hist: dict[str, Counter] = {TTFT: Counter(), TPOT: Counter()}
-        for (_, method), entry in list(stats.entries.items()):
-            if method == REQUEST_TYPE:
-                requests += entry.num_requests  # failures included
-                failures += entry.num_failures
-                tokens += entry.total_content_length
-            elif method in hist:
-                hist[method].update(entry.response_times)
-        return cls(requests, failures, tokens, hist[TTFT], hist[TPOT])
+    def take(cls, environment: Environment) -> Snapshot:
+        total = current_run(environment).total()
+        return cls(total.requests, total.errors, total.input_tokens + total.output_tokens,
+                   Hist(total.hists["ttft"]), Hist(total.hists["tpot"]))
 
     def since(self, earlier: Snapshot) -> dict[str, Any]:
         """Counts and TTFT/TPOT percentiles (s) between `earlier` and this snapshot."""
         out: dict[str, Any] = {"requests": self.requests - earlier.requests, "failures": self.failures - earlier.failures}
         out["error_rate"] = out["failures"] / out["requests"] if out["requests"] else 0.0
-        for name, now, before in ((TTFT, self.ttft, earlier.ttft), (TPOT, self.tpot, earlier.tpot)):
-            diff = now - before
-            n = sum(diff.values())
+        for name, now, before in (("ttft", self.ttft, earlier.ttft), ("tpot", self.tpot, earlier.tpot)):
+            diff = Hist(now - before)
             for pct in (50, 95):
-                value = calculate_response_time_percentile(diff, n, pct / 100) / 1000 if n else None
-                out[f"{name.lower()}_p{pct}_s"] = value
+                out[f"{name}_p{pct}_s"] = diff.percentile(pct)
         return out
 
 
@@ -197,7 +189,7 @@ class RunControl:
         return bool(self.scenario.stop.max_requests or self.scenario.stop.max_tokens)
 
     def _snapshot(self) -> Snapshot:
-        return Snapshot.take(self.environment.runner.stats)  # type: ignore[union-attr]
+        return Snapshot.take(self.environment)
 
     def _close_step(self) -> dict[str, Any] | None:
         if not self.steps or self._step_start is None:

@@ -9,11 +9,17 @@ Importing this module (the locustfile does) registers the listeners once:
 - `init` (checked again at `test_start`): every process that runs users builds
   its `ProcessContext` (channel, one shared transport, prompts, segment writer,
   lag probe) and a greenlet that flushes records every second.
-- `test_stop` / `quit`: flush what is left; at `quit` mark the process done.
+- `init`: every process feeds its live token statistics (`tokenstats`: the
+  request event carries each record; workers' deltas merge on the master), and
+  the master or local process tracks the runs (`series`: with the web UI each
+  start is a run directory of its own) and adds the tokenload tab (`webui`).
+- `test_stop`: the test's users are stopped: flush what is left and close the
+  writer (its run is complete); `quit`: the same for a process that never stopped.
 
-When Locust runs without `tokenload run` (plain `locust -f`), the master or
-local process also finalises the run directory at interpreter exit, after
-Locust has reaped its local workers.
+When Locust runs headless without `tokenload run` (plain `locust -f`), the
+master or local process also finalises the run directory at interpreter exit,
+after Locust has reaped its local workers; with the web UI, `series` finalises
+each run when it stops.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
 from tokenload.channel import resolve
-from tokenload.load import handoff, records
+from tokenload.load import handoff, records, series, tokenstats
 from tokenload.load.control import LoadState, RunControl, install_step_listener
 from tokenload.load.lag import LagProbe
 from tokenload.load.prompts import PromptSource
@@ -67,9 +73,11 @@ def _init(environment: Environment, **_: Any) -> None:
     scenario = load_scenario(opts.scenario)
     state = LoadState()
     environment.tokenload_state = state  # type: ignore[attr-defined]
+    tokenstats.install(environment)
     if isinstance(environment.runner, WorkerRunner):
         install_step_listener(environment, state)
         _setup_process(environment, scenario)
+        series.follow_master(environment)
         return
     from tokenload.load.runner import default_run_dir, new_run_id, write_run_info
 
@@ -83,9 +91,11 @@ def _init(environment: Environment, **_: Any) -> None:
     environment.tokenload = RunControl(environment, scenario, run_dir, state)  # type: ignore[attr-defined]
     if not os.environ.get(MANAGED_ENV):
         write_run_info(run_dir, opts.run_id, scenario, _channel(scenario, environment.host).public())
-        atexit.register(_finalise_standalone, run_dir)
+        if environment.web_ui is None:  # with the web UI every start is a run of its own, finalised at its stop
+            atexit.register(_finalise_standalone, run_dir)
     if not isinstance(environment.runner, MasterRunner):
         _setup_process(environment, scenario)
+    series.lead(environment)
 
 
 def _channel(scenario: Scenario, host: str | None) -> Any:
@@ -132,7 +142,7 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         adapters={m: adapter_for(channel.with_model(m)) for m in models},
         transport=Transport(channel),
         prompts=PromptSource(scenario, models, salt),
-        writer=records.SegmentWriter(Path(opts.run_dir), worker),
+        writer=records.SegmentWriter(Path(opts.run_dir) if opts.run_dir else None, worker),
         state=state,
         arrivals=arrivals,
         extra_body=scenario.output.extra_body(),
@@ -159,7 +169,8 @@ def _flush_forever(environment: Environment) -> None:
 
 @events.test_stop.add_listener
 def _test_stop(environment: Environment, **_: Any) -> None:
-    _flush(environment)
+    """A test's users are all stopped: its records are complete (a next start is a new run)."""
+    _flush(environment, done=True)
 
 
 @events.quitting.add_listener

@@ -53,9 +53,13 @@ def write_json(path: Path, data: Any) -> None:
 class SegmentWriter:
     """Buffers one process's records and writes them as numbered Arrow segments."""
 
-    def __init__(self, run_dir: Path, worker: str) -> None:
-        self.dir = run_dir / SEGMENTS_DIR
-        self.dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, run_dir: Path | None, worker: str) -> None:
+        """`run_dir` None: a worker that learns its run from the master at the first start; writes nothing."""
+        self.dir = Path() if run_dir is None else run_dir / SEGMENTS_DIR
+        if run_dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        # Closed once its run is over: the run directory may be finalised (segments gone) after that.
+        self.closed = run_dir is None
         self.worker = worker
         self._rows: list[RequestRecord] = []
         self._seq = 0
@@ -72,7 +76,10 @@ class SegmentWriter:
         return len(self._rows)
 
     def flush(self, state: dict[str, Any], done: bool = False) -> None:
-        """Write buffered rows (if any) as a new segment, then this process's state file."""
+        """Write buffered rows (if any) as a new segment, then this process's state file; `done` closes the writer."""
+        if self.closed:
+            return
+        self.closed = done
         rows, self._rows = self._rows, []
         if rows:
             table = pa.Table.from_pylist(rows, schema=SCHEMA)

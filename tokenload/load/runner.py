@@ -37,7 +37,7 @@ from typing import Any
 
 from tokenload.channel import Channel
 from tokenload.errors import ConfigError, HarnessError
-from tokenload.load import handoff, lag, records
+from tokenload.load import handoff, lag, records, websession
 from tokenload.load.scenario import Scenario
 from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
 
@@ -117,12 +117,16 @@ def run_scenario(
     duration_s: float | None = None,
     distribution: ProcessLayout = ProcessLayout(),
     web: bool = False,
+    web_host: str = "127.0.0.1",
+    web_port: int | None = None,
     on_live: Callable[[dict[str, Any]], None] | None = None,
 ) -> Path:
     """Run `scenario` against `channel` and return the finalised run directory.
 
     `users` / `duration_s` override the scenario like `tokenload run --users/--duration`;
-    `on_live` receives the live numbers about twice a second. Raises `ConfigError`
+    `on_live` receives the live numbers about twice a second. With `web`, Locust's UI
+    on `web_host` stays up until Ctrl-C and every start in it is a run of its own
+    (`run_dir`, then `run_dir-2`, ...: `websession.session_runs`). Raises `ConfigError`
     for bad input; a Locust process that fails is reported in the manifest and by
     a `HarnessError` naming the log file.
     """
@@ -142,6 +146,7 @@ def run_scenario(
         if (run_dir / REQUESTS_FILE).exists() or (run_dir / records.SEGMENTS_DIR).exists():
             raise ConfigError(f"run directory {run_dir} already holds a run; choose another --out")
         run_id = new_run_id()
+        started = time.time()
         scenario_path = write_run_info(run_dir, run_id, scenario, channel.public())
         log_name = LOG_FILE
     command = [
@@ -149,7 +154,7 @@ def run_scenario(
         "--scenario", str(scenario_path), "--run-dir", str(run_dir), "--run-id", run_id,
         "--host", channel.base_url, "--stop-timeout", f"{scenario.stop.drain_s:g}",
         "--exit-code-on-error", "0", "--loglevel", "INFO",
-        *(["--web-host", "127.0.0.1", "--autostart", "--autoquit", "10"] if web else ["--headless"]),
+        *(websession.locust_args(web_host, web_port) if web else ["--headless"]),
         *distribution.locust_args(),
     ]
     env = {**os.environ, **handoff.channel_to_env(channel), "TOKENLOAD_MANAGED": "1", "PYTHONUNBUFFERED": "1"}
@@ -159,7 +164,10 @@ def run_scenario(
         rc = _supervise(proc, run_dir, on_live)
     if distribution.worker:
         return run_dir
-    finalise(run_dir, wait_s=scenario.stop.drain_s + 10 if distribution.master else 0.0, locust_rc=rc)
+    if web:  # each start was a run of its own, finalised by the Locust master at its stop
+        websession.session_runs(run_dir, since=started)
+    else:
+        finalise(run_dir, wait_s=scenario.stop.drain_s + 10 if distribution.master else 0.0, locust_rc=rc)
     if rc != 0:
         raise HarnessError(f"Locust exited with code {rc}; see {run_dir / LOG_FILE}")
     return run_dir

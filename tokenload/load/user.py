@@ -3,10 +3,11 @@
 `LLMUser` follows Locust's conventions (a `User` with a `@task` and a
 `wait_time`), so `locust -f locustfiles/llm.py` works without tokenload. Each
 task sends one request through the protocol adapter over the process's shared
-`Transport`, fires the normal request entry plus `TTFT`, `TPOT` and `E2E`
-entries (milliseconds; per token for TPOT) into Locust's stats for the live
-view, and appends the full SPEC.md record to the process's segment writer.
-Reported percentiles come from those records, never from Locust's histogram.
+`Transport`, fires exactly one Locust request (so Locust's request count, RPS
+and failures mean LLM requests) carrying the record in its `context` for the
+token statistics (`tokenstats`: TTFT, TPOT, ITL, e2e, tokens/s), and appends
+the full SPEC.md record to the process's segment writer. Reported percentiles
+come from those records, never from a live histogram.
 
 Open-loop runs take their send times from `Arrivals`: one slot at a time, so a
 free user sends at the scheduled time, and when every user is busy the next
@@ -30,9 +31,10 @@ from greenlet import GreenletExit
 from locust import User, task
 
 from tokenload import errors as ek
-from tokenload.load.control import E2E, REQUEST_TYPE, TPOT, TTFT, LoadState
+from tokenload.load.control import REQUEST_TYPE, LoadState
 from tokenload.load.prompts import PromptSource
 from tokenload.load.records import SegmentWriter
+from tokenload.load.tokenstats import CHUNK_TIMES_KEY, RECORD_KEY
 from tokenload.load.transport import Transport
 from tokenload.protocols.base import ProtocolAdapter
 from tokenload.record import RequestRecord
@@ -170,19 +172,13 @@ class LLMUser(User):
                 budget.finished((record["input_tokens"] or 0) + (record["output_tokens"] or 0))
             if not in_flight:
                 ctx.prompts.observe(record, plan)
-                self._fire(record)
+                self._fire(record, session.timeline.chunk_times)
 
-    def _fire(self, r: RequestRecord) -> None:
-        fire = self.environment.events.request.fire
-        model = r["model"]
+    def _fire(self, r: RequestRecord, chunk_times: list[float]) -> None:
+        """One Locust request per LLM request; the token metrics ride in `context` to `tokenstats`."""
         ok = r["status"] == "ok"
         exc = None if ok else StreamError(f"{r['error_kind']} (HTTP {r['http_status']})")
         tokens = (r["input_tokens"] or 0) + (r["output_tokens"] or 0)
-        fire(request_type=REQUEST_TYPE, name=model, response_time=(r["duration_s"] or 0.0) * 1000,
-             response_length=tokens, exception=exc, context={})
-        if not ok:
-            return
-        for kind, value in ((TTFT, r["ttft_s"]), (TPOT, r["tpot_s"]), (E2E, r["e2e_s"])):
-            if value is not None:
-                fire(request_type=kind, name=model, response_time=value * 1000, response_length=0,
-                     exception=None, context={})
+        self.environment.events.request.fire(
+            request_type=REQUEST_TYPE, name=r["model"], response_time=(r["duration_s"] or 0.0) * 1000,
+            response_length=tokens, exception=exc, context={RECORD_KEY: r, CHUNK_TIMES_KEY: chunk_times})

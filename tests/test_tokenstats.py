@@ -1,0 +1,80 @@
+"""The live token statistics: histogram percentiles against the raw values, and worker deltas merging exactly."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from tokenload.load.tokenstats import Hist, TokenStats
+
+
+def _records(n: int, seed: int, run_id: str = "r1") -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        ok = rng.random() > 0.1
+        started = 1000.0 + i * 0.05
+        e2e = rng.lognormvariate(0, 0.5)
+        out.append({"run_id": run_id, "step": 1 + i % 3, "active_users": 1 + i % 3, "status": "ok" if ok else "error",
+                    "error_kind": None if ok else rng.choice(["rate_limited", "timeout_stall"]),
+                    "started_at": started, "finished_at": started + e2e,
+                    "ttft_s": rng.lognormvariate(-1, 0.7) if ok else None,
+                    "tpot_s": rng.uniform(0.01, 0.05) if ok else None, "e2e_s": e2e if ok else None,
+                    "input_tokens": rng.randint(10, 500), "output_tokens": rng.randint(1, 200) if ok else 0})
+    return out
+
+
+@pytest.mark.parametrize("pct", [50, 95, 99])
+def test_histogram_percentile_within_half_a_percent_of_the_raw_one(pct: int) -> None:
+    values = np.random.default_rng(3).lognormal(-1, 1.2, 20_000)
+    hist = Hist()
+    for v in values:
+        hist.add(float(v))
+    raw = float(np.percentile(values, pct))
+    assert hist.percentile(pct) == pytest.approx(raw, rel=0.01)
+    vectorised = Hist()
+    vectorised.add_many(values)
+    assert vectorised == hist
+
+
+def test_empty_histogram_has_no_percentile() -> None:
+    assert Hist().percentile(50) is None
+
+
+def test_worker_deltas_merge_to_exactly_the_whole() -> None:
+    """Two workers each send three deltas (in any order): the master sees what one process seeing all would."""
+    recs = _records(600, 1)
+    whole = TokenStats()
+    for r in recs:
+        whole.observe(r, [0.0, 0.02, 0.05])
+    workers = [TokenStats(), TokenStats()]
+    deltas = []
+    for chunk in range(3):
+        for i, r in enumerate(recs[chunk * 200:(chunk + 1) * 200]):
+            workers[i % 2].observe(r, [0.0, 0.02, 0.05])
+        deltas += [w.take_wire() for w in workers]
+    assert all(w.take_wire() == {} for w in workers)  # a delta is handed over once, then forgotten
+    master = TokenStats()
+    for delta in reversed(deltas):
+        master.merge_wire(delta)
+    got, want = master.run("r1"), whole.run("r1")
+    assert got.total().summary() == want.total().summary()
+    for step in want.steps:
+        assert got.steps[step].summary() == want.steps[step].summary()
+    assert got.timeline() == want.timeline()
+    total = got.total().summary()
+    assert total["requests"] == 600
+    assert total["errors"] == sum(r["status"] == "error" for r in recs)
+    assert total["output_tokens"] == sum(r["output_tokens"] for r in recs)
+    assert sum(total["error_kinds"].values()) == total["errors"]
+    ok_ttft = [r["ttft_s"] for r in recs if r["ttft_s"] is not None]
+    assert total["ttft_p50_s"] == pytest.approx(float(np.percentile(ok_ttft, 50)), rel=0.02)
+
+
+def test_runs_are_kept_apart() -> None:
+    stats = TokenStats()
+    for r in _records(30, 2, "a") + _records(10, 3, "b"):
+        stats.observe(r)
+    assert stats.run("a").total().requests == 30 and stats.run("b").total().requests == 10

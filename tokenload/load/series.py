@@ -1,0 +1,221 @@
+"""One run per start: with Locust's web UI, every start is a run directory of its own.
+
+Locust's web UI lets a user stop a test and start another (NEW / start, or
+POST /swarm). Written into one run directory, two tests merged into one
+analysis (a step "lasting" both tests, doubled rates). So on the master (or a
+local runner) with the web UI:
+
+- the first start uses the run directory and run id Locust was started with;
+  every later start gets a new run id and a sibling directory (`DIR-2`,
+  `DIR-3`, ...), its own `RunControl` (steps, stop conditions, control.json),
+  and every process switches its record writer to it (the master tells the
+  workers with `RUN_MESSAGE` at `test_start`, before the spawn messages on the
+  same socket, so no request of the new test lands in the old run);
+- at each stop every process closes its writer (plugin's `test_stop`), and a
+  greenlet waits for every worker's final flush, merges requests.parquet,
+  writes manifest.json (`runner.finalise`) and then runs `tokenload analyze`
+  in a child process, so the UI never blocks; the tokenload tab links to each
+  finished run's report.html;
+- at quit a run still open is finalised before Locust exits (not analysed:
+  the user is leaving).
+
+Headless runs have exactly one start; the master still sends `RUN_MESSAGE`,
+which is how workers started by plain `locust --processes N` (no --run-dir of
+their own) learn where the run's records go.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gevent
+from locust.env import Environment
+from locust.runners import MasterRunner, WorkerRunner
+
+from tokenload.load import records
+from tokenload.load.control import BUDGET_MESSAGE, RunControl
+from tokenload.load.runner import RUN_INFO, finalise, new_run_id, write_run_info
+from tokenload.rundir import MANIFEST_FILE
+
+RUN_MESSAGE = "tokenload_run"
+REPORT_FILE = "report.html"
+FINALISE_GRACE_S = 15.0  # beyond the drain time: workers' last flush after their users stopped
+
+
+@dataclass
+class Run:
+    """One start of the test and its run directory's progress."""
+
+    number: int
+    run_id: str
+    run_dir: Path
+    control: RunControl | None
+    state: str = "ready"  # ready | running | finalising | analysing | done | finalised (not analysed) | failed
+    started_at: float | None = None
+    stopped_at: float | None = None
+    detail: str = ""
+
+    def public(self) -> dict[str, Any]:
+        return {"number": self.number, "run_id": self.run_id, "run_dir": str(self.run_dir), "state": self.state,
+                "started_at": self.started_at, "stopped_at": self.stopped_at, "detail": self.detail,
+                "report": (self.run_dir / REPORT_FILE).is_file() and self.state == "done"}
+
+
+def sibling(first: Path, number: int) -> Path:
+    """The run directory of the `number`-th start of a session whose first run is `first`."""
+    return first if number == 1 else first.with_name(f"{first.name}-{number}")
+
+
+class Series:
+    """The runs of one Locust session, on the master or a local runner."""
+
+    def __init__(self, environment: Environment, web: bool) -> None:
+        opts = environment.parsed_options
+        assert opts is not None
+        control: RunControl = environment.tokenload  # type: ignore[attr-defined]
+        self.environment = environment
+        self.web = web
+        self.scenario = control.scenario
+        self.runs = [Run(1, opts.run_id, Path(opts.run_dir), control)]
+        info = Path(opts.run_dir) / records.SEGMENTS_DIR / RUN_INFO
+        self._channel = json.loads(info.read_text(encoding="utf-8")).get("channel")
+        self._finalisers: list[gevent.Greenlet] = []
+        self._quitting = False
+
+    @property
+    def current(self) -> Run:
+        return self.runs[-1]
+
+    def next_run(self) -> Run | None:
+        """Begin a new run for a new start; None when the current run has not started yet (or still runs)."""
+        previous = self.current
+        if previous.state in ("ready", "running"):
+            return None
+        number = previous.number + 1
+        while sibling(self.runs[0].run_dir, number).exists():  # a directory left by an earlier session
+            number += 1
+        run_dir, run_id = sibling(self.runs[0].run_dir, number), new_run_id()
+        write_run_info(run_dir, run_id, self.scenario, self._channel or {})
+        env = self.environment
+        runner = env.runner
+        if runner is not None:
+            runner.custom_messages.pop(BUDGET_MESSAGE, None)  # the new RunControl registers its own listener
+        control = RunControl(env, self.scenario, run_dir, env.tokenload_state)  # type: ignore[attr-defined]
+        env.tokenload = control  # type: ignore[attr-defined]
+        switch_run(env, run_id, run_dir)
+        run = Run(number, run_id, run_dir, control)
+        self.runs.append(run)
+        return run
+
+    def on_test_start(self, **_: Any) -> None:
+        run = self.current
+        run.state, run.started_at = "running", time.time()
+        runner = self.environment.runner
+        if isinstance(runner, MasterRunner):
+            runner.send_message(RUN_MESSAGE, {"run_id": run.run_id, "run_dir": str(run.run_dir),
+                                              "number": run.number})
+
+    def on_test_stop(self, **_: Any) -> None:
+        run = self.current
+        if run.state != "running":
+            return
+        run.state, run.stopped_at = "finalising", time.time()
+        self._finalisers.append(gevent.spawn(self._finalise, run, not self._quitting))
+
+    def on_quitting(self, **_: Any) -> None:
+        self._quitting = True
+
+    def on_quit(self, **_: Any) -> None:
+        """Locust is exiting: a run still being finalised gets the time to finish (its records matter).
+
+        A run that was never started is finalised too (empty): its directory is
+        already there, and a run directory is either finalised or still running.
+        """
+        if self.current.state == "ready":
+            self.current.state = "finalising"
+            self._finalisers.append(gevent.spawn(self._finalise, self.current, False))
+        gevent.joinall(self._finalisers, timeout=self.environment.stop_timeout + 2 * FINALISE_GRACE_S)
+
+    def _finalise(self, run: Run, analyse: bool) -> None:
+        master = isinstance(self.environment.runner, MasterRunner)
+        try:
+            finalise(run.run_dir, wait_s=self.environment.stop_timeout + FINALISE_GRACE_S if master else 0.0)
+        except Exception as exc:  # reported in the tab and the log, the UI stays up
+            run.state, run.detail = "failed", f"finalising failed: {type(exc).__name__}: {exc}"
+            return
+        finally:
+            if getattr(self.environment, "tokenload", None) is run.control:
+                self.environment.tokenload = None  # type: ignore[attr-defined]  # its control.json is gone
+        warnings = json.loads((run.run_dir / MANIFEST_FILE).read_text(encoding="utf-8")).get("warnings", [])
+        run.detail = "; ".join(warnings)
+        if not analyse:
+            run.state = "finalised"
+            return
+        run.state = "analysing"
+        proc = subprocess.run([sys.executable, "-m", "tokenload", "analyze", str(run.run_dir)],
+                              check=False, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if (run.run_dir / REPORT_FILE).is_file():
+            run.state = "done"
+        else:
+            lines = (proc.stderr or proc.stdout).strip().splitlines()
+            run.state, run.detail = "failed", f"analyze exited {proc.returncode}: {lines[-1] if lines else ''}"
+
+
+def switch_run(environment: Environment, run_id: str, run_dir: Path) -> None:
+    """Point this process at a new run: its run id, and a record writer in the new run directory."""
+    opts = environment.parsed_options
+    assert opts is not None
+    opts.run_id, opts.run_dir = run_id, str(run_dir)
+    ctx = getattr(environment, "tokenload_process", None)
+    if ctx is not None:
+        ctx.run_id = run_id
+        ctx.writer = records.SegmentWriter(run_dir, ctx.worker)
+
+
+def lead(environment: Environment) -> Series:
+    """On the master or a local runner: track the runs; with the web UI, one run per start."""
+    web = environment.web_ui is not None
+    series = Series(environment, web)
+    environment.tokenload_series = series  # type: ignore[attr-defined]
+    events = environment.events
+    events.test_start.add_listener(series.on_test_start)
+    if web:
+        events.test_stop.add_listener(series.on_test_stop)
+        events.quitting.add_listener(series.on_quitting)
+        events.quit.add_listener(series.on_quit)
+    from tokenload.load import webui
+
+    webui.install(environment, series)
+    return series
+
+
+def follow_master(environment: Environment) -> None:
+    """On a worker: switch to the run the master announces.
+
+    A worker started with its own --run-dir (`tokenload run --worker --out DIR`,
+    on a filesystem shared with the master) maps the master's later runs to
+    siblings of DIR: the master's path may be relative to another machine's
+    working directory.
+    """
+    runner = environment.runner
+    assert isinstance(runner, WorkerRunner)
+    opts = environment.parsed_options
+    assert opts is not None
+    first = opts.run_dir
+
+    def on_run(environment: Environment, msg: Any, **_: Any) -> None:
+        data = msg.data
+        if data["run_id"] == opts.run_id:
+            return
+        run_dir = Path(data["run_dir"])
+        if first:
+            run_dir = Path(first) if data["number"] == 1 else Path(first).with_name(run_dir.name)
+        switch_run(environment, data["run_id"], run_dir)
+
+    runner.register_message(RUN_MESSAGE, on_run)

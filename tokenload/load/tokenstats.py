@@ -1,0 +1,305 @@
+"""Live token statistics per run: TTFT, TPOT, ITL and e2e percentiles, tokens/s, error kinds.
+
+Locust's own statistics count requests (one Locust request per LLM request);
+token metrics are not requests, so they live here instead of as pseudo-requests
+in Locust's table. Every process that runs users feeds its `TokenStats` from
+the request event's `context` (the full record); the master merges what the
+workers send.
+
+Why a histogram and not raw values: workers ship their numbers to the master
+every few seconds, and a run of hours would otherwise ship and keep every
+value. Buckets are logarithmic with 1% width (values from 10 us to 10^4 s), so
+a percentile is within 0.5% of the raw one, and merging is adding counts:
+associative, so a worker's deltas merge the same in any order. Reported
+percentiles (summary.json) still come from the raw records; these are the live
+view and what the stop rules read.
+
+Distributed: a worker keeps only what it has not sent yet. Its deltas ride on
+Locust's `report_to_master` (every 3 s) and, at the worker's `test_stop`, on a
+`TOKENSTATS_MESSAGE` of their own (Locust sends no stats report on stop). Each
+delta is keyed by run id, so a late delta of a finished run never lands in the
+next one, and a delta is cleared only once handed to the outgoing message:
+nothing is lost or counted twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tokenload.errors import LOAD_KINDS
+
+if TYPE_CHECKING:  # importing Locust patches the interpreter with gevent: only where Locust runs
+    from locust.env import Environment
+
+TOKENSTATS_MESSAGE = "tokenload_tokenstats"
+REPORT_KEY = "tokenload_tokenstats"
+# Keys of the request event's `context` that carry one request's record and its chunk arrival times.
+RECORD_KEY, CHUNK_TIMES_KEY = "tokenload_record", "tokenload_chunk_times"
+SERIES_S = 2.0  # width of one point of the charts over time
+METRICS = ("ttft", "tpot", "itl", "e2e")
+PERCENTILES = (50, 95, 99)
+
+_LO = 1e-5
+_GROWTH = 1.01
+_LOG_GROWTH = math.log(_GROWTH)
+_TOP = int(math.log(1e4 / _LO) / _LOG_GROWTH)
+
+
+def _bucket(value: float) -> int:
+    if value <= _LO:
+        return 0
+    return min(_TOP, int(math.log(value / _LO) / _LOG_GROWTH))
+
+
+class Hist(Counter[int]):
+    """Counts of values (seconds) in 1%-wide logarithmic buckets."""
+
+    def add(self, value: float) -> None:
+        self[_bucket(value)] += 1
+
+    def add_many(self, values: np.ndarray) -> None:
+        values = values[values > 0]
+        if len(values):
+            idx = np.minimum(_TOP, (np.log(np.maximum(values, _LO) / _LO) / _LOG_GROWTH).astype(np.int64))
+            keys, counts = np.unique(idx, return_counts=True)
+            for k, c in zip(keys.tolist(), counts.tolist()):
+                self[k] += c
+
+    @property
+    def n(self) -> int:
+        return sum(self.values())
+
+    def percentile(self, pct: float) -> float | None:
+        """The value below which `pct`% of the counts fall (bucket's geometric middle); None when empty."""
+        total = self.n
+        if not total:
+            return None
+        rank = pct / 100 * total
+        seen = 0
+        for key in sorted(self):
+            seen += self[key]
+            if seen >= rank:
+                return _LO * _GROWTH ** (key + 0.5)
+        return None
+
+    def pairs(self) -> list[list[int]]:
+        return [[k, v] for k, v in self.items()]
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable[Sequence[int]]) -> Hist:
+        hist = cls()
+        for k, v in pairs:
+            hist[int(k)] += int(v)
+        return hist
+
+
+@dataclass
+class Cell:
+    """Counts for one group of requests (a load step, or one point of the time series)."""
+
+    requests: int = 0
+    errors: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    users: int = 0
+    first_at: float = math.inf  # earliest send (wall time)
+    last_at: float = 0.0  # latest finish (wall time)
+    kinds: Counter[str] = field(default_factory=Counter)
+    hists: dict[str, Hist] = field(default_factory=lambda: {m: Hist() for m in METRICS})
+
+    def observe(self, record: dict[str, Any], gaps: np.ndarray | None) -> None:
+        self.requests += 1
+        self.users = max(self.users, int(record.get("active_users") or 0))
+        self.first_at = min(self.first_at, record["started_at"])
+        self.last_at = max(self.last_at, record.get("finished_at") or record["started_at"])
+        self.input_tokens += record.get("input_tokens") or 0
+        self.output_tokens += record.get("output_tokens") or 0
+        if record["status"] != "ok":
+            self.errors += 1
+            self.kinds[record.get("error_kind") or "unknown"] += 1
+            return
+        for metric in ("ttft", "tpot", "e2e"):
+            value = record.get(f"{metric}_s")
+            if value is not None:
+                self.hists[metric].add(value)
+        if gaps is not None:
+            self.hists["itl"].add_many(gaps)
+
+    def merge(self, other: Cell) -> None:
+        self.requests += other.requests
+        self.errors += other.errors
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.users = max(self.users, other.users)
+        self.first_at = min(self.first_at, other.first_at)
+        self.last_at = max(self.last_at, other.last_at)
+        self.kinds.update(other.kinds)
+        for metric in METRICS:
+            self.hists[metric].update(other.hists[metric])
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"requests": self.requests, "errors": self.errors, "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens, "users": self.users,
+                "first_at": None if math.isinf(self.first_at) else self.first_at, "last_at": self.last_at,
+                "kinds": dict(self.kinds), "hists": {m: h.pairs() for m, h in self.hists.items()}}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Cell:
+        first = data.get("first_at")
+        return cls(requests=data["requests"], errors=data["errors"], input_tokens=data["input_tokens"],
+                   output_tokens=data["output_tokens"], users=data["users"],
+                   first_at=math.inf if first is None else first, last_at=data["last_at"],
+                   kinds=Counter(data["kinds"]),
+                   hists={m: Hist.from_pairs(data["hists"].get(m, [])) for m in METRICS})
+
+    @property
+    def span_s(self) -> float:
+        return max(0.0, self.last_at - self.first_at) if self.requests else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """Counts, rates and percentiles (seconds) of this cell, SPEC-style names."""
+        span = self.span_s
+        out: dict[str, Any] = {
+            "requests": self.requests, "errors": self.errors, "users": self.users,
+            "error_rate": self.errors / self.requests if self.requests else 0.0,
+            "rps": self.requests / span if span else None,
+            "input_tok_s": self.input_tokens / span if span else None,
+            "output_tok_s": self.output_tokens / span if span else None,
+            "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+            "error_kinds": dict(self.kinds.most_common()),
+            "load_errors": sum(n for k, n in self.kinds.items() if k in LOAD_KINDS),
+        }
+        for metric in METRICS:
+            for pct in PERCENTILES:
+                out[f"{metric}_p{pct}_s"] = self.hists[metric].percentile(pct)
+        return out
+
+
+@dataclass
+class RunStats:
+    """One run's cells: per load step, per time-series point, and the whole run."""
+
+    steps: dict[int, Cell] = field(default_factory=dict)
+    series: dict[int, Cell] = field(default_factory=dict)
+
+    def observe(self, record: dict[str, Any], gaps: np.ndarray | None) -> None:
+        step = int(record.get("step") or 0)
+        self.steps.setdefault(step, Cell()).observe(record, gaps)
+        point = int((record.get("finished_at") or record["started_at"]) // SERIES_S)
+        self.series.setdefault(point, Cell()).observe(record, None)
+
+    def merge(self, other: RunStats) -> None:
+        for mine, theirs in ((self.steps, other.steps), (self.series, other.series)):
+            for key, cell in theirs.items():
+                if key in mine:
+                    mine[key].merge(cell)
+                else:
+                    mine[key] = cell
+
+    def total(self) -> Cell:
+        out = Cell()
+        for cell in self.steps.values():
+            out.merge(cell)
+        return out
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"steps": [[k, c.to_wire()] for k, c in self.steps.items()],
+                "series": [[k, c.to_wire()] for k, c in self.series.items()]}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> RunStats:
+        return cls(steps={int(k): Cell.from_wire(c) for k, c in data["steps"]},
+                   series={int(k): Cell.from_wire(c) for k, c in data["series"]})
+
+    def timeline(self) -> dict[str, list[Any]]:
+        """The charts' points: time (unix s), TTFT/TPOT p50/p95 (s) and tokens/s per point."""
+        out: dict[str, list[Any]] = {k: [] for k in ("t", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s",
+                                                      "output_tok_s", "rps")}
+        for key in sorted(self.series):
+            cell = self.series[key]
+            out["t"].append(key * SERIES_S)
+            for metric in ("ttft", "tpot"):
+                for pct in (50, 95):
+                    out[f"{metric}_p{pct}_s"].append(cell.hists[metric].percentile(pct))
+            out["output_tok_s"].append(cell.output_tokens / SERIES_S)
+            out["rps"].append(cell.requests / SERIES_S)
+        return out
+
+
+class TokenStats:
+    """One process's token statistics, by run id.
+
+    On the master (and a local runner) it is cumulative; on a worker it holds
+    only what has not been sent to the master yet (`take_wire`).
+    """
+
+    def __init__(self) -> None:
+        self.runs: dict[str, RunStats] = {}
+
+    def run(self, run_id: str) -> RunStats:
+        return self.runs.setdefault(run_id, RunStats())
+
+    def observe(self, record: dict[str, Any], chunk_times: Sequence[float] | None = None) -> None:
+        gaps = np.diff(np.asarray(chunk_times)) if chunk_times is not None and len(chunk_times) > 1 else None
+        self.run(str(record.get("run_id") or "")).observe(record, gaps)
+
+    def take_wire(self) -> dict[str, Any]:
+        """Everything not sent yet, as msgpack-friendly data, and forget it."""
+        runs, self.runs = self.runs, {}
+        return {run_id: stats.to_wire() for run_id, stats in runs.items()}
+
+    def merge_wire(self, data: dict[str, Any]) -> None:
+        for run_id, wire in data.items():
+            self.run(run_id).merge(RunStats.from_wire(wire))
+
+
+def install(environment: Environment) -> TokenStats:
+    """Feed this process's `TokenStats` from the request events and merge workers' deltas on the master."""
+    from locust.runners import MasterRunner, WorkerRunner
+
+    stats = TokenStats()
+    environment.tokenload_tokens = stats  # type: ignore[attr-defined]
+    events = environment.events
+
+    def on_request(context: dict[str, Any] | None = None, **_: Any) -> None:
+        record = (context or {}).get(RECORD_KEY)
+        if record is not None:
+            stats.observe(record, context.get(CHUNK_TIMES_KEY))  # type: ignore[union-attr]
+
+    events.request.add_listener(on_request)
+    runner = environment.runner
+    if isinstance(runner, WorkerRunner):
+        worker = runner
+
+        def on_report(client_id: str, data: dict[str, Any], **_: Any) -> None:
+            data[REPORT_KEY] = stats.take_wire()
+
+        def on_stop(**_: Any) -> None:
+            worker.send_message(TOKENSTATS_MESSAGE, stats.take_wire())
+
+        events.report_to_master.add_listener(on_report)
+        events.test_stop.add_listener(on_stop)
+    elif isinstance(runner, MasterRunner):
+        def on_worker_report(client_id: str, data: dict[str, Any], **_: Any) -> None:
+            stats.merge_wire(data.get(REPORT_KEY) or {})
+
+        events.worker_report.add_listener(on_worker_report)
+        runner.register_message(TOKENSTATS_MESSAGE, lambda environment, msg, **_: stats.merge_wire(msg.data or {}))
+    return stats
+
+
+def current_run(environment: Environment) -> RunStats:
+    """The merged token statistics of the run in progress (or the last one) on this master or local process.
+
+    What the stop rules read: `current_run(env).total()` for the whole run so far,
+    `current_run(env).steps[step]` for one load step (`.summary()` for rates and percentiles).
+    """
+    stats: TokenStats = environment.tokenload_tokens  # type: ignore[attr-defined]
+    opts = environment.parsed_options
+    return stats.run(str(getattr(opts, "run_id", "") or ""))

@@ -1,0 +1,82 @@
+"""`tokenload run --web`, the supervising side: Locust's command line, the UI's address, the session's runs.
+
+Kept free of Locust imports (importing Locust patches the interpreter with
+gevent; this runs in the `tokenload` process that supervises Locust).
+
+With the web UI every start is a run of its own (`tokenload.load.series`),
+finalised by the Locust master at its stop. The first run is the directory
+`tokenload run` was given; later ones are its siblings `DIR-2`, `DIR-3`, ...
+After Locust exits, `session_runs` lists the runs of this session and
+finalises any that Locust could not (a second Ctrl-C kills it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from tokenload.load import records
+from tokenload.rundir import MANIFEST_FILE
+
+DEFAULT_PORT = 8089  # Locust's
+PORT_ENV = "LOCUST_WEB_PORT"
+
+
+def web_port(port: int | None) -> int:
+    """The port Locust's UI will use: the option, else Locust's own environment variable, else its default."""
+    return port if port is not None else int(os.environ.get(PORT_ENV) or DEFAULT_PORT)
+
+
+def locust_args(host: str, port: int | None) -> list[str]:
+    """Locust's options for a web UI that starts the scenario at once and stays up after the plan (until Ctrl-C)."""
+    return ["--web-host", host, "--web-port", str(web_port(port)), "--autostart"]
+
+
+def url(host: str, port: int | None) -> str:
+    shown = "127.0.0.1" if host in ("", "*", "0.0.0.0") else host
+    return f"http://{shown}:{web_port(port)}/"
+
+
+def announce_when_up(address: str, say: Callable[[str], None], timeout_s: float = 60.0) -> threading.Event:
+    """Call `say(address)` once the UI answers (polled from a thread); set the returned event to give up."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(address, timeout=2):
+                    say(address)
+                    return
+            except OSError:
+                stop.wait(0.2)
+
+    threading.Thread(target=poll, name="tokenload-web-url", daemon=True).start()
+    return stop
+
+
+def session_runs(first: Path, since: float) -> list[Path]:
+    """This session's run directories in start order; runs Locust left unfinalised are finalised here."""
+    from tokenload.load.runner import finalise
+
+    pattern = re.compile(re.escape(first.name) + r"(?:-(\d+))?")
+    found: list[tuple[int, Path]] = []
+    for path in first.parent.glob(f"{first.name}*"):
+        match = pattern.fullmatch(path.name)
+        if not match or not path.is_dir():
+            continue
+        if (path / records.SEGMENTS_DIR).is_dir() and not (path / MANIFEST_FILE).exists():
+            finalise(path)
+        try:
+            started = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8")).get("started_at") or 0.0
+        except (OSError, ValueError):
+            continue
+        if started >= since:
+            found.append((int(match.group(1) or 1), path))
+    return [path for _, path in sorted(found)]
