@@ -69,7 +69,7 @@ _UNREACHABLE = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNRE
 _AUTH_WORDS = re.compile(r"invalid (api[ _-]?)?(key|token)|api[ _-]?key (is )?(invalid|missing|expired)|"
                          r"unauthori[sz]ed|authentication", re.IGNORECASE)
 _DNS_WORDS = ("name or service not known", "nodename nor servname", "name resolution", "getaddrinfo",
-              "no address associated", "temporary failure in name resolution")
+              "no address associated")
 _PLAIN_HTTP_WORDS = ("wrong version number", "record layer failure", "packet length too long", "http request")
 
 
