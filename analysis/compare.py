@@ -1,10 +1,15 @@
-"""Compare runs (off-peak vs peak, model A vs model B): deltas with a significance test.
+"""Compare runs (off-peak vs peak, model A vs model B), matched by load level.
 
-The first run is the baseline; every other run is compared with it per metric
-by a two-sided Mann-Whitney U test (normal approximation with tie correction,
-numpy only). With thousands of requests even tiny shifts are "significant", so
-each delta also carries an effect size: P(a request of this run is slower than
-one of the baseline), where 0.5 means no shift.
+The first run is the baseline. Two runs that spent different shares of their
+requests at each load cannot be compared pooled (the mix, not the channel,
+would decide), so steps are paired by load level (users, or offered req/s)
+and every shared level is compared on its own: p50/p95 deltas of TTFT, TPOT
+and e2e with 95% bootstrap intervals, a two-sided Mann-Whitney U test per
+level and metric, Holm-corrected over all of them, and the throughput of the
+two windows. With thousands of requests even tiny shifts are "significant",
+so each test also carries an effect size, P(a request of this run is slower
+than one of the baseline), where 0.5 means no shift. The headline per metric
+counts the levels at which the run was slower or faster.
 """
 
 from __future__ import annotations
@@ -14,28 +19,28 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from tokenload.analysis import plots
-from tokenload.analysis.breakpoint import users
 from tokenload.analysis.pipeline import analyze
 from tokenload.analysis.report import figure, h, html_table, page, verdict_html
-from tokenload.analysis.steps import Slo
+from tokenload.analysis.stats import BOOTSTRAP_MAX_N, BOOTSTRAP_RESAMPLES, MIN_CI_SAMPLES, holm, order_statistic_ci
+from tokenload.analysis.steps import METRICS, Slo, measured_rows
 from tokenload.analysis.summary import Analysis
+from tokenload.analysis.windows import level_text
 from tokenload.errors import ConfigError
 
-METRICS: tuple[str, ...] = ("ttft", "tpot", "e2e")
 ALPHA = 0.01
 # |P(slower) - 0.5| below this is reported as negligible however small p is.
 MIN_EFFECT = 0.05
 COMPARE_PLOTS = (
     ("cdfs.png", plots.plot_cdfs, "TTFT, TPOT and end-to-end latency distributions of each run, overlaid."),
-    ("latency_vs_users.png", plots.plot_latency_vs_users, "Latency percentiles per concurrency step, one colour per run."),
-    ("throughput_vs_users.png", plots.plot_throughput_vs_users, "Throughput and error rate per concurrency step, one colour per run."),
+    ("latency_vs_users.png", plots.plot_latency_vs_users, "Latency percentiles per load level, one colour per run (the levels the table pairs)."),
+    ("throughput_vs_users.png", plots.plot_throughput_vs_users, "Throughput and error rate per load level, one colour per run."),
     ("ttft_vs_input.png", plots.plot_ttft_vs_input, "TTFT vs input length with each run's fits (low-load steps)."),
     ("e2e_vs_output.png", plots.plot_e2e_vs_output, "Total latency vs output length with each run's fit and formula line."),
 )
@@ -77,25 +82,133 @@ def _r(x: float | None, digits: int = 4) -> float | None:
     return float(f"{x:.{digits}g}")
 
 
-def _delta(base: Analysis, other: Analysis, metric: str, alpha: float) -> dict[str, Any]:
-    a = base.ok[f"{metric}_s"].dropna().to_numpy()
-    b = other.ok[f"{metric}_s"].dropna().to_numpy()
+def _values(a: Analysis, step: int, metric: str) -> np.ndarray:
+    """Completed successful latencies of one step (after warm-up): what a per-level test compares."""
+    rows = measured_rows(a.run.df, a.table)
+    rows = rows[rows["step"].eq(step) & rows["status"].eq("ok") & ~rows["in_flight"]]
+    return rows[f"{metric}_s"].dropna().to_numpy()
+
+
+def _delta_ci(a: np.ndarray, b: np.ndarray, q: float, seed: int) -> list[float | None] | None:
+    """95% bootstrap interval of quantile(b) - quantile(a), each run resampled on its own.
+
+    Past BOOTSTRAP_MAX_N requests a side contributes its order-statistic interval instead
+    (combined in quadrature), so a million-request comparison stays fast.
+    """
+    if a.size < MIN_CI_SAMPLES or b.size < MIN_CI_SAMPLES:
+        return None
+    if max(a.size, b.size) > BOOTSTRAP_MAX_N:
+        (a_lo, a_hi), (b_lo, b_hi) = order_statistic_ci(a, q), order_statistic_ci(b, q)
+        delta = float(np.quantile(b, q) - np.quantile(a, q))
+        half = float(np.hypot((a_hi - a_lo) / 2, (b_hi - b_lo) / 2))
+        return [_r(delta - half, 6), _r(delta + half, 6)]
+    rng = np.random.default_rng(seed)
+    qa = np.quantile(a[rng.integers(0, a.size, (BOOTSTRAP_RESAMPLES, a.size))], q, axis=1)
+    qb = np.quantile(b[rng.integers(0, b.size, (BOOTSTRAP_RESAMPLES, b.size))], q, axis=1)
+    lo, hi = np.quantile(qb - qa, [0.025, 0.975])
+    return [_r(float(lo), 6), _r(float(hi), 6)]
+
+
+def _metric_delta(a: np.ndarray, b: np.ndarray, seed: int) -> dict[str, Any]:
     test = mann_whitney(a, b)
-    p50a, p95a = (np.percentile(a, [50, 95]) if a.size else (math.nan, math.nan))
-    p50b, p95b = (np.percentile(b, [50, 95]) if b.size else (math.nan, math.nan))
-    significant = bool(test["p_value"] < alpha) and abs(test["effect"] - 0.5) >= MIN_EFFECT
-    if not significant:
-        verdict = "no meaningful difference"
+    out: dict[str, Any] = {"n_baseline": int(a.size), "n": int(b.size)}
+    for p in (50, 95):
+        base = float(np.percentile(a, p)) if a.size else math.nan
+        other = float(np.percentile(b, p)) if b.size else math.nan
+        out[f"baseline_p{p}_s"], out[f"p{p}_s"] = _r(base, 6), _r(other, 6)
+        out[f"delta_p{p}_s"] = _r(other - base, 6)
+        out[f"delta_p{p}_ci95"] = _delta_ci(a, b, p / 100, seed + p)
+    out["ratio_p50"] = _r(out["p50_s"] / out["baseline_p50_s"]) if out["baseline_p50_s"] else None
+    out["p_value"] = _r(test["p_value"], 3)
+    out["effect_p_slower"] = _r(test["effect"])
+    return out
+
+
+def _level_key(row: Any) -> tuple[str, float]:
+    return str(row["load_unit"]), float(row["load_level"])
+
+
+def matched_levels(base: Analysis, other: Analysis) -> list[tuple[int, int, tuple[str, float]]]:
+    """(baseline step, other step, (unit, level)) for every load level both runs measured."""
+    def steps_by_level(a: Analysis) -> dict[tuple[str, float], int]:
+        return {_level_key(row): int(cast(int, step)) for step, row in a.table.iterrows()} if len(a.table) else {}
+    mine, theirs = steps_by_level(base), steps_by_level(other)
+    return [(mine[k], theirs[k], k) for k in sorted(set(mine) & set(theirs))]
+
+
+def _levels(label: str, base: Analysis, other: Analysis, alpha: float) -> list[dict[str, Any]]:
+    """Per matched load level: latency deltas with CIs and Holm-corrected tests, and throughput."""
+    rows: list[dict[str, Any]] = []
+    for i, (s_base, s_other, (unit, level)) in enumerate(matched_levels(base, other)):
+        row: dict[str, Any] = {"label": label, "load_level": level, "load_unit": unit, "load": level_text(level, unit),
+                               "step_baseline": s_base, "step": s_other}
+        for j, metric in enumerate(METRICS):
+            row[metric] = _metric_delta(_values(base, s_base, metric), _values(other, s_other, metric),
+                                        seed=1000 * i + 10 * j)
+        tb, to = base.table.loc[s_base], other.table.loc[s_other]
+        row["throughput"] = {"baseline_output_tok_s": _r(tb["output_tok_s"]), "output_tok_s": _r(to["output_tok_s"]),
+                             "delta_output_tok_s": _r(to["output_tok_s"] - tb["output_tok_s"]),
+                             "ratio": _r(to["output_tok_s"] / tb["output_tok_s"]) if tb["output_tok_s"] else None,
+                             "baseline_total_tok_s": _r(tb["total_tok_s"]), "total_tok_s": _r(to["total_tok_s"])}
+        rows.append(row)
+    tests = [(row, metric) for row in rows for metric in METRICS]
+    adjusted = holm([row[m]["p_value"] if row[m]["p_value"] is not None else math.nan for row, m in tests])
+    for (row, metric), p_adj in zip(tests, adjusted):
+        d = row[metric]
+        d["p_holm"] = _r(p_adj, 3)
+        d["significant"] = bool(p_adj < alpha) and abs((d["effect_p_slower"] or 0.5) - 0.5) >= MIN_EFFECT
+        d["verdict"] = ("slower" if d["effect_p_slower"] > 0.5 else "faster") if d["significant"] else "same"
+    return rows
+
+
+def _summary_delta(label: str, metric: str, levels: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run x metric over its matched levels: where it was slower, faster, the same."""
+    if not levels:
+        return {"label": label, "metric": metric, "matched_levels": 0, "significant": False,
+                "verdict": "no shared load level", "ratio_p50": None, "slower_at": [], "faster_at": [],
+                "p_holm_min": None}
+    slower = [x["load"] for x in levels if x[metric]["verdict"] == "slower"]
+    faster = [x["load"] for x in levels if x[metric]["verdict"] == "faster"]
+    ratios = [x[metric]["ratio_p50"] for x in levels if x[metric]["ratio_p50"] is not None]
+    p_min = min((x[metric]["p_holm"] for x in levels if x[metric]["p_holm"] is not None), default=None)
+    if slower and faster:
+        verdict = "mixed"
+    elif slower:
+        verdict = "slower"
+    elif faster:
+        verdict = "faster"
     else:
-        verdict = "slower" if test["effect"] > 0.5 else "faster"
-    return {
-        "metric": metric, "baseline_p50_s": _r(p50a, 6), "p50_s": _r(p50b, 6),
-        "delta_p50_s": _r(p50b - p50a, 6), "ratio_p50": _r(p50b / p50a) if p50a else None,
-        "baseline_p95_s": _r(p95a, 6), "p95_s": _r(p95b, 6),
-        "mann_whitney": {"u": test["u"], "z": _r(test["z"]), "p_value": _r(test["p_value"], 3),
-                         "effect_p_slower": _r(test["effect"])},
-        "n_baseline": int(a.size), "n": int(b.size), "significant": significant, "verdict": verdict,
-    }
+        verdict = "no meaningful difference"
+    return {"label": label, "metric": metric, "matched_levels": len(levels), "significant": bool(slower or faster),
+            "verdict": verdict, "ratio_p50": _r(float(np.median(ratios))) if ratios else None,
+            "ratio_p50_range": [min(ratios), max(ratios)] if ratios else None,
+            "slower_at": slower, "faster_at": faster, "p_holm_min": p_min}
+
+
+def _throughput_line(label: str, levels: list[dict[str, Any]]) -> str | None:
+    """'peak output throughput: 0.54x the baseline's (median over 5 levels; 0.5-0.6x)'."""
+    ratios = [x["throughput"]["ratio"] for x in levels if x["throughput"]["ratio"] is not None]
+    if not ratios:
+        return None
+    return (f"{label} output throughput: {np.median(ratios):.2f}x the baseline's (median over {len(ratios)} matched "
+            f"level(s); {min(ratios):.2f}-{max(ratios):.2f}x; one window per level, no test)")
+
+
+def _headline(d: dict[str, Any]) -> str:
+    """'peak TPOT: slower at 5 of 5 matched levels (1-16 users), p50 x1.8 (median)'."""
+    name = f"{d['label']} {d['metric'].upper()}"
+    if not d["matched_levels"]:
+        return f"{name}: no load level in common with the baseline, not compared (pooling steps of different loads misleads)"
+    n = d["matched_levels"]
+    ratio = f"; p50 ratio {d['ratio_p50']:.2f} (median over levels)" if d["ratio_p50"] is not None else ""
+    if d["verdict"] == "no meaningful difference":
+        return f"{name}: no meaningful difference at any of {n} matched level(s){ratio}"
+    parts = []
+    if d["slower_at"]:
+        parts.append(f"slower at {len(d['slower_at'])} of {n} matched levels ({', '.join(d['slower_at'])})")
+    if d["faster_at"]:
+        parts.append(f"faster at {len(d['faster_at'])} of {n} ({', '.join(d['faster_at'])})")
+    return f"{name}: {'; '.join(parts)}{ratio}"
 
 
 def _run_card(label: str, a: Analysis) -> dict[str, Any]:
@@ -109,6 +222,7 @@ def _run_card(label: str, a: Analysis) -> dict[str, Any]:
         "e2e_fit": {k: e2e.get(k) for k in ("slope_s_per_token", "intercept_s", "r2", "n")},
         "breakpoint": s["breakpoint"], "breakpoint_note": s["breakpoint_note"],
         "bound": s["diagnosis"]["bound"], "max_active_users": max((x["active_users"] for x in s["steps"]), default=None),
+        "load_levels": [x["load_level"] for x in s["steps"]], "load_unit": s["run"]["load_unit"],
     }
 
 
@@ -138,11 +252,16 @@ def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = 
     out = Path(out_dir) if out_dir else Path(run_dirs[0]).resolve().parent / time.strftime("compare-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     base = analyses[0]
+    levels = {n: _levels(n, base, a, alpha) for n, a in zip(names[1:], analyses[1:])}
+    deltas = [_summary_delta(n, m, levels[n]) for n in names[1:] for m in METRICS]
     comparison: dict[str, Any] = {
         "baseline": names[0], "alpha": alpha, "min_effect": MIN_EFFECT,
-        "test": "two-sided Mann-Whitney U, normal approximation with tie correction",
+        "test": ("per matched load level: two-sided Mann-Whitney U (normal approximation, tie-corrected), "
+                 "Holm-corrected over every level and metric; 95% bootstrap intervals of the p50/p95 deltas"),
         "runs": [_run_card(n, a) for n, a in zip(names, analyses)],
-        "deltas": [{"label": n, **_delta(base, a, m, alpha)} for n, a in zip(names[1:], analyses[1:]) for m in METRICS],
+        "headline": [_headline(d) for d in deltas] + [line for n in names[1:] if (line := _throughput_line(n, levels[n]))],
+        "levels": [row for n in names[1:] for row in levels[n]],
+        "deltas": deltas,
     }
     views = list(zip(names, analyses))
     figures = []
@@ -156,26 +275,45 @@ def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = 
     return comparison
 
 
-DELTA_HEADERS = ("run", "metric", "baseline p50 s", "p50 s", "Δ p50 s", "ratio", "baseline p95 s", "p95 s",
-                 "p-value", "P(slower)", "verdict")
+LEVEL_HEADERS = ("run", "load", "metric", "n base / n", "base p50 s", "p50 s", "Δ p50 s (95% CI)", "base p95 s",
+                 "p95 s", "Δ p95 s (95% CI)", "p (Holm)", "P(slower)", "verdict")
 
 
-def _delta_row(d: dict[str, Any]) -> list[Any]:
-    return [d["label"], d["metric"].upper(), d["baseline_p50_s"], d["p50_s"], d["delta_p50_s"], d["ratio_p50"],
-            d["baseline_p95_s"], d["p95_s"], d["mann_whitney"]["p_value"], d["mann_whitney"]["effect_p_slower"],
-            d["verdict"]]
+def _ci_text(value: float | None, ci: list[float] | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:+.3g}" + (f" [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else " (too few for a CI)")
+
+
+def _level_rows(comparison: dict[str, Any]) -> list[list[Any]]:
+    rows = []
+    for x in comparison["levels"]:
+        for metric in METRICS:
+            d = x[metric]
+            rows.append([x["label"], x["load"], metric.upper(), f"{d['n_baseline']} / {d['n']}", d["baseline_p50_s"],
+                         d["p50_s"], _ci_text(d["delta_p50_s"], d["delta_p50_ci95"]), d["baseline_p95_s"], d["p95_s"],
+                         _ci_text(d["delta_p95_s"], d["delta_p95_ci95"]), d["p_holm"], d["effect_p_slower"],
+                         d["verdict"]])
+        t = x["throughput"]
+        rows.append([x["label"], x["load"], "output tok/s", "", t["baseline_output_tok_s"], t["output_tok_s"],
+                     _ci_text(t["delta_output_tok_s"], None).replace(" (too few for a CI)", " (one window: no CI)"),
+                     "", "", "", "", "", ""])
+    return rows
 
 
 def _write_html(comparison: dict[str, Any], views: list[tuple[str, Analysis]], figures: list[str], path: Path) -> None:
     runs = [[r["label"], ", ".join(r["models"]), r["requests"], r["errors"], r["slo_attainment"],
+             ", ".join(f"{v:g}" for v in r["load_levels"]) + f" {r['load_unit'] or ''}",
              r["ttft_fit"]["slope_s_per_token"], r["ttft_fit"]["intercept_s"], r["e2e_fit"]["slope_s_per_token"],
-             (f"{users(r['breakpoint']['active_users'])} ({r['breakpoint']['reason']})" if r["breakpoint"]
-              else "none"), r["bound"]] for r in comparison["runs"]]
+             (f"{level_text(r['breakpoint']['load_level'], r['breakpoint']['load_unit'])} ({r['breakpoint']['reason']})"
+              if r["breakpoint"] else "none"), r["bound"]] for r in comparison["runs"]]
+    headline = "<ul class='advice'>" + "".join(f"<li>{h(line)}</li>" for line in comparison["headline"]) + "</ul>"
     sections = [
-        (f"Deltas against {comparison['baseline']} ({h(comparison['test'])}, α = {comparison['alpha']:g})",
-         html_table(DELTA_HEADERS, (_delta_row(d) for d in comparison["deltas"]), left=2)),
-        ("Runs", html_table(["run", "models", "requests", "errors", "SLO met", "TTFT s/token", "TTFT intercept s",
-                             "e2e s/token", "breakpoint", "bound"], runs, left=2)),
+        (f"Against {comparison['baseline']}, matched by load level", headline),
+        (f"Per load level ({comparison['test'].removeprefix('per matched load level: ')}; α = {comparison['alpha']:g})",
+         html_table(LEVEL_HEADERS, _level_rows(comparison), left=4)),
+        ("Runs", html_table(["run", "models", "requests", "errors", "SLO met", "load levels", "TTFT s/token",
+                             "TTFT intercept s", "e2e s/token", "breakpoint", "bound"], runs, left=2)),
     ]
     if figures:
         sections.append(("Charts", "".join(figures)))
@@ -185,17 +323,18 @@ def _write_html(comparison: dict[str, Any], views: list[tuple[str, Analysis]], f
 
 
 def comparison_table(comparison: dict[str, Any]) -> Table:
-    """Rich table of the deltas, sized for an 80-column terminal (the HTML has the p95 columns)."""
-    table = Table(title=f"tokenload compare (baseline {comparison['baseline']}, seconds)", title_justify="left")
-    for head in ("run", "metric", "base p50", "p50", "Δ p50", "ratio", "p", "P(slower)", "verdict"):
-        table.add_column(head, justify="left" if head in ("run", "metric", "verdict") else "right")
+    """Rich table: one headline per run and metric, from the matched load levels (the HTML has every level)."""
+    table = Table(title=f"tokenload compare (baseline {comparison['baseline']}, matched by load level)",
+                  title_justify="left")
+    for head in ("run", "metric", "levels", "p50 ratio", "verdict", "where"):
+        table.add_column(head, justify="right" if head in ("levels", "p50 ratio") else "left",
+                         overflow="fold")
     for d in comparison["deltas"]:
-        row = _delta_row(d)
-        del row[6:8]
-        p_value = d["mann_whitney"]["p_value"]
-        row[6] = "<0.001" if p_value is not None and p_value < 0.001 else p_value
-        row[8] = "same" if not d["significant"] else d["verdict"]
-        style = "" if not d["significant"] else ("red" if d["verdict"] == "slower" else "green")
-        table.add_row(*("n/a" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v)) for v in row),
+        where = "; ".join(part for part in (
+            f"slower at {', '.join(d['slower_at'])}" if d["slower_at"] else "",
+            f"faster at {', '.join(d['faster_at'])}" if d["faster_at"] else "") if part)
+        style = {"slower": "red", "faster": "green", "mixed": "yellow"}.get(d["verdict"], "")
+        ratio = "n/a" if d["ratio_p50"] is None else f"{d['ratio_p50']:.3g}"
+        table.add_row(d["label"], d["metric"].upper(), str(d["matched_levels"]), ratio, d["verdict"], where or "-",
                       style=style)
     return table

@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tokenload.analysis.breakpoint import ERROR_RATE_LIMIT, users
+from tokenload.analysis.breakpoint import ERROR_RATE_LIMIT
 from tokenload.analysis.steps import Slo
-from tokenload.errors import FIXES
+from tokenload.analysis.windows import level_text
+from tokenload.errors import FIXES, error_class
 
 QUEUE_SHARE = 0.5
 PREFILL_SHARE = 0.5
@@ -41,6 +42,9 @@ def _ttft_advice(ttft: float, n_in: float, fit: dict[str, Any], slo: Slo) -> lis
     if not fit.get("model"):
         return [f"{head}: shorten the prompt, try a smaller model, or send at off-peak times"]
     a = fit["intercept_s"]
+    if fit.get("intercept_check"):
+        return [f"{head}: shorten the prompt, try a smaller model, or send at off-peak times (the TTFT fit is not "
+                f"used for advice: {fit['intercept_check']})"]
     if a >= slo.ttft_s:
         return [f"{head}; even an empty prompt takes {_g(a)} s (fit intercept): shortening the prompt "
                 "cannot meet it, use a smaller model or send at off-peak times"]
@@ -88,9 +92,12 @@ def diagnose_latency(
     """Return SPEC.md `diagnosis` {bound, share_ttft, advice} plus the numbers it rests on.
 
     `low` and `high` hold p50 ttft/tpot/e2e, median output/input tokens and active
-    users of the low-load steps and of the highest-concurrency step.
+    users of the low-load steps and of the highest-load step.
     """
-    error_rate = errors_total / requests if requests else 1.0
+    # Input errors (a prompt over the context, a refused field) say nothing about the channel's
+    # capacity or configuration: they are advised on but do not make the run errors-bound.
+    counted = sum(n for kind, n in errors_by_kind.items() if error_class(kind) != "input")
+    error_rate = counted / requests if requests else 1.0
     if requests == 0 or low.get("e2e") is None or share_ttft is None:
         lines = _error_advice(requests, errors_by_kind) if requests else [
             "no requests were recorded: check that the load generator reached the channel (tokenload doctor)"]
@@ -112,11 +119,13 @@ def diagnose_latency(
     if errors_total:
         advice += [("errors", line) for line in _error_advice(requests, errors_by_kind)]
     if load_share >= QUEUE_SHARE:
-        keep = (f"keep concurrency <= {users(breakpoint['last_good_active_users'])} (the last step before "
-                f"the breakpoint)" if breakpoint and breakpoint.get("last_good_active_users") else
-                "lower the concurrency")
-        advice.append(("queue", f"median e2e grows from {_g(low['e2e'])} s at {users(low['active_users'])} to "
-                      f"{_g(high['e2e'])} s at {users(high['active_users'])} ({high['e2e'] / low['e2e']:.1f}x; "
+        good = breakpoint.get("last_good_load_level") if breakpoint else None
+        unit = str((breakpoint or {}).get("load_unit", "users"))
+        what = "concurrency" if unit == "users" else "the request rate"
+        keep = (f"keep {what} <= {level_text(good, unit)} (the last step before the breakpoint)"
+                if good else "lower the load")
+        advice.append(("queue", f"median e2e grows from {_g(low['e2e'])} s at {low['load']} to "
+                      f"{_g(high['e2e'])} s at {high['load']} ({high['e2e'] / low['e2e']:.1f}x; "
                       f"{100 * load_share:.0f}% of it is load): the channel queues under load; {keep}, or "
                       "send at off-peak times and check with `tokenload compare`"))
     if low["ttft"] > slo.ttft_s:

@@ -11,6 +11,7 @@ line (|k - 1| large enough to matter), so noise never reads as a finding.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,50 @@ AIC_MARGIN = 10.0
 # ...and bend by at least this much, or the data are called linear.
 MIN_EXPONENT_GAP = 0.05
 EXPONENT_RANGE = (0.05, 3.0)
+# A length that varies less than this (p95 - p5, relative to the median) cannot support a slope:
+# a "fixed" 256-token prompt the server counts as 256-280 would fit noise.
+MIN_RELATIVE_SPREAD = 0.5
+# The shortest prompts, which check the fitted intercept: lengths up to this factor of the minimum...
+SHORTEST_FACTOR = 1.5
+# ...or, if fewer than this many have such lengths, this many of the shortest.
+SHORTEST_MIN = 5
+
+
+def spread_note(x: np.ndarray, what: str, sweep: str) -> str | None:
+    """Why `x` cannot carry a fit (too few points, or barely varying), or None when it can."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if len(x) < MIN_FIT_POINTS:
+        return f"too few successful requests ({len(x)}, need {MIN_FIT_POINTS}) to fit"
+    p5, p50, p95 = np.percentile(x, [5, 50, 95])
+    if p95 - p5 < MIN_RELATIVE_SPREAD * max(p50, 1.0):
+        return (f"{what} barely varies ({p5:.0f}-{p95:.0f} tokens, 5th-95th percentile): no fit, a slope would "
+                f"describe noise; sweep {what} (the packaged {sweep} scenario does)")
+    return None
+
+
+def intercept_check(x: np.ndarray, y: np.ndarray, intercept: float,
+                    predict: Callable[[float], float]) -> str | None:
+    """Does the shortest-input data contradict the fitted intercept? A sentence saying how, or None.
+
+    The intercept claims what an empty prompt costs; the shortest prompts measured
+    bound it from above (their median TTFT) and physics from below (zero).
+    """
+    short = x <= SHORTEST_FACTOR * float(x.min())
+    if short.sum() < SHORTEST_MIN:
+        short = np.zeros(len(x), dtype=bool)
+        short[np.argsort(x)[:SHORTEST_MIN]] = True
+    observed = float(np.median(y[short]))
+    at = float(np.median(x[short]))
+    if intercept < 0 and predict(at) < 0.5 * observed:
+        return (f"the intercept {intercept:.3g} s is impossible (a negative time) and the line undershoots the "
+                f"shortest prompts (median TTFT {observed:.3g} s at about {at:.0f} tokens): do not read the "
+                "intercept as the cost of an empty prompt")
+    if intercept > observed:
+        return (f"the intercept {intercept:.3g} s exceeds the median TTFT of the shortest prompts ({observed:.3g} s "
+                f"at about {at:.0f} tokens): the fit does not describe short prompts (concurrent requests or "
+                "queueing may have inflated it); fit at 1 user")
+    return None
 
 
 @dataclass(frozen=True)
@@ -145,12 +190,13 @@ def ttft_vs_input(n_tokens: np.ndarray, ttft: np.ndarray) -> dict[str, Any]:
     For the power model `slope_s_per_token` is the local slope d(ttft)/dn at the
     median input length, so it stays comparable with the linear slope.
     """
-    lin = linear_fit(n_tokens, ttft)
-    pw = power_fit(n_tokens, ttft)
+    note = spread_note(n_tokens, "input length", "prompt-sweep")
+    lin = linear_fit(n_tokens, ttft) if note is None else None
+    pw = power_fit(n_tokens, ttft) if lin is not None else None
     if lin is None:
         return {"model": None, "slope_s_per_token": None, "intercept_s": None, "exponent": None,
                 "r2": None, "n": int(len(n_tokens)),
-                "note": "input length did not vary enough (or too few successful requests) to fit"}
+                "note": note or "input length did not vary enough (or too few successful requests) to fit"}
     out: dict[str, Any] = {
         "model": "linear", "slope_s_per_token": _r(lin.slope), "intercept_s": _r(lin.intercept),
         "exponent": 1.0, "r2": _r(lin.r2, 4), "n": lin.n,
@@ -166,6 +212,11 @@ def ttft_vs_input(n_tokens: np.ndarray, ttft: np.ndarray) -> dict[str, Any]:
             out.update(model="power", intercept_s=_r(pw.a), exponent=_r(pw.k, 4), r2=_r(pw.r2, 4),
                        slope_s_per_token=_r(pw.b * pw.k * median_n ** (pw.k - 1.0)),
                        slope_at_input_tokens=median_n)
+    model: Callable[[float], float] = (
+        (lambda n: float(pw.predict(np.array([n]))[0])) if out["model"] == "power" and pw is not None
+        else (lambda n: lin.intercept + lin.slope * n))
+    out["intercept_check"] = intercept_check(np.asarray(n_tokens, dtype=np.float64), np.asarray(ttft, dtype=np.float64),
+                                             out["intercept_s"], model)
     k = out["exponent"]
     if out["model"] == "power" and k < 1:
         out["sublinear"] = f"supported: TTFT grows as n^{k:.2f} (< 1) with input length"

@@ -7,6 +7,7 @@ through rich when the run is large enough for the wait to be noticeable.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,10 +17,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tokenload.analysis import plots
+from tokenload.analysis.ratelimits import rate_limits_html
 from tokenload.analysis.records import REQUESTS_FILE, load_run
 from tokenload.analysis.report import figure, h, html_table, page, steps_html, verdict_html, verdict_table
-from tokenload.analysis.steps import Slo
+from tokenload.analysis.steps import Slo, StepOptions
 from tokenload.analysis.summary import Analysis, summarize
+from tokenload.analysis.windows import level_text
+from tokenload.errors import error_class
 
 # Runs with at least this many rows show a progress bar.
 PROGRESS_MIN_ROWS = 100_000
@@ -29,9 +33,14 @@ PLOTS: tuple[tuple[str, Callable[..., Path], str], ...] = (
     ("e2e_vs_output.png", plots.plot_e2e_vs_output,
      "Total latency against output length: the least-squares fit and the TTFT + TPOT × N formula with median values."),
     ("latency_vs_users.png", plots.plot_latency_vs_users,
-     "TTFT, TPOT and end-to-end p50/p95 per concurrency step; dotted line: breakpoint, dash-dot: SLO."),
+     "TTFT, TPOT and end-to-end p50/p95 per load step with 95% bootstrap bands; x marks a step with too few "
+     "requests to judge; dotted line: breakpoint, dash-dot: SLO."),
     ("throughput_vs_users.png", plots.plot_throughput_vs_users,
-     "Output tokens/s, request rate (all and within SLO) and error rate per concurrency step."),
+     "Output and total tokens/s counted in each step's window, completed requests/s (all and good) and error "
+     "rates per load step."),
+    ("itl_vs_load.png", plots.plot_itl,
+     "Inter-token latency per step: per request the median and the 99th-percentile gap between streamed tokens, "
+     "then the median over the step's requests (stalls show as a p99 far above the median)."),
     ("cdfs.png", plots.plot_cdfs, "Distribution of TTFT, TPOT and end-to-end latency over all successful requests."),
     ("timeline.png", plots.plot_timeline,
      "The run over time: active users, request outcomes per second and each request's TTFT."),
@@ -62,25 +71,35 @@ def _stages(console: Console | None, enabled: bool, total: int) -> Iterator[Call
 
 def analyze_run(run_dir: str | Path, slo_ttft: float = 1.0, slo_e2e: float = 3.0, *, slo_target: float = 0.90,
                 low_load_users: int | None = None, console: Console | None = None,
-                write: bool = True) -> dict[str, Any]:
+                write: bool = True, options: StepOptions | None = None) -> dict[str, Any]:
     """Analyse RUN_DIR, write summary.json, plots/*.png and report.html there, return the summary.
 
     Raises `ConfigError` when RUN_DIR is not a run (see `records.load_run`).
-    With `write=False` only the summary is computed.
+    With `write=False` only the summary is computed. `options` (percentiles, warm-up,
+    goodput) default to the run's scenario: its `[load] warmup_s`, p50/p95/p99, SLO goodput.
     """
-    analysis = analyze(run_dir, Slo(slo_ttft, slo_e2e, slo_target), low_load_users, console, write)
+    analysis = analyze(run_dir, Slo(slo_ttft, slo_e2e, slo_target), low_load_users, console, write, options)
     return analysis.summary
 
 
+def scenario_warmup(manifest: dict[str, Any]) -> float:
+    """The run's own `[load] warmup_s` (0 when the scenario set none)."""
+    value = ((manifest.get("scenario") or {}).get("load") or {}).get("warmup_s", 0.0)
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else 0.0
+
+
 def analyze(run_dir: str | Path, slo: Slo = Slo(), low_load_users: int | None = None,
-            console: Console | None = None, write: bool = True) -> Analysis:
+            console: Console | None = None, write: bool = True, options: StepOptions | None = None) -> Analysis:
     """Like `analyze_run` but returns the full `Analysis` (used by comparisons)."""
     path = Path(run_dir)
     enabled = path.is_dir() and _row_count(path) >= PROGRESS_MIN_ROWS
     with _stages(console, enabled, total=3 + len(PLOTS)) as advance:
         run = load_run(path)
         advance("per-step statistics and fits")
-        analysis = summarize(run, slo, low_load_users)
+        options = options or StepOptions()
+        if options.warmup_s is None:
+            options = dataclasses.replace(options, warmup_s=scenario_warmup(run.manifest))
+        analysis = summarize(run, slo, low_load_users, options)
         if write:
             advance("writing summary.json")
             (path / "summary.json").write_text(json.dumps(analysis.summary, indent=2, default=str) + "\n",
@@ -109,38 +128,79 @@ def write_report(analysis: Analysis, out_dir: Path, advance: Callable[[str], Non
                          "".join(f"<li>{h(p)}</li>" for p in s["problems"]) + "</ul></div>"))
     if figures:
         sections.append(("Charts", "".join(figures)))
-    sections += _tables(s)
+    sections += [("Rate limits", rate_limits_html(s["rate_limits"]))] + _tables(s)
     target = out_dir / "report.html"
     target.write_text(page(f"tokenload report: {s['run']['label']}", sections), encoding="utf-8")
     return target
 
 
+def _channel_text(channel: Any) -> str:
+    """'anthropic · http://host/api · model sim-7b' (the manifest's channel has no secrets)."""
+    if not isinstance(channel, dict):
+        return str(channel or "n/a")
+    models = channel.get("models") or channel.get("model")
+    models = ", ".join(models) if isinstance(models, list) else models
+    return " · ".join(str(v) for v in (channel.get("protocol"), channel.get("base_url"),
+                                       f"model {models}" if models else None) if v)
+
+
+def _lag_text(lag: Any) -> str:
+    if not isinstance(lag, dict) or not lag:
+        return "not recorded"
+    parts = [f"{k.replace('_', ' ')} {v:.3g}" for k, v in lag.items() if isinstance(v, (int, float))]
+    return "; ".join(parts + [str(lag["warning"])] if lag.get("warning") else parts) or "not recorded"
+
+
 def _tables(s: dict[str, Any]) -> list[tuple[str, str]]:
     out = []
+    opts = s["analysis_options"]
     if s["steps"]:
-        out.append(("Per step (times in seconds)", steps_html(s["steps"])))
+        out.append(("Per step (times in seconds)", steps_html(s["steps"], opts["percentiles"])))
+    goodput = opts.get("goodput_s")
+    settings = [["warm-up excluded per step", f"{opts['warmup_s'] or 0:g} s (requests started in each step's first "
+                 "seconds; scenario [load] warmup_s or analyze --warmup)"],
+                ["percentiles", ", ".join(f"p{p:g}" for p in opts["percentiles"])],
+                ["goodput criteria", ", ".join(f"{k} <= {1000 * v:g} ms" for k, v in goodput.items()) if goodput
+                 else f"the SLO (TTFT <= {s['slo']['ttft_s']:g} s and e2e <= {s['slo']['e2e_s']:g} s)"],
+                ["a step decides the breakpoint from", f"{opts['min_step_requests']} finished requests"],
+                ["throughput", "tokens counted in the window they were streamed (each request's output spread "
+                 "between its first and last token), input tokens at the first token, requests at completion"]]
+    out.append(("How the numbers were made", html_table(["", "setting"], settings, left=2)))
     rules = s["breakpoint_rules"]
     if rules:
         out.append(("Breakpoint rules", html_table(
-            ["rule", "fired", "at users", "detail"],
-            [[name, r["fired"], r.get("active_users", ""), r.get("detail", "")] for name, r in rules.items()], left=4)))
+            ["rule", "fired", "at", "detail"],
+            [[name, r["fired"], level_text(r["load_level"], r["load_unit"]) if r["fired"] else "",
+              r.get("detail", "")] for name, r in rules.items()], left=4)))
     if s["errors_by_kind"]:
-        out.append(("Errors by kind", html_table(["kind", "count"], sorted(s["errors_by_kind"].items()))))
+        classes = {k: error_class(k) for k in s["errors_by_kind"]}
+        out.append(("Errors by kind", html_table(["kind", "class", "count"],
+                                                 sorted([k, classes[k], v] for k, v in s["errors_by_kind"].items()),
+                                                 left=2)))
     fit_rows = []
     for name, fit in s["fits"].items():
-        fit_rows.append([name, fit.get("model", "linear"), fit.get("slope_s_per_token"), fit.get("intercept_s"),
+        fit_rows.append([name, fit.get("model") or "not fitted", fit.get("slope_s_per_token"), fit.get("intercept_s"),
                          fit.get("exponent", 1.0), fit.get("r2"), fit.get("n"),
-                         " / ".join(f"{v:.4g}" for v in fit.get("slope_ci95") or fit.get("linear", {}).get("slope_ci95", []))])
-    out.append(("Fits (low-load steps: " + h(s["fits"]["ttft_vs_input"].get("steps_used_reason", "")) + ")",
+                         " / ".join(f"{v:.4g}" for v in fit.get("slope_ci95") or fit.get("linear", {}).get("slope_ci95", [])),
+                         fit.get("note") or fit.get("intercept_check") or ""])
+    out.append(("Fits (low-load steps: " + s["fits"]["ttft_vs_input"].get("steps_used_reason", "") + ")",
                 html_table(["fit", "model", "slope s/token", "intercept s", "exponent", "R²", "n",
-                            "slope 95% CI (linear)"], fit_rows, left=2)))
+                            "slope 95% CI (linear)", "note"], fit_rows, left=2)))
     f = s["formula"]
-    out.append(("Formula", html_table(["form", "MAPE"], [["TTFT + TPOT × N", f.get("mape_simple")],
-                                                         ["TTFT + TPOT × (N − 1)", f.get("mape_exact")]])))
+    out.append(("Formula: e2e predicted from each step's typical (median) TTFT and TPOT", html_table(
+        ["form", "MAPE", "what it tests"],
+        [["TTFT + TPOT × N", f.get("mape_simple"), "the form users quote, with typical values"],
+         ["TTFT + TPOT × (N − 1)", f.get("mape_exact"), "the exact form, with typical values: fails when TPOT or "
+                                                         "queueing vary a lot within a step"],
+         ["e2e fit residuals", s["fits"]["e2e_vs_output"].get("residual_mape"),
+          "how far single requests fall from the fitted line"]], left=1)))
     run = s["run"]
+    complete = run.get("completeness") or {}
     meta = [["run id", run.get("run_id")], ["run dir", run.get("run_dir")], ["models", ", ".join(run["models"])],
-            ["scenario", run.get("scenario")], ["channel", json.dumps(run.get("channel"))],
-            ["scheduler lag", json.dumps(run.get("scheduler_lag"))], ["duration s", run.get("duration_s")]]
+            ["scenario", run.get("scenario")], ["load", f"{run.get('load_kind') or 'unknown'} ({run.get('load_unit')})"],
+            ["stopped because", complete.get("stop_reason") or "not recorded"],
+            ["channel", _channel_text(run.get("channel"))], ["scheduler lag (s)", _lag_text(run.get("scheduler_lag"))],
+            ["duration s", run.get("duration_s")]]
     out.append(("Run", html_table(["", "value"], meta, left=2)))
     return out
 

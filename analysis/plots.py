@@ -20,8 +20,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
-from tokenload.analysis.breakpoint import users  # noqa: E402
 from tokenload.analysis.summary import Analysis  # noqa: E402
+from tokenload.analysis.windows import USERS, level_text  # noqa: E402
 
 View = tuple[str, Analysis]
 Curve = tuple[str, Callable[..., np.ndarray], str]  # (legend label, y(x), line style)
@@ -53,12 +53,18 @@ def _log_axis(ax: Axes, axis: str, base: float = 10) -> None:
     getattr(ax, f"{axis}axis").set_major_formatter(PLAIN)
 
 
-def _users_axis(ax: Axes, views: Sequence[View]) -> None:
-    """Log-2 x axis when the ramp spans a wide range of users (1, 2, 4 ... 64)."""
-    users = np.concatenate([v.table["active_users"].to_numpy() for _, v in views if len(v.table)] or [np.ones(1)])
-    if users.min() > 0 and users.max() / users.min() >= 8:
+def load_unit(views: Sequence[View]) -> str:
+    """The x unit of per-step charts: the first run's (a comparison pairs runs of one unit)."""
+    units = [str(v.table["load_unit"].iloc[0]) for _, v in views if len(v.table)]
+    return units[0] if units else USERS
+
+
+def _load_axis(ax: Axes, views: Sequence[View]) -> None:
+    """Log-2 x axis when the ramp spans a wide range (1, 2, 4 ... 64 users, or 0.5 ... 16 req/s)."""
+    levels = np.concatenate([v.table["load_level"].to_numpy() for _, v in views if len(v.table)] or [np.ones(1)])
+    if levels.min() > 0 and levels.max() / levels.min() >= 8:
         _log_axis(ax, "x", base=2)
-    ax.set_xlabel("concurrent users")
+    ax.set_xlabel("concurrent users" if load_unit(views) == USERS else "offered load (requests / s)")
 
 
 def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
@@ -83,7 +89,14 @@ def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
                 ax.plot(xs, fn(xs), style, color=color if len(views) > 1 or style == "-" else "black",
                         lw=2, label=f"{prefix}{name}")
     if y_tops:
-        ax.set_ylim(0, 1.3 * max(y_tops))
+        top = 1.3 * max(y_tops)
+        ax.set_ylim(0, top)
+        above = sum(int((a.ok[y_col] > top).sum()) for _, a in views)
+        if above:
+            total = sum(len(a.ok) for _, a in views)
+            ax.text(0.99, 0.02, f"{above} of {total} points lie above the top of this axis (not shown)",
+                    transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
+                    color="#b00020", bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "#b00020"})
     ax.legend(loc="upper left", fontsize=8, markerscale=4, framealpha=0.9)
     ax.grid(alpha=0.3)
 
@@ -141,6 +154,16 @@ class Panel:
     series: tuple[tuple[str, str, str], ...]  # (column, legend name, line style)
     slo: float | None = None
     scale: float = 1.0
+    # Columns drawn with their bootstrap 95% interval as a shaded band.
+    bands: tuple[str, ...] = ()
+
+
+def _ci_band(t: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper 95% bounds of a step column from the `ci` dicts (NaN where none)."""
+    cis = [ci.get(col) if isinstance(ci, dict) else None for ci in t["ci"]]
+    lo = np.array([c[0] if c else np.nan for c in cis], dtype=float)
+    hi = np.array([c[1] if c else np.nan for c in cis], dtype=float)
+    return lo, hi
 
 
 def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], path: Path, title: str) -> Path:
@@ -150,19 +173,27 @@ def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], path: Path,
         for i, (label, a) in enumerate(views):
             if a.table.empty:
                 continue
-            t = a.table.sort_values("active_users")
+            t = a.table.sort_values(["load_level", "start"])
             color = COLORS[i % len(COLORS)]
             prefix = f"{label} " if len(views) > 1 else ""
             for col, name, style in panel.series:
-                ax.plot(t["active_users"], t[col] * panel.scale, style, color=color, marker="o", ms=4,
-                        label=f"{prefix}{name}")
+                y = t[col] * panel.scale
+                ax.plot(t["load_level"], y, style, color=color, marker="o", ms=4, label=f"{prefix}{name}")
+                if col in panel.bands:
+                    lo, hi = _ci_band(t, col)
+                    ax.fill_between(t["load_level"], lo * panel.scale, hi * panel.scale, color=color, alpha=0.12,
+                                    lw=0)
+            small = t[~t["decided"]] if "decided" in t else t.iloc[:0]
+            for col, _, _ in panel.series[:1]:
+                ax.plot(small["load_level"], small[col] * panel.scale, "x", color="0.4", ms=8,
+                        label=f"{prefix}too few requests to judge" if len(small) else None)
             bp = a.summary.get("breakpoint")
             if bp:
-                ax.axvline(bp["active_users"], color=color, ls=":", lw=1.5,
-                           label=f"{prefix}breakpoint {users(bp['active_users'])} ({bp['reason']})")
+                ax.axvline(bp["load_level"], color=color, ls=":", lw=1.5,
+                           label=f"{prefix}breakpoint {level_text(bp['load_level'], bp['load_unit'])} ({bp['reason']})")
         if panel.slo is not None:
             ax.axhline(panel.slo, color="red", ls="-.", lw=1, label=f"SLO {panel.slo:g} s")
-        _users_axis(ax, views)
+        _load_axis(ax, views)
         ax.set(title=panel.title, ylabel=panel.ylabel)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
@@ -172,25 +203,39 @@ def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], path: Path,
 
 
 def plot_latency_vs_users(views: Sequence[View], path: Path) -> Path:
-    """TTFT, TPOT and e2e p50/p95 per concurrency step."""
+    """TTFT, TPOT and e2e p50/p95 per load step, with bootstrap bands."""
     slo = views[0][1].slo
     panels = [
-        Panel("TTFT", "seconds", (("ttft_p50_s", "p50", "-"), ("ttft_p95_s", "p95", "--")), slo=slo.ttft_s),
-        Panel("TPOT", "seconds per token", (("tpot_p50_s", "p50", "-"), ("tpot_p95_s", "p95", "--"))),
-        Panel("End-to-end", "seconds", (("e2e_p50_s", "p50", "-"), ("e2e_p95_s", "p95", "--")), slo=slo.e2e_s),
+        Panel("TTFT", "seconds", (("ttft_p50_s", "p50", "-"), ("ttft_p95_s", "p95", "--")), slo=slo.ttft_s,
+              bands=("ttft_p50_s", "ttft_p95_s")),
+        Panel("TPOT", "seconds per token", (("tpot_p50_s", "p50", "-"), ("tpot_p95_s", "p95", "--")),
+              bands=("tpot_p50_s", "tpot_p95_s")),
+        Panel("End-to-end", "seconds", (("e2e_p50_s", "p50", "-"), ("e2e_p95_s", "p95", "--")), slo=slo.e2e_s,
+              bands=("e2e_p50_s", "e2e_p95_s")),
     ]
-    return _panels_vs_users(views, panels, path, "Latency percentiles vs concurrency")
+    return _panels_vs_users(views, panels, path, f"Latency percentiles vs load ({load_unit(views)}; "
+                                                 "bands: 95% bootstrap intervals)")
 
 
 def plot_throughput_vs_users(views: Sequence[View], path: Path) -> Path:
     """Output tokens/s, requests/s (all and within SLO) and error rate per step."""
     panels = [
         Panel("Output throughput", "tokens / s", (("output_tok_s", "output tokens/s", "-"),)),
+        Panel("Total throughput", "tokens / s", (("total_tok_s", "input + output tokens/s", "-"),
+                                                 ("input_tok_s", "input tokens/s", "--"))),
         Panel("Request rate", "requests / s", (("rps", "all", "-"), ("goodput_rps", "within SLO", "--"))),
         Panel("Errors", "% of requests", (("error_rate", "all errors", "-"), ("load_error_rate", "load errors", "--")),
               scale=100.0),
     ]
-    return _panels_vs_users(views, panels, path, "Throughput vs concurrency")
+    return _panels_vs_users(views, panels, path, f"Throughput vs load ({load_unit(views)}; tokens counted in the "
+                                                 "window they were streamed)")
+
+
+def plot_itl(views: Sequence[View], path: Path) -> Path:
+    """Inter-token latency per step: the median request's median gap and its p99 gap."""
+    panels = [Panel("Inter-token latency", "seconds between tokens",
+                    (("itl_p50_s", "median gap (median request)", "-"), ("itl_p99_s", "p99 gap (median request)", "--")))]
+    return _panels_vs_users(views, panels, path, f"Inter-token latency vs load ({load_unit(views)})")
 
 
 def plot_cdfs(views: Sequence[View], path: Path, metrics: Sequence[str] = ("ttft", "tpot", "e2e")) -> Path:
@@ -237,8 +282,13 @@ def plot_timeline(views: Sequence[View], path: Path, bins: int = 120) -> Path:
     users = pd.Series(df["active_users"].to_numpy()).groupby(np.digitize(t, edges[1:-1])).max()
 
     fig, axes = plt.subplots(3, 1, figsize=(11, 7.5), sharex=True)
-    axes[0].step(edges[users.index.to_numpy()], users.to_numpy(), where="post", color=COLORS[0])
-    axes[0].set(ylabel="active users", title="Run timeline (by request start time)")
+    if load_unit(views[:1]) == USERS:
+        axes[0].step(edges[users.index.to_numpy()], users.to_numpy(), where="post", color=COLORS[0])
+        axes[0].set(ylabel="active users", title="Run timeline (by request start time)")
+    else:  # open loop: the pool size says nothing, the offered rate per step does
+        for _, step in a.table.iterrows():
+            axes[0].hlines(step["load_level"], (step["start"] - t0) / per, (step["end"] - t0) / per, color=COLORS[0])
+        axes[0].set(ylabel="offered req/s", title="Run timeline (by request start time)")
     axes[1].bar(edges[:-1], ok_counts / width, width=width, align="edge", color=COLORS[2], label="ok")
     axes[1].bar(edges[:-1], err_counts / width, width=width, align="edge", bottom=ok_counts / width,
                 color=COLORS[3], label="error")

@@ -27,7 +27,7 @@ from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
 REQUIRED_COLUMNS: tuple[str, ...] = SPEC_COLUMNS
 FLOAT_COLUMNS: tuple[str, ...] = (
     "scheduled_at", "started_at", "ttft_s", "tpot_s", "e2e_s", "input_tokens",
-    "output_tokens", "itl_p99_s",
+    "output_tokens", "itl_p50_s", "itl_p99_s", "itl_max_s",
 )
 CATEGORY_COLUMNS: tuple[str, ...] = ("status", "error_kind", "model")
 OPTIONAL_COLUMNS: tuple[str, ...] = ("finished_at", "in_flight", "prompt_tokens_target")
@@ -60,6 +60,13 @@ class Run:
         if value is None and len(self.df):
             value = float(self.df["finished_at"].max())
         return value
+
+    @property
+    def cut(self) -> float:
+        """When the run stopped and open streams were cut: a censored request waited at least until here."""
+        last_seen = float(np.nanmax(self.df["finished_at"].to_numpy())) if len(self.df) else 0.0
+        end = self.ended_at
+        return last_seen if end is None else max(end, last_seen)
 
     @property
     def label(self) -> str:

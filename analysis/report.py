@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.table import Table
 
-from tokenload.analysis.breakpoint import users
+from tokenload.analysis.windows import level_text
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
@@ -25,6 +25,7 @@ table{border-collapse:collapse;margin:.5em 0;font-size:.9em} td,th{border:1px so
 th{background:#f3f3f3} td.l,th.l{text-align:left} figure{margin:1.5em 0} img{max-width:100%}
 figcaption{color:#555;font-size:.9em} .bad{color:#b00020;font-weight:600} .good{color:#1b7f2a}
 ul.advice li{margin:.3em 0} .problems{background:#fff4e5;border:1px solid #f0b400;padding:.5em 1em}
+.scroll{overflow-x:auto;max-width:100%} h3{font-size:1em;color:#444}
 """
 
 
@@ -41,8 +42,12 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     run, slo, lat = summary["run"], summary["slo"], summary["latency"]
     ttft_fit, e2e_fit = summary["fits"]["ttft_vs_input"], summary["fits"]["e2e_vs_output"]
     formula, diag, bp = summary["formula"], summary["diagnosis"], summary["breakpoint"]
-    rows: list[tuple[str, str, bool | None]] = [
-        ("Requests", f"{run['requests']:,} ({run['ok']:,} ok, {run['errors']:,} errors, "
+    complete = run.get("completeness") or {}
+    rows: list[tuple[str, str, bool | None]] = []
+    if complete.get("interrupted") or complete.get("truncated"):
+        rows.append(("Run incomplete", complete["note"], False))
+    rows += [
+        ("Requests", f"{run['requests']:,} ({run['ok']:,} ok, {run['errors']:,} errors{_classes(summary)}, "
                      f"{run['in_flight']:,} still open at the end)", run["errors"] == 0 if run["requests"] else False),
         ("SLO attainment", f"{_fmt(100 * slo['attainment'] if slo['attainment'] is not None else None, '%')} "
                            f"within TTFT ≤ {slo['ttft_s']:g} s and e2e ≤ {slo['e2e_s']:g} s "
@@ -51,7 +56,10 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     ]
     for metric, unit in (("ttft", " s"), ("tpot", " s/token"), ("e2e", " s")):
         p = lat[metric]
-        rows.append((metric.upper(), f"p50 {_fmt(p['p50'])} · p95 {_fmt(p['p95'])} · p99 {_fmt(p['p99'])}{unit}", None))
+        shown = " · ".join(f"{k} {'≥ ' if k in p.get('bounds', []) else ''}{_fmt(v)}" for k, v in p.items()
+                           if k.startswith("p") and k[1:2].isdigit())
+        cut = f"; {p['censored']} still open at the end (censored)" if p.get("censored") else ""
+        rows.append((metric.upper(), f"{shown}{unit} (n={p.get('n', 0):,}{cut})", None))
     if ttft_fit.get("model"):
         extra = f", exponent {ttft_fit['exponent']:.2f}" if ttft_fit["model"] == "power" else ""
         rows.append(("TTFT vs input", f"{ttft_fit['model']}: {ttft_fit['slope_s_per_token']:.3g} s/token, "
@@ -68,16 +76,21 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     else:
         rows.append(("e2e vs output", e2e_fit.get("note", "not fitted"), False))
     if formula.get("mape_simple") is not None:
-        where = formula.get("typical_values_break_at_active_users")
+        where = formula.get("typical_values_break_at")
         tail = (f"; with typical TTFT/TPOT it misses by > {100 * formula['typical_values_tolerance']:.0f}% "
-                f"from {where} users" if where else "")
-        rows.append(("Formula TTFT + TPOT × N", f"MAPE {100 * formula['mape_simple']:.2f}% (N) · "
-                                                f"{100 * formula['mape_exact']:.2f}% (N − 1){tail}", formula["holds"]))
+                f"from {where}" if where else "")
+        rows.append(("Formula TTFT + TPOT × N", f"with each step's median TTFT and TPOT it predicts e2e within "
+                                                f"{100 * formula['mape_simple']:.1f}% on average "
+                                                f"({100 * formula['mape_exact']:.1f}% with N − 1){tail}",
+                     formula["holds"]))
     rows.append(("Output length drives e2e?", summary["e2e_drivers"]["verdict"], None))
     if bp:
-        rows.append(("Breakpoint", f"{users(bp['active_users'])} ({bp['reason']}): {bp['detail']}", False))
+        note = f" ({summary['breakpoint_note']})" if summary.get("breakpoint_note") else ""
+        rows.append(("Breakpoint", f"{level_text(bp['load_level'], bp['load_unit'])} ({bp['reason']}): "
+                                   f"{bp['detail']}{note}", False))
     else:
-        rows.append(("Breakpoint", summary.get("breakpoint_note") or "none", True))
+        rows.append(("Breakpoint", summary.get("breakpoint_note") or "none",
+                     None if (run.get("completeness") or {}).get("note") else True))
     share = diag.get("share_ttft")
     rows.append(("Bound", f"{diag['bound']}" + (f" (TTFT is {100 * share:.0f}% of e2e)" if share is not None else ""),
                  None))
@@ -86,6 +99,12 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     for problem in summary.get("problems", []):
         rows.append(("Missing", problem, False))
     return rows
+
+
+def _classes(summary: dict[str, Any]) -> str:
+    """': 3 load, 2 input' (only the load class counts towards the error-rate rule)."""
+    by_class = summary.get("errors_by_class") or {}
+    return (": " + ", ".join(f"{n:,} {cls}" for cls, n in sorted(by_class.items()))) if by_class else ""
 
 
 def _steps(steps: Sequence[int]) -> str:
@@ -145,17 +164,49 @@ def page(title: str, sections: Sequence[tuple[str, str]]) -> str:
             f"<style>{CSS}</style></head><body><h1>{h(title)}</h1>{body}</body></html>")
 
 
-STEP_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("active_users", "users"), ("requests", "requests"), ("errors", "errors"), ("error_rate", "error rate"),
-    ("rps", "req/s"), ("output_tok_s", "out tok/s"), ("goodput_rps", "goodput req/s"),
-    ("ttft_p50_s", "TTFT p50"), ("ttft_p95_s", "TTFT p95"), ("ttft_p99_s", "TTFT p99"),
-    ("tpot_p50_s", "TPOT p50"), ("tpot_p95_s", "TPOT p95"), ("e2e_p50_s", "e2e p50"),
-    ("e2e_p95_s", "e2e p95"), ("e2e_p99_s", "e2e p99"), ("slo_attainment", "SLO met"),
-    ("formula_mape", "formula MAPE"), ("ttft_slope_s_per_token", "TTFT s/token"),
+LOAD_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("requests", "requests"), ("ok", "ok (measured)"), ("warmup_excluded", "warm-up excluded"),
+    ("open_at_step_end", "open at step end"), ("censored", "open at run end"), ("errors", "errors"),
+    ("load_errors", "load errors"), ("input_errors", "input errors"), ("config_errors", "config errors"),
+    ("achieved_rate", "sent req/s"), ("achieved_concurrency", "in flight (mean)"), ("rps", "done req/s"),
+    ("output_tok_s", "out tok/s"), ("input_tok_s", "in tok/s"), ("total_tok_s", "total tok/s"),
+    ("goodput_rps", "goodput req/s"), ("slo_attainment", "SLO met"), ("formula_mape", "formula MAPE"),
+    ("ttft_slope_s_per_token", "TTFT s/token"),
 )
 
 
-def steps_html(steps: Sequence[dict[str, Any]]) -> str:
-    """The per-step table (times in seconds)."""
-    return html_table(["step", *(name for _, name in STEP_COLUMNS)],
-                      ([s["step"], *(s[key] for key, _ in STEP_COLUMNS)] for s in steps))
+def _load_cell(step: dict[str, Any]) -> str:
+    text = level_text(step["load_level"], step["load_unit"])
+    return text if step.get("decided", True) else f"{text} (too few to judge)"
+
+
+def _with_ci(step: dict[str, Any], key: str) -> str:
+    """'1.23 [1.1, 1.4]', '≥ 4.5' for a censored bound, 'n/a' when absent."""
+    value = step.get(key)
+    if value is None:
+        return "n/a"
+    if key in step.get("bounds", []):
+        return f"≥ {value:.3g}"
+    ci = (step.get("ci") or {}).get(key)
+    return f"{value:.3g}" + (f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else "")
+
+
+def steps_html(steps: Sequence[dict[str, Any]], percentiles: Sequence[float] = (50, 95, 99)) -> str:
+    """Two per-step tables (load and throughput; latency with n and 95% CIs), each scrolling on its own."""
+    load = html_table(["step", "load", *(name for _, name in LOAD_COLUMNS)],
+                      ([s["step"], _load_cell(s), *(s.get(key) for key, _ in LOAD_COLUMNS)] for s in steps), left=2)
+    heads = ["step", "load"]
+    for metric in ("ttft", "tpot", "e2e"):
+        heads += [f"{metric.upper()} n"] + [f"{metric.upper()} p{p:g}" for p in percentiles]
+    heads += ["ITL p50", "ITL p99"]
+    rows = []
+    for s in steps:
+        row: list[Any] = [s["step"], _load_cell(s)]
+        for metric in ("ttft", "tpot", "e2e"):
+            row.append(s.get(f"{metric}_n"))
+            row += [_with_ci(s, f"{metric}_p{p:g}_s") for p in percentiles]
+        rows.append([*row, s.get("itl_p50_s"), s.get("itl_p99_s")])
+    latency = html_table(heads, rows, left=2)
+    return (f"<h3>Load and throughput</h3><div class='scroll'>{load}</div>"
+            "<h3>Latency (s): value [95% bootstrap interval]; ≥ marks a lower bound where requests still open "
+            f"at the end reach the percentile</h3><div class='scroll'>{latency}</div>")

@@ -1,30 +1,42 @@
 """Per-load-step statistics, all from raw records (never Locust's rounded histogram).
 
-One vectorised groupby per quantity so a million-row run stays a few seconds.
-A step's duration runs from its first request start to the next step's first
-start (the last step ends at the run's end): throughput then counts the time
-the step really had, not just the span between its first and last request.
+Latency belongs to the step a request *started* in (the load it was sent
+into); throughput belongs to the window in which it happened (see
+`windows.by_time`). Requests started in a step's first `warmup_s` seconds are
+left out of its latency statistics: a closed-loop step that just doubled its
+users, or an open-loop step that just raised its rate, is still filling queues.
+
+Every percentile treats a request still open at the end of the run as
+right-censored (`stats.km_quantiles`): its latency is at least as long as it
+waited. Where censoring reaches a percentile the value is a lower bound and
+`bounds` says so; `n` and bootstrap intervals (`ci`) sit beside each statistic.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
 from tokenload.analysis.fits import grouped_linear
+from tokenload.analysis.stats import Quantile, bootstrap_ci, km_quantiles, wilson_interval
+from tokenload.analysis.windows import by_time
+from tokenload.errors import error_class
 
-# Errors that come from load (the channel pushing back), as opposed to configuration.
-LOAD_ERROR_KINDS: frozenset[str] = frozenset({
-    "rate_limited", "overloaded", "server_error", "timeout_first_token", "timeout_stall",
-    "disconnected", "unknown",
-})
-PERCENTILES: tuple[int, ...] = (50, 95, 99)
+PERCENTILES: tuple[float, ...] = (50, 95, 99)
+# Percentiles that get a bootstrap interval (`ci`) per step.
+CI_PERCENTILES: tuple[float, ...] = (50, 95)
+METRICS: tuple[str, ...] = ("ttft", "tpot", "e2e")
 # Per step, the formula with the step's typical TTFT and TPOT must land within this MAPE.
 FORMULA_STEP_TOLERANCE = 0.20
+# A step with fewer finished requests than this cannot decide a breakpoint or knee.
+MIN_STEP_REQUESTS = 20
+# Goodput criteria (vLLM's `--goodput`): metric -> record column it bounds.
+GOODPUT_COLUMNS: dict[str, str] = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_max_s", "e2e": "e2e_s"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +48,26 @@ class Slo:
     target: float = 0.90
 
 
+@dataclass(frozen=True)
+class StepOptions:
+    """How steps are summarised: which percentiles, how much warm-up, what counts as good."""
+
+    percentiles: tuple[float, ...] = PERCENTILES
+    # None: the scenario's `[load] warmup_s` (resolved by the pipeline before any step is summarised).
+    warmup_s: float | None = None
+    # metric ("ttft", "tpot", "itl", "e2e") -> bound in seconds; empty means the SLO decides goodput.
+    goodput: dict[str, float] = field(default_factory=dict)
+    min_requests: int = MIN_STEP_REQUESTS
+
+
+DEFAULT_OPTIONS = StepOptions()
+
+
+def pkey(metric: str, p: float) -> str:
+    """`ttft_p95_s`, `e2e_p99.9_s`: the summary key of a percentile."""
+    return f"{metric}_p{p:g}_s"
+
+
 def _nan_to_none(value: Any) -> Any:
     if isinstance(value, (float, np.floating)):
         return None if math.isnan(value) else round(float(value), 6)
@@ -44,55 +76,155 @@ def _nan_to_none(value: Any) -> Any:
     return value
 
 
-def step_table(df: pd.DataFrame, slo: Slo, run_end: float | None) -> pd.DataFrame:
-    """One row per step with SPEC.md's `steps[]` columns and the extras (p99, goodput, ...)."""
-    done = ~df["in_flight"]
-    ok_mask = df["status"].eq("ok") & done
-    ok = df[ok_mask]
+def _observations(rows: pd.DataFrame, metric: str, cut: float) -> tuple[np.ndarray, np.ndarray]:
+    """(times, observed?) of one metric: finished ok requests observed, open ones censored at the cut."""
+    ok = rows["status"].eq("ok").to_numpy()
+    open_ = rows["in_flight"].to_numpy()
+    value = rows[f"{metric}_s"].to_numpy()
+    waited = cut - rows["started_at"].to_numpy()
+    if metric == "tpot":  # a partial stream's TPOT is not a bound on its final TPOT: left out
+        use = ok & ~open_ & np.isfinite(value)
+        return value[use], np.ones(int(use.sum()), dtype=bool)
+    if metric == "ttft":
+        seen = np.isfinite(value)
+        use = ok & (seen | open_)
+        return np.where(seen, value, waited)[use], seen[use]
+    use = ok & (~open_ & np.isfinite(value) | open_)
+    return np.where(open_, waited, value)[use], ~open_[use]
+
+
+def latency_stats(rows: pd.DataFrame, cut: float, percentiles: Sequence[float], seed: int = 0,
+                  with_ci: bool = True) -> dict[str, Any]:
+    """Percentiles (censoring-aware), n, lower-bound flags and bootstrap CIs of TTFT, TPOT and e2e."""
+    out: dict[str, Any] = {"bounds": [], "ci": {}}
+    for m_index, metric in enumerate(METRICS):
+        times, events = _observations(rows, metric, cut)
+        out[f"{metric}_n"] = int(events.sum())
+        out[f"{metric}_censored"] = int((~events).sum())
+        qs: list[Quantile] = km_quantiles(times, events, [p / 100 for p in percentiles]) if times.size else [
+            Quantile(np.nan) for _ in percentiles]
+        for p, q in zip(percentiles, qs):
+            out[pkey(metric, p)] = q.value
+            if q.bound and np.isfinite(q.value):
+                out["bounds"].append(pkey(metric, p))
+        if with_ci:
+            for p in CI_PERCENTILES:
+                ci = bootstrap_ci(times, events, p / 100, seed=seed * 31 + m_index * 7 + int(p))
+                out["ci"][pkey(metric, p)] = None if ci is None else [round(ci[0], 6), round(ci[1], 6)]
+    return out
+
+
+def _meets(rows: pd.DataFrame, slo: Slo, goodput: dict[str, float], cut: float) -> tuple[np.ndarray, np.ndarray]:
+    """(meets, known) per request: SLO (or goodput criteria) met; and whether that is decided yet.
+
+    A request still open when the run stopped is known to fail once it has waited past a
+    bound (no first token after the TTFT bound, not done after the e2e bound); otherwise
+    its outcome is unknown and it counts on neither side.
+    """
+    ok = rows["status"].eq("ok").to_numpy()
+    open_ = rows["in_flight"].to_numpy()
+    waited = cut - rows["started_at"].to_numpy()
+    bounds = goodput or {"ttft": slo.ttft_s, "e2e": slo.e2e_s}
+    meets = ok & ~open_
+    failed_open = np.zeros(len(rows), dtype=bool)
+    for metric, limit in bounds.items():
+        value = rows[GOODPUT_COLUMNS[metric]].to_numpy()
+        if metric == "tpot":
+            value = np.where(np.isfinite(value), value, 0.0)  # a one-token answer has no TPOT to miss
+        meets &= value <= limit
+        if metric == "ttft":
+            failed_open |= open_ & ~np.isfinite(rows["ttft_s"].to_numpy()) & (waited > limit)
+        elif metric == "e2e":
+            failed_open |= open_ & (waited > limit)
+    known = ~open_ | failed_open
+    return meets, known
+
+
+def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
+               options: StepOptions = DEFAULT_OPTIONS) -> pd.DataFrame:
+    """One row per step with SPEC.md's `steps[]` columns and the extras (CIs, censoring, windows ...)."""
+    table = windows.copy()
+    table["start"] = table["start"] + (options.warmup_s or 0.0)
+    table["duration_s"] = (table["end"] - table["start"]).where(lambda d: d > 0)
     grouped = df.groupby("step", sort=True)
-    table = pd.DataFrame({
-        "active_users": grouped["active_users"].max(),
-        "requests": grouped.size(),
-        "errors": df["status"].eq("error").groupby(df["step"]).sum(),
-        "in_flight": df["in_flight"].groupby(df["step"]).sum(),
-        "start": grouped["started_at"].min(),
-    })
-    load_errors = df["error_kind"].isin(list(LOAD_ERROR_KINDS)).groupby(df["step"]).sum()
-    table["load_errors"] = load_errors
+    table["active_users"] = grouped["active_users"].max()
+    table["requests"] = grouped.size()
+    is_error = df["status"].eq("error")
+    table["errors"] = is_error.groupby(df["step"]).sum()
+    kinds = df["error_kind"].astype("object")
+    classes = kinds.map({k: error_class(str(k)) for k in kinds.dropna().unique()})
+    for name in ("load", "input", "config"):
+        table[f"{name}_errors"] = classes.eq(name).groupby(df["step"]).sum()
     table["error_rate"] = table["errors"] / table["requests"]
     table["load_error_rate"] = table["load_errors"] / table["requests"]
+    table["censored"] = df["in_flight"].groupby(df["step"]).sum()
+    step_end = table["end"].reindex(df["step"]).to_numpy()
+    open_at_end = df["in_flight"].to_numpy() | (df["finished_at"].to_numpy() > step_end)
+    table["open_at_step_end"] = pd.Series(open_at_end, index=df.index).groupby(df["step"]).sum()
 
-    end = float(run_end) if run_end is not None else float(df["finished_at"].max())
-    table = table.sort_values("start")
-    next_start = table["start"].shift(-1).fillna(max(end, float(table["start"].max())))
-    duration = (next_start - table["start"]).where(lambda d: d > 0)
-    table["duration_s"] = duration
+    warm_start = table["start"].reindex(df["step"]).to_numpy()
+    measured = measured_rows(df, table)
+    table["warmup_excluded"] = table["requests"] - measured.groupby("step").size().reindex(table.index).fillna(0)
+    stats = {cast(int, step): latency_stats(rows, cut, options.percentiles, seed=cast(int, step))
+             for step, rows in measured.groupby("step", sort=True)}
+    keys = [pkey(m, p) for m in METRICS for p in options.percentiles] + [f"{m}_{k}" for m in METRICS
+                                                                         for k in ("n", "censored")]
+    for key in keys:
+        table[key] = pd.Series({s: v[key] for s, v in stats.items()}, dtype=float)
+    table["bounds"] = pd.Series({s: v["bounds"] for s, v in stats.items()}, dtype=object)
+    table["ci"] = pd.Series({s: v["ci"] for s, v in stats.items()}, dtype=object)
 
-    ok_group = ok.groupby("step", sort=True)
-    for metric in ("ttft", "tpot", "e2e"):
-        q = ok_group[f"{metric}_s"].quantile([p / 100 for p in PERCENTILES]).unstack()
-        for p in PERCENTILES:
-            table[f"{metric}_p{p}_s"] = q[p / 100] if p / 100 in q else np.nan
-    table["output_tokens"] = ok_group["output_tokens"].sum()
+    done_ok = measured[measured["status"].eq("ok") & ~measured["in_flight"]]
+    ok_group = done_ok.groupby("step", sort=True)
     table["ok"] = ok_group.size()
+    table["output_tokens"] = ok_group["output_tokens"].sum()
     table["input_tokens_p50"] = ok_group["input_tokens"].median()
     table["output_tokens_p50"] = ok_group["output_tokens"].median()
+    table["itl_p50_s"] = ok_group["itl_p50_s"].median()
+    table["itl_p99_s"] = ok_group["itl_p99_s"].median()
 
-    # SLO: errors fail it; in-flight streams are neither (their latency is unknown).
-    meets = ok_mask & (df["ttft_s"] <= slo.ttft_s) & (df["e2e_s"] <= slo.e2e_s)
-    good = meets.groupby(df["step"]).sum()
-    finished = done.groupby(df["step"]).sum()
-    table["slo_attainment"] = good / finished.where(finished > 0)
-    table["rps"] = table["requests"] / table["duration_s"]
-    table["output_tok_s"] = table["output_tokens"].fillna(0) / table["duration_s"]
-    table["goodput_rps"] = good / table["duration_s"]
+    meets, known = _meets(measured, slo, {}, cut)
+    table["slo_attainment"] = _share(meets, known, measured["step"])
+    table["slo_n"] = pd.Series(known, index=measured.index).groupby(measured["step"]).sum()
+    good, known_good = _meets(measured, slo, options.goodput, cut) if options.goodput else (meets, known)
+    table["goodput_share"] = _share(good, known_good, measured["step"])
 
-    table["formula_mape"] = _step_formula_mape(ok, table)
-    ttft_fits = grouped_linear(ok["step"].to_numpy(), ok["input_tokens"].to_numpy(), ok["ttft_s"].to_numpy())
+    good_all, _ = _meets(df, slo, options.goodput, cut)
+    timed = by_time(df, table, cut, good_all)
+    table = table.join(timed)
+    duration = table["duration_s"]
+    table["output_tok_s"] = table["output_tokens_window"] / duration
+    table["input_tok_s"] = table["input_tokens_window"] / duration
+    table["total_tok_s"] = table["output_tok_s"] + table["input_tok_s"]
+    table["rps"] = table["completions_window"] / duration
+    starts = df["started_at"].to_numpy()
+    in_window = pd.Series((starts >= warm_start) & (starts < step_end), index=df.index).groupby(df["step"]).sum()
+    table["achieved_rate"] = in_window / duration
+    table["goodput_rps"] = table["good_completions_window"] / duration
+
+    table["formula_mape"] = _step_formula_mape(done_ok, table)
+    ttft_fits = grouped_linear(done_ok["step"].to_numpy(), done_ok["input_tokens"].to_numpy(),
+                               done_ok["ttft_s"].to_numpy())
     table["ttft_slope_s_per_token"] = pd.Series({k: v[0] for k, v in ttft_fits.items()}, dtype=float)
-    fillable = ["requests", "errors", "in_flight", "load_errors", "ok", "output_tokens"]
+    table["slo_ci"] = pd.Series({step: wilson_interval(round(att * n), int(n)) if n and pd.notna(att) else None
+                                 for step, att, n in zip(table.index, table["slo_attainment"],
+                                                         table["slo_n"].fillna(0))}, dtype=object)
+    table["decided"] = (table["ok"].fillna(0) + table["errors"].fillna(0)) >= options.min_requests
+    fillable = ["requests", "slo_n", "errors", "load_errors", "input_errors", "config_errors", "censored", "open_at_step_end",
+                "warmup_excluded", "ok", "output_tokens", "completions_window"]
     table[fillable] = table[fillable].fillna(0).astype(np.int64)
-    return table.sort_values(["active_users", "start"])
+    return table.sort_values(["load_level", "start"])
+
+
+def measured_rows(df: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """Records that count towards their step's latency statistics: those started after its warm-up."""
+    return df[df["started_at"].to_numpy() >= table["start"].reindex(df["step"]).to_numpy()]
+
+
+def _share(meets: np.ndarray, known: np.ndarray, steps: pd.Series) -> pd.Series:
+    good = pd.Series(meets & known, index=steps.index).groupby(steps).sum()
+    decided = pd.Series(known, index=steps.index).groupby(steps).sum()
+    return good / decided.where(decided > 0)
 
 
 def _step_formula_mape(ok: pd.DataFrame, table: pd.DataFrame) -> pd.Series:
@@ -112,26 +244,51 @@ def _step_formula_mape(ok: pd.DataFrame, table: pd.DataFrame) -> pd.Series:
     return err.groupby(ok.loc[err.index, "step"]).mean()
 
 
+# SPEC.md's keys first (load_level/load_unit/censored included), then the extras.
 STEP_KEYS: tuple[str, ...] = (
-    "step", "active_users", "requests", "errors", "error_rate", "rps", "output_tok_s",
-    "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "slo_attainment",
+    "step", "load_level", "load_unit", "active_users", "requests", "censored", "errors", "error_rate", "rps",
+    "output_tok_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "slo_attainment",
     "formula_mape",
     # extras
-    "ok", "in_flight", "load_errors", "load_error_rate", "duration_s", "goodput_rps",
-    "ttft_p99_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s", "input_tokens_p50",
-    "output_tokens_p50", "ttft_slope_s_per_token",
+    "offered_rate", "achieved_rate", "achieved_concurrency", "planned_users", "input_tok_s", "total_tok_s",
+    "ok", "open_at_step_end", "warmup_excluded", "load_errors", "input_errors", "config_errors",
+    "load_error_rate", "start", "end", "duration_s", "slo_n", "slo_ci", "goodput_rps", "goodput_share", "ttft_n", "tpot_n", "e2e_n",
+    "ttft_censored", "e2e_censored", "e2e_p50_s", "itl_p50_s", "itl_p99_s", "input_tokens_p50",
+    "output_tokens_p50", "ttft_slope_s_per_token", "decided",
 )
 
-INT_KEYS: frozenset[str] = frozenset({"active_users", "requests", "errors", "ok", "in_flight", "load_errors"})
+INT_KEYS: frozenset[str] = frozenset({"active_users", "requests", "slo_n", "errors", "ok", "censored", "open_at_step_end",
+                                      "warmup_excluded", "load_errors", "input_errors", "config_errors",
+                                      "planned_users"})
 
 
-def steps_records(table: pd.DataFrame, errors_by_kind: pd.DataFrame) -> list[dict[str, Any]]:
-    """`summary.json` `steps[]`: SPEC.md keys first, then extras incl. errors by kind."""
+def step_keys(percentiles: Sequence[float]) -> list[str]:
+    """STEP_KEYS plus every requested percentile key not already among them."""
+    extra = [pkey(m, p) for m in METRICS for p in percentiles]
+    return [*STEP_KEYS, *(k for k in extra if k not in STEP_KEYS)]
+
+
+def steps_records(table: pd.DataFrame, errors_by_kind: pd.DataFrame,
+                  percentiles: Sequence[float] = PERCENTILES) -> list[dict[str, Any]]:
+    """`summary.json` `steps[]`: SPEC.md keys first, then extras incl. errors by kind, CIs and bounds."""
     rows = []
     for index, row in table.iterrows():
         step = cast(int, index)
         record: dict[str, Any] = {"step": int(step)}
-        record.update({k: int(row[k]) if k in INT_KEYS else _nan_to_none(row[k]) for k in STEP_KEYS[1:]})
+        for key in step_keys(percentiles)[1:]:
+            value = row.get(key, np.nan)
+            if key in INT_KEYS:
+                record[key] = int(value) if pd.notna(value) else 0
+            elif key in ("load_unit",):
+                record[key] = str(value)
+            elif key == "decided":
+                record[key] = bool(value)
+            elif key == "slo_ci":
+                record[key] = list(value) if isinstance(value, tuple) else None
+            else:
+                record[key] = _nan_to_none(value)
+        record["bounds"] = list(row["bounds"]) if isinstance(row["bounds"], list) else []
+        record["ci"] = row["ci"] if isinstance(row["ci"], dict) else {}
         if step in errors_by_kind.index:
             kinds = errors_by_kind.loc[step]
             record["errors_by_kind"] = {str(k): int(v) for k, v in kinds.items() if v}

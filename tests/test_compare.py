@@ -60,3 +60,47 @@ def test_compare_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> Non
     assert main(["compare", str(run), str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 3 and "Traceback" not in err
+
+
+def test_compare_pairs_steps_by_load_level_and_says_when_none_are_shared(tmp_path: Path) -> None:
+    from tokenload.analysis import compare_runs
+
+    off = write_synthetic_run(tmp_path / "off", Law(), n=6000, seed=1)
+    peak = write_synthetic_run(tmp_path / "peak", Law(users=(1, 2, 4, 8, 16), capacity=4), n=6000, seed=3)
+    other = write_synthetic_run(tmp_path / "other", Law(users=(3, 6)), n=2000, seed=4)
+    c = compare_runs([off, peak, other], ["off", "peak", "other"], tmp_path / "cmp")
+    peak_levels = [x for x in c["levels"] if x["label"] == "peak"]
+    assert [x["load_level"] for x in peak_levels] == [1, 2, 4, 8, 16]
+    ttft = {x["load_level"]: x["ttft"] for x in peak_levels}
+    # Below its capacity of 4 the peak run follows the same law; above it requests queue.
+    assert all(ttft[u]["verdict"] == "same" for u in (1, 2, 4))
+    assert ttft[16]["verdict"] == "slower" and ttft[16]["delta_p50_ci95"][0] > 0
+    assert all(0 <= ttft[u]["p_holm"] <= 1 and ttft[u]["p_holm"] >= ttft[u]["p_value"] for u in ttft)
+    head = next(line for line in c["headline"] if line.startswith("peak TTFT"))
+    assert "slower at 2 of 5 matched levels (8 users, 16 users)" in head
+    assert all(d["verdict"] == "no shared load level" for d in c["deltas"] if d["label"] == "other")
+    assert any(line.startswith("other TTFT: no load level in common") for line in c["headline"])
+    assert any(line.startswith("peak output throughput: ") for line in c["headline"])
+    html = (tmp_path / "cmp" / "comparison.html").read_text()
+    assert "matched by load level" in html and "16 users" in html
+
+
+def test_holm_adjustment_by_hand() -> None:
+    from tokenload.analysis.stats import holm
+
+    # Sorted 0.01, 0.03, 0.04 -> 3 x 0.01, 2 x 0.03, max(1 x 0.04, previous): monotone.
+    assert holm([0.01, 0.04, 0.03, float("nan")])[:3] == pytest.approx([0.03, 0.06, 0.06])
+
+
+def test_delta_interval_covers_a_planted_shift_small_and_large() -> None:
+    from tokenload.analysis.compare import _delta_ci
+
+    for n in (400, 20_000):  # bootstrap below BOOTSTRAP_MAX_N, order statistics above
+        covered = 0
+        for seed in range(40):
+            rng = np.random.default_rng(seed)
+            a = rng.exponential(1.0, n)
+            lo, hi = _delta_ci(a, rng.exponential(1.0, n) + 0.3, 0.5, seed=seed)
+            covered += lo < 0.3 < hi
+            assert hi - lo < (0.5 if n == 400 else 0.1)
+        assert covered >= 34, (n, covered)  # a 95% interval: 38 of 40 expected, 34 is far in the tail

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 SUMMARY_KEYS = {"fits", "formula", "steps", "breakpoint", "diagnosis"}
 STEP_KEYS = {"step", "active_users", "requests", "errors", "error_rate", "rps", "output_tok_s", "ttft_p50_s",
              "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "slo_attainment", "formula_mape"}

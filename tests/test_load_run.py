@@ -17,6 +17,8 @@ from loadkit import free_port, run_cli, run_command, truth_frame, write_scenario
 from tokenload.load.records import COLUMNS
 from tokenload.sim import launch
 
+pytestmark = pytest.mark.slow
+
 SPEC_COLUMNS = (
     "request_id run_id worker user_id step active_users scheduled_at started_at protocol model status error_kind "
     "http_status ttfb_s ttft_s ttft_text_s tpot_s e2e_s input_tokens input_tokens_source output_tokens "

@@ -17,17 +17,19 @@ from loadkit import run_command, truth_frame, write_scenario
 
 from tokenload.sim import launch
 
+pytestmark = pytest.mark.slow
+
 
 def _failing_profile(tmp_path: Path) -> Path:
-    """A channel that answers every stream with an instant 503: hundreds of errors a second."""
-    path = tmp_path / "overloaded.toml"
-    path.write_text('extends = "fast"\n[faults]\n"status code=503 body=json" = 1.0\n')
+    """A channel that answers every stream with an instant 500: hundreds of errors a second (no back-off applies)."""
+    path = tmp_path / "failing.toml"
+    path.write_text('extends = "fast"\n[faults]\n"status code=500 body=json" = 1.0\n')
     return path
 
 
 @pytest.mark.parametrize("processes", [0, 2])
 def test_max_requests_is_not_overshot_by_fast_errors(tmp_path: Path, processes: int) -> None:
-    """Instant 503s come back by the hundred each second, yet the limit holds."""
+    """Instant 500s come back by the hundred each second, yet the limit holds."""
     scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = 16
@@ -50,7 +52,7 @@ drain_s = 5
     assert result.returncode == 1 and "no request succeeded" in result.stderr, result.stderr
     assert time.monotonic() - started < 15  # stopped by the limit, not by the 20 s plan
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
-    assert df.error_kind.eq("overloaded").all()
+    assert df.error_kind.eq("server_error").all()
     assert len(df) == len(truth_frame(truth_path)) == 40  # no more sent than the limit, every one recorded
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["stop_reason"].startswith("max_requests"), manifest["stop_reason"]
@@ -78,8 +80,9 @@ step_s = 30
     assert result.returncode == 1, result.stderr
     assert "not_found_model HTTP 404" in result.stderr and "fix: use a model id this channel serves" in result.stderr
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert manifest["stop_reason"].startswith("channel misconfigured: all "), manifest["stop_reason"]
+    assert manifest["stop_reason"].startswith("channel misconfigured: "), manifest["stop_reason"]
     assert "with not_found_model" in manifest["stop_reason"]
+    assert "fix: set --model to sim-7b (the closest match)" in manifest["stop_reason"]  # doctor's own fix
 
 
 def test_token_budget_overshoots_by_at_most_the_requests_in_flight(tmp_path: Path) -> None:
@@ -182,7 +185,7 @@ drain_s = 3
                                 timeout=60)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert manifest["stop_reason"].startswith("breakpoint: step 2 (8 users) error rate"), manifest["stop_reason"]
+    assert manifest["stop_reason"].startswith("breakpoint: step 2 (8 users) load error rate"), manifest["stop_reason"]
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     # The 16- and 32-user steps never ran.
     assert df.active_users.max() == 8 and df.error_kind.eq("rate_limited").any()

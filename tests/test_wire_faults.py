@@ -67,7 +67,7 @@ for case in cfg["cases"]:
     transport.stream(request, session)
     record = session.record()
     record["elapsed_s"] = time.perf_counter() - started
-    record["headers"] = session.headers
+    record["headers"] = session.timeline.response_headers
     print(json.dumps(record), flush=True)
 """
 

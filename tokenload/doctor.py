@@ -14,7 +14,9 @@ true:
 4. auth (the online half of BRIEF #1);
 5. model (BRIEF #3);
 6. latency (BRIEF #4, #5, #6): TTFT, TPOT, long outputs;
-7. streaming end to end: incremental arrival and a clean end.
+7. streaming end to end: incremental arrival and a clean end;
+8. the rate limits the channel announced (`anthropic-ratelimit-*`, `x-ratelimit-*`),
+   as one line: what a load test may send.
 
 Checks that need an earlier one are skipped with the reason when it failed, so
 a broken channel gets at most a handful of cheap requests. All network access
@@ -29,6 +31,7 @@ import difflib
 import ipaddress
 import json
 import re
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -607,6 +610,28 @@ def check_streaming(ctx: Doctor) -> CheckResult:
                        details=details)
 
 
+def check_rate_limits(ctx: Doctor) -> CheckResult:
+    """The rate limits the channel announced on the latency probe (values only); a limit used up fails."""
+    from tokenload.load.pacing import parse_rate_headers
+
+    _, timeline = ctx.probe()
+    info = parse_rate_headers(timeline.response_headers, time.time())
+    details = {k: getattr(info, k) for k in ("requests_limit", "requests_remaining", "tokens_limit", "tokens_remaining")}
+    parts = [f"{limit:,} {what}/min ({'?' if left is None else f'{left:,}'} left)"
+             for what, limit, left in (("requests", info.requests_limit, info.requests_remaining),
+                                       ("tokens", info.tokens_limit, info.tokens_remaining)) if limit is not None]
+    if not parts:
+        return CheckResult("rate_limits", "rate limits", OK, "the channel sent no rate-limit headers", details=details,
+                           blocking=False)
+    saw = "the channel allows " + " and ".join(parts)
+    wait = info.server_wait()
+    if wait is not None:
+        return CheckResult("rate_limits", "rate limits", FAIL, f"{saw}: a limit is used up for {wait:.0f} s",
+                           f"wait {wait:.0f} s, or lower the load: set [load] max_rps or max_tokens_per_min under "
+                           "these limits", details, blocking=False)
+    return CheckResult("rate_limits", "rate limits", OK, saw, details=details, blocking=False)
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -623,6 +648,7 @@ CHECKS: tuple[Check, ...] = (
     Check("model", "model", check_model, ("auth",)),
     Check("latency", "latency", check_latency, ("model",)),
     Check("streaming", "streaming", check_streaming, ("model",)),
+    Check("rate_limits", "rate limits", check_rate_limits, ("model",)),
 )
 
 
@@ -652,6 +678,28 @@ def unreadable(error: ConfigError, env: Mapping[str, str]) -> list[CheckResult]:
                         "fix the file or value named above; nothing else can be checked until it reads")
     rest = [CheckResult(c.name, c.title, SKIP, "needs a configuration that can be read") for c in CHECKS[1:]]
     return [first, *rest]
+
+
+# The check that explains each configuration error kind a load run can meet.
+CHECK_FOR_KIND: dict[str, str] = {ek.BAD_BASE_URL: "base_url", ek.AUTH: "auth", ek.NOT_FOUND_MODEL: "model"}
+
+
+def explain(channel: Channel, kind: str, timeout_s: float = 5.0) -> CheckResult | None:
+    """Doctor's own check for a configuration error a load run hit: what it sees and the exact fix.
+
+    The run's channel is already resolved, so every field counts as given by flag
+    (`set --base-url to ...`). None when the kind has no check or the check passes
+    now (the channel changed, or the error came from elsewhere).
+    """
+    name = CHECK_FOR_KIND.get(kind)
+    if name is None:
+        return None
+    raw = {f: v for f in SECRET_FIELDS if (v := getattr(channel, f, None))}
+    sources = {f: "flag" for f in Resolution.FIELD_LABELS}
+    ctx = Doctor(Resolution(channel, sources, [], [], raw), {}, Path.cwd(), Path.home(), Limits(timeout_s=timeout_s))
+    check = next(c for c in CHECKS if c.name == name)
+    result = _redacted(ctx, check.run(ctx))
+    return result if result.status == FAIL else None
 
 
 def diagnose_channel(

@@ -65,6 +65,8 @@ class Timeline:
     cached_tokens: int | None = None  # prompt tokens the server answered from its prompt cache
     connect_s: float | None = None  # TCP + TLS setup before t0; 0.0 on a reused connection
     reconnects: int = 0  # resends on a fresh connection after a reused one died before any response byte
+    # The response headers (names lower-cased), kept for the rate-limit headers the load side and doctor read.
+    response_headers: dict[str, str] | None = None
     on_text: Callable[[str, str], None] | None = None  # (text, kind), for live display
 
     def token(self, t: float, kind: str, text: str = "") -> None:

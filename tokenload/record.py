@@ -85,6 +85,15 @@ class RequestRecord(SpecRecord, total=False):
     reconnects: int  # resends on a fresh connection after a reused one died before any response byte
     eos_only: bool  # the answer was only the end-of-sequence token (counted, never streamed): no latency
     cached_tokens: int | None  # prompt tokens the server said it answered from its prompt cache
+    # being kind to the channel (tokenload.load.pacing); rate-limit values only, never the headers
+    backoff_s: float | None  # after a push-back (429/529/503): how long this process then held back
+    held_s: float | None  # how long the process's gate (holds, caps) held this request before it was sent
+    retry_of: str | None  # a retry ([load] retry): the request_id of the first request of its chain
+    retry_after_s: float | None  # after a push-back: the wait the server asked for, as parsed
+    rl_requests_limit: int | None  # the channel's requests per minute, as its response announced
+    rl_requests_remaining: int | None
+    rl_tokens_limit: int | None  # tokens per minute
+    rl_tokens_remaining: int | None
 
 
 SPEC_COLUMNS: tuple[str, ...] = tuple(SpecRecord.__annotations__)

@@ -24,7 +24,7 @@ _MAX_ERROR_BODY = 64 * 1024
 class StreamSession:
     """One request/response, from just before the request is written to the end."""
 
-    __slots__ = ("_body", "_content_type", "_decoder", "_estimate", "_streaming", "adapter", "headers", "timeline")
+    __slots__ = ("_body", "_content_type", "_decoder", "_estimate", "_streaming", "adapter", "timeline")
 
     def __init__(
         self,
@@ -36,8 +36,6 @@ class StreamSession:
     ) -> None:
         self.adapter = adapter
         self.timeline = Timeline(t0=t0, on_text=on_text)
-        # The response headers, names lowercased (rate-limit and retry-after readers use them); empty until they arrive.
-        self.headers: dict[str, str] = {}
         self._decoder = SSEDecoder()
         self._streaming = False
         self._body = bytearray()
@@ -49,7 +47,7 @@ class StreamSession:
         tl.t_headers = t
         tl.http_status = status
         headers = {k.lower(): v for k, v in headers.items()}  # clients differ in header-name case
-        self.headers = headers
+        tl.response_headers = headers
         self._content_type = headers.get("content-type", "")
         tl.request_id = headers.get("request-id") or headers.get("x-request-id")
         self._streaming = status == 200 and not looks_like_html(self._content_type, b"") and (

@@ -8,7 +8,11 @@ and writes into RUN_DIR:
                  concurrency, TTFT/TPOT/e2e CDFs, run timeline
   report.html    self-contained report: verdict, charts, tables
 
-Every percentile comes from the raw per-request records. Fits use successful
+Every percentile comes from the raw per-request records; a request still open
+when the run stopped counts as censored (its latency is at least what it
+waited), and a percentile it reaches is reported as a lower bound. Steps are
+load levels: users for a closed loop, offered requests/s for an open loop.
+Throughput counts tokens in the window they were streamed. Fits use successful
 requests of the low-load steps only (steps whose median TTFT and TPOT are
 within 1.25x of the lowest-load step's, or those up to --low-load-users), so
 queueing does not masquerade as prefill or decode cost.
@@ -47,6 +51,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="share of requests that must meet the SLO at a step (default 0.90)")
     parser.add_argument("--low-load-users", type=int, default=None, metavar="N",
                         help="fit TTFT/e2e on steps with at most N users (default: chosen from the data)")
+    parser.add_argument("--warmup", type=float, default=None, metavar="S",
+                        help="leave requests started in each step's first S seconds out of its statistics "
+                             "(default: the scenario's [load] warmup_s, else 0)")
+    parser.add_argument("--percentiles", default=None, metavar="P,P,...",
+                        help="latency percentiles per step and overall, e.g. 50,90,95,99,99.9 (default 50,95,99; "
+                             "50 and 95 are always included)")
+    parser.add_argument("--goodput", nargs="+", default=None, metavar="METRIC:MS",
+                        help="goodput criteria in milliseconds, any of ttft:X tpot:Y itl:Z e2e:W (as vLLM's "
+                             "bench): a request is good when it meets all given; default: the SLO")
     parser.add_argument("--quiet", action="store_true", help="no verdict table, only the report path")
     parser.add_argument("--csv", action="store_true",
                         help="also export every record, all columns, to RUN_DIR/requests.csv (for spreadsheets)")
@@ -64,17 +77,59 @@ def export_csv(run_dir: Path) -> Path:
     return path
 
 
+def parse_percentiles(text: str | None) -> tuple[float, ...]:
+    """'50,90,99.9' -> (50.0, 90.0, 95.0, 99.9): sorted, with the p50 and p95 the summary always has."""
+    from tokenload.analysis.steps import PERCENTILES
+    from tokenload.errors import ConfigError
+
+    if text is None:
+        return PERCENTILES
+    try:
+        values = {float(x) for x in text.split(",") if x.strip()}
+    except ValueError:
+        raise ConfigError(f"--percentiles {text!r}: expected numbers separated by commas, e.g. 50,90,99.9") from None
+    if not values or any(not 0 < v < 100 for v in values):
+        raise ConfigError(f"--percentiles {text!r}: each must be between 0 and 100 (exclusive), e.g. 50,90,99.9")
+    return tuple(sorted(values | {50.0, 95.0}))
+
+
+def parse_goodput(items: list[str] | None) -> dict[str, float]:
+    """['ttft:500', 'e2e:3000'] -> {'ttft': 0.5, 'e2e': 3.0} (milliseconds in, seconds out)."""
+    from tokenload.analysis.steps import GOODPUT_COLUMNS
+    from tokenload.errors import ConfigError
+
+    out: dict[str, float] = {}
+    for item in items or []:
+        metric, _, value = item.partition(":")
+        if metric not in GOODPUT_COLUMNS:
+            raise ConfigError(f"--goodput {item!r}: the metric must be one of {', '.join(GOODPUT_COLUMNS)} "
+                              "(e.g. ttft:500)")
+        try:
+            ms = float(value)
+        except ValueError:
+            raise ConfigError(f"--goodput {item!r}: expected METRIC:MILLISECONDS, e.g. ttft:500") from None
+        if ms <= 0:
+            raise ConfigError(f"--goodput {item!r}: the bound must be > 0 ms")
+        out[metric] = ms / 1000.0
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tokenload.analysis.pipeline import analyze_run, print_verdict
+    from tokenload.analysis.steps import StepOptions
     from tokenload.errors import ConfigError
 
     if args.slo_target > 1:
         raise ConfigError("--slo-target is a fraction between 0 and 1")
+    if args.warmup is not None and args.warmup < 0:
+        raise ConfigError(f"--warmup must be 0 or more seconds, got {args.warmup:g}")
+    options = StepOptions(percentiles=parse_percentiles(args.percentiles), warmup_s=args.warmup,
+                          goodput=parse_goodput(args.goodput))
     console = Console(stderr=args.quiet)
     summary = analyze_run(args.run_dir, args.slo_ttft, args.slo_e2e, slo_target=args.slo_target,
-                          low_load_users=args.low_load_users, console=console)
+                          low_load_users=args.low_load_users, console=console, options=options)
     if not args.quiet:
         print_verdict(summary, console)
     print(f"{summary['run']['run_dir']}/report.html")

@@ -1,13 +1,18 @@
 """Compare runs side by side: off-peak vs peak, one channel vs another, model A vs B.
 
-The first RUN_DIR is the baseline. For TTFT, TPOT and end-to-end latency each
-other run gets p50/p95 deltas and a two-sided Mann-Whitney U test; a difference
-is called significant when p < 0.01 and the effect (P(a request is slower than
-the baseline's) far enough from 0.5) is not negligible.
+The first RUN_DIR is the baseline. Steps are paired by load level (users, or
+offered requests/s): runs that spent different shares of their requests at
+each load are never pooled. At every shared level, TTFT, TPOT and end-to-end
+latency get p50/p95 deltas with 95% bootstrap intervals and a two-sided
+Mann-Whitney U test, Holm-corrected over all levels and metrics; a difference
+is called significant when the corrected p < 0.01 and the effect (P(a request
+is slower than the baseline's) far enough from 0.5) is not negligible. The
+headline counts the levels at which each run was slower or faster; runs that
+share no level with the baseline say so.
 
 Writes into --out (default: compare-<time> next to the first run):
 
-  comparison.json   runs, fits, deltas with p-values and effect sizes
+  comparison.json   runs, headline, per-level deltas with intervals and p-values
   comparison.html   self-contained: delta table, run table, charts, verdicts
   plots/*.png       overlaid CDFs, per-concurrency curves, each run's fit lines
 
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "compare runs (off-peak vs peak): deltas, significance, overlaid charts"
+HELP = "compare runs (off-peak vs peak) level by level: deltas, intervals, significance, overlaid charts"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -18,9 +18,11 @@ Records are flushed to RUN_DIR at least once a second, so Ctrl-C keeps them
 (a second Ctrl-C kills Locust and may lose the last second). At the end RUN_DIR
 holds requests.parquet (one row per request, SPEC.md columns) and manifest.json;
 RUN_DIR is printed as the last line of stdout, ready for `tokenload analyze`.
-Errors are listed by kind with the fix. A run whose requests all fail on the
-channel's configuration (auth, unknown model, wrong base URL) stops after the
-first few seconds instead of hammering the channel: run `tokenload doctor`.
+Errors are listed by kind with the fix. A run whose requests fail on the
+channel's configuration (auth, unknown model, wrong base URL) stops after a
+handful of them in a row (`[stop] config_errors`, default 5) with doctor's
+finding and fix, instead of hammering the channel; a 429/529/503 makes the
+users back off as the server asks (see README, "Kind to the channel").
 Exit code 1 when no request succeeded, or when a Locust worker was lost (killed
 or crashed) mid-run: RUN_DIR is still finalised with everything it flushed, and
 manifest.json names it in `workers_lost` and `warnings`.

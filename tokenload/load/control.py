@@ -22,33 +22,45 @@ limit is therefore never exceeded; a token budget by at most the requests in
 flight when it ran out. The breakpoint checks read the run's live token
 statistics (`tokenstats.current_run`, merged from the workers about every 3 s):
 good enough for deciding when to stop, never used for reported numbers.
+
+The stop rules themselves are pure functions in `stoprules.py`; this module
+gathers their input. Two of them need news faster than the 3-s worker reports:
+configuration errors are counted where they happen (`FailFast`: a process parks
+its users after `[stop] config_errors` in a row and a worker reports each one to
+the master at once, `FAILFAST_MESSAGE`), and the error-storm breaker pauses every
+process's users (`PAUSE_MESSAGE`) and then probes the channel itself, once every
+`storm_s`, until a probe succeeds (the users resume) or `storm_probes` failed
+(the run stops).
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-from tokenload import errors as ek
+from tokenload.channel import Channel
+from tokenload.errors import error_class
+from tokenload.load import stoprules
+from tokenload.load.pacing import Pacer
 from tokenload.load.records import SEGMENTS_DIR, write_json
 from tokenload.load.scenario import Scenario
 from tokenload.load.shapes import Phase, build_plan
+from tokenload.load.stoprules import Counts, FailFast, Live
 from tokenload.load.tokenstats import Hist, current_run
 
 STEP_MESSAGE = "tokenload_step"
 BUDGET_MESSAGE = "tokenload_budget_spent"
+FAILFAST_MESSAGE = "tokenload_config_errors"
+PAUSE_MESSAGE = "tokenload_pause"
 CONTROL_FILE = "control.json"
-# Error kinds that mean the channel itself is misconfigured, and how many requests
-# (all failed, all with these kinds) end a run early.
-CONFIG_ERROR_KINDS = (ek.AUTH, ek.NOT_FOUND_MODEL, ek.BAD_BASE_URL)
-MISCONFIGURED_AFTER = 20
+PAUSE_S = 24 * 3600.0  # a breaker pause lasts until the master lifts it
 # Locust's request type for an LLM request (one Locust request per LLM request).
 REQUEST_TYPE = "POST"
 
@@ -109,27 +121,55 @@ class LoadState:
     budget: Budget | None = None
     started_at: float = 0.0  # wall time the phase began on the shape's clock
     plan_ends_at: float = 0.0  # wall time the whole plan ends (no open-loop send is scheduled after it)
+    pacer: Pacer = field(default_factory=Pacer)  # back-off, rate caps and breaker pauses of this process
+    failfast: FailFast = field(default_factory=FailFast)
+
+    @classmethod
+    def for_scenario(cls, scenario: Scenario) -> LoadState:
+        load = scenario.load
+        return cls(pacer=Pacer(load.max_rps, load.max_tokens_per_min), failfast=FailFast(scenario.stop.config_errors))
+
+    def new_test(self) -> None:
+        """A (re)started test: no streak of configuration errors, no hold left from the previous one."""
+        self.failfast.streak = 0
+        self.pacer.release()
+
+    def pause(self, paused: bool) -> None:
+        """The error-storm breaker: hold every send, or lift the hold."""
+        if paused:
+            self.pacer.hold(time.monotonic() + PAUSE_S)
+        else:
+            self.pacer.release()
 
 
 @dataclass(frozen=True)
 class Snapshot:
     """Cumulative counters of the current run at one moment (from `tokenstats.current_run`)."""
 
-    requests: int
-    failures: int
-    tokens: int
+    counts: Counts
     ttft: Hist
     tpot: Hist
+
+    @property
+    def requests(self) -> int:
+        return self.counts.requests
+
+    @property
+    def failures(self) -> int:
+        return self.counts.failures
 
     @classmethod
     def take(cls, environment: Environment) -> Snapshot:
         total = current_run(environment).total()
-        return cls(total.requests, total.errors, total.input_tokens + total.output_tokens,
-                   Hist(total.hists["ttft"]), Hist(total.hists["tpot"]))
+        load_failures = sum(n for kind, n in total.kinds.items() if error_class(kind) == "load")
+        counts = Counts(total.requests, total.errors, load_failures, total.input_tokens + total.output_tokens)
+        return cls(counts, Hist(total.hists["ttft"]), Hist(total.hists["tpot"]))
 
     def since(self, earlier: Snapshot) -> dict[str, Any]:
         """Counts and TTFT/TPOT percentiles (s) between `earlier` and this snapshot."""
-        out: dict[str, Any] = {"requests": self.requests - earlier.requests, "failures": self.failures - earlier.failures}
+        counts = self.counts.minus(earlier.counts)
+        out: dict[str, Any] = {"requests": counts.requests, "failures": counts.failures,
+                               "load_failures": counts.load_failures, "load_error_rate": counts.load_error_rate}
         out["error_rate"] = out["failures"] / out["requests"] if out["requests"] else 0.0
         for name, now, before in (("ttft", self.ttft, earlier.ttft), ("tpot", self.tpot, earlier.tpot)):
             diff = Hist(now - before)
@@ -139,7 +179,7 @@ class Snapshot:
 
 
 def install_step_listener(environment: Environment, state: LoadState) -> None:
-    """On a worker: follow the master's phase announcements."""
+    """On a worker: follow the master's phase announcements and pauses; report configuration errors."""
 
     runner = environment.runner
     assert isinstance(runner, WorkerRunner)
@@ -152,20 +192,30 @@ def install_step_listener(environment: Environment, state: LoadState) -> None:
         data = msg.data
         state.step, state.users = data["step"], data["users"]
         state.rate = None if data["rate"] is None else data["rate"] / max(1, data["workers"])
+        state.pacer.workers = max(1, data["workers"])
         state.started_at, state.plan_ends_at = data["started_at"], data["plan_ends_at"]
         share = (data.get("budget") or {}).get(runner.client_id)
         if share is not None and (state.budget is None or data["step"] == 1):  # step 1: a (re)started test
             state.budget = Budget(share[0], share[1], spent)
+        if data["step"] == 1:
+            state.new_test()
 
+    def config_errors(streak: int, last: dict[str, Any] | None) -> None:
+        runner.send_message(FAILFAST_MESSAGE, {"worker": runner.client_id, "streak": streak, "last": last})
+
+    state.failfast.report = config_errors
     runner.register_message(STEP_MESSAGE, on_step)
+    runner.register_message(PAUSE_MESSAGE, lambda environment, msg, **_: state.pause(msg.data["paused"]))
 
 
 class RunControl:
-    """Master-side (or local) run state: plan, stop conditions, step publishing, control.json."""
+    """Master-side (or local) run state: plan, stop rules, step publishing, the breaker, control.json."""
 
-    def __init__(self, environment: Environment, scenario: Scenario, run_dir: Path, state: LoadState) -> None:
+    def __init__(self, environment: Environment, scenario: Scenario, run_dir: Path, state: LoadState,
+                 channel: Channel | None = None) -> None:
         self.environment = environment
         self.scenario = scenario
+        self.channel = channel  # for doctor's fix and the breaker's probe
         self.plan = build_plan(scenario)
         self.state = state
         self.path = run_dir / SEGMENTS_DIR / CONTROL_FILE
@@ -177,12 +227,20 @@ class RunControl:
         self._started_at = time.time()
         self.budgets: dict[str, list[int | None]] = {}  # master: each worker's [requests, tokens] share
         self.spent: dict[str, dict[str, Any]] = {}  # master: workers whose share is used up
+        self.config_errors: dict[str, dict[str, Any]] = {}  # master: each worker's latest streak report
+        self.storms: list[dict[str, Any]] = []  # every breaker pause: when, why, probes, outcome
+        self._window: deque[tuple[float, Counts]] = deque()  # the breaker's recent snapshots
         runner = environment.runner
         if isinstance(runner, MasterRunner):
-            runner.register_message(BUDGET_MESSAGE, self._on_spent)
+            for name, listener in ((BUDGET_MESSAGE, self._on_spent), (FAILFAST_MESSAGE, self._on_config_errors)):
+                runner.custom_messages.pop(name, None)  # a new run (web UI) takes over from the previous one
+                runner.register_message(name, listener)
 
     def _on_spent(self, environment: Environment, msg: Any, **_: Any) -> None:
         self.spent[msg.data["worker"]] = msg.data
+
+    def _on_config_errors(self, environment: Environment, msg: Any, **_: Any) -> None:
+        self.config_errors[msg.data["worker"]] = msg.data
 
     @property
     def limited(self) -> bool:
@@ -209,6 +267,8 @@ class RunControl:
         self._close_step()
         if phase.step == 1:  # a test (re)started from the web UI starts with whole budgets
             self.budgets, self.spent, self.state.budget = {}, {}, None
+            self.config_errors = {}
+            self.state.new_test()
         self._step_start = self._snapshot()
         self.steps.append({**asdict(phase), "started_at": time.time()})
         runner = self.environment.runner
@@ -230,62 +290,100 @@ class RunControl:
             if self.limited and self.state.budget is None:
                 self.state.budget = Budget(stop.max_requests or None, stop.max_tokens or None)
 
+    def _config_streak(self) -> tuple[int, dict[str, Any] | None]:
+        """Configuration errors in a row, summed over processes, and the latest one."""
+        if isinstance(self.environment.runner, MasterRunner):
+            reports = [r for r in self.config_errors.values() if r["streak"]]
+            return sum(r["streak"] for r in reports), next((r["last"] for r in reports), None)
+        return self.state.failfast.streak, self.state.failfast.last
+
     def stop_reason(self, elapsed_s: float, phase: Phase | None, current: Phase | None) -> str | None:
-        """Why the run must stop now, or None to go on."""
-        stop = self.scenario.stop
-        if phase is None:
-            return "duration" if stop.duration_s and elapsed_s >= stop.duration_s else "plan complete"
+        """Why the run must stop now, or None to go on (the first of `stoprules.RULES` that fires)."""
+        totals = self._snapshot().counts
+        ended = None
+        if phase is not None and current is not None and phase != current and self._step_start is not None:
+            ended = self._close_step()
+        storm = self.storms[-1] if self.storms and self.storms[-1].get("outcome") is None else None
+        if phase is not None:
+            storm = self._breaker(totals, storm)
         budget = self.state.budget
-        if budget is not None and budget.spent:  # local runner: its own budget
-            return budget.spent
-        if self.budgets and set(self.budgets) <= set(self.spent):  # master: every worker's share used
-            sent = sum(s["sent"] for s in self.spent.values())
-            tokens = sum(s["tokens"] for s in self.spent.values())
-            kind = "token budget" if all(s["reason"].startswith("token") for s in self.spent.values()) else "max_requests"
-            return f"{kind}: every worker spent its share ({sent} requests, {tokens} tokens)"
-        totals = self._snapshot()
-        misconfigured = self._misconfigured(totals)
-        if misconfigured:
-            return misconfigured
-        if stop.max_requests and totals.requests >= stop.max_requests:
-            return f"max_requests: {totals.requests} >= {stop.max_requests}"
-        if stop.max_tokens and totals.tokens >= stop.max_tokens:
-            return f"token budget: {totals.tokens} >= {stop.max_tokens}"
-        if current is not None and phase != current and self._step_start is not None:
-            step = self._close_step()
-            assert step is not None
-            if stop.breakpoint_error_rate and step["requests"] and step["error_rate"] > stop.breakpoint_error_rate:
-                return (f"breakpoint: step {current.step} ({current.users} users) error rate "
-                        f"{step['error_rate']:.2f} > {stop.breakpoint_error_rate:g}")
-            p95 = step.get("ttft_p95_s")
-            if stop.breakpoint_ttft_p95_s and p95 is not None and p95 > stop.breakpoint_ttft_p95_s:
-                return (f"breakpoint: step {current.step} ({current.users} users) TTFT p95 "
-                        f"{p95:.2f} s > {stop.breakpoint_ttft_p95_s:g} s")
-        return None
+        all_spent = bool(self.budgets) and set(self.budgets) <= set(self.spent)
+        streak, last = self._config_streak()
+        live = Live(
+            elapsed_s=elapsed_s, plan_over=phase is None, stop=self.scenario.stop, totals=totals, ended_step=ended,
+            budget_spent=budget.spent if budget is not None else None,
+            workers_spent=self.spent if all_spent else {}, config_streak=streak, config_error=last,
+            storm_failed_probes=storm["failed_probes"] if storm else 0, storm_detail=storm["detail"] if storm else None,
+        )
+        fired = stoprules.first_stop(live)
+        if fired is None:
+            return None
+        rule, reason = fired
+        if storm is not None:  # the run ends with the users paused
+            storm["outcome"] = "stopped"
+        if rule == "misconfigured" and last is not None:
+            reason += self._doctor_fix(last["kind"])
+        return reason
 
-    def _misconfigured(self, totals: Snapshot) -> str | None:
-        """Stop a run whose first requests all failed on the channel's configuration.
+    def _doctor_fix(self, kind: str) -> str:
+        """Doctor's finding and exact fix for a configuration error kind (its base-URL, auth or model check)."""
+        if self.channel is None:
+            return "; run `tokenload doctor` with the same channel options"
+        from tokenload.doctor import explain
 
-        A wrong key, base URL or model fails every request the same way; hammering
-        the channel with thousands of them measures nothing (and may get the key
-        blocked), so the run stops and points at `tokenload doctor`.
+        result = explain(self.channel, kind)
+        if result is None:
+            return "; run `tokenload doctor` with the same channel options"
+        return f"; doctor: {result.saw}; fix: {result.fix or 'see tokenload doctor'}"
+
+    def _breaker(self, totals: Counts, storm: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The error-storm breaker: pause every user on a storm, probe every `storm_s`, resume on success.
+
+        Returns the open storm (users paused), if any.
         """
-        if totals.requests < MISCONFIGURED_AFTER or totals.failures < totals.requests:
-            return None
-        stats = self.environment.runner.stats  # type: ignore[union-attr]
-        kinds: Counter[str] = Counter()
-        for error in stats.errors.values():
-            # The exception itself in this process; its repr once it came from a worker's report.
-            text = error.error if isinstance(error.error, str) else repr(error.error)
-            kind = next((k for k in CONFIG_ERROR_KINDS if f"'{k} (" in text), None)
-            if kind is None:
+        stop, now = self.scenario.stop, time.monotonic()
+        if storm is None:
+            self._window.append((now, totals))
+            while len(self._window) > 1 and self._window[1][0] <= now - stop.storm_s:  # keep one at the window's start
+                self._window.popleft()
+            if now - self._window[0][0] < stop.storm_s * 0.9:  # not a whole window yet
                 return None
-            kinds[kind] += error.occurrences
-        if not kinds:
+            detail = stoprules.storm(totals.minus(self._window[0][1]), stop)
+            if detail is None:
+                return None
+            storm = {"paused_at": time.time(), "detail": detail, "failed_probes": 0, "outcome": None,
+                     "_next": now + stop.storm_s}
+            self.storms.append(storm)
+            self._pause(True)
+            return storm
+        if now < storm["_next"]:
+            return storm
+        ok, what = self._probe()
+        if ok:
+            storm.update(outcome="resumed", resumed_at=time.time())
+            self._window.clear()
+            self._pause(False)
             return None
-        kind, count = kinds.most_common(1)[0]
-        return (f"channel misconfigured: all {totals.requests} requests failed ({count} with {kind}); "
-                "run `tokenload doctor` with the same channel options")
+        storm["failed_probes"] += 1
+        storm["last_probe"] = what
+        storm["_next"] = now + stop.storm_s
+        return storm
+
+    def _pause(self, paused: bool) -> None:
+        runner = self.environment.runner
+        if isinstance(runner, MasterRunner):
+            runner.send_message(PAUSE_MESSAGE, {"paused": paused})
+        else:
+            self.state.pause(paused)
+
+    def _probe(self) -> tuple[bool, str]:
+        """One small streaming request, outside the records: is the channel answering again?"""
+        if self.channel is None:
+            return True, "no channel to probe"
+        from tokenload.client import stream_exchange
+
+        record, _ = stream_exchange(self.channel, "Reply with OK.", 1)
+        return record["status"] == "ok", record["error_kind"] or "ok"
 
     def finish(self, reason: str) -> None:
         if self.stopped is None:
@@ -319,6 +417,7 @@ class RunControl:
             "plan": [asdict(p) for p in self.plan],
             "steps": self.steps,
             "stop_reason": self.stopped,
+            "storms": [{k: v for k, v in storm.items() if not k.startswith("_")} for storm in self.storms],
             "workers": sorted(self.workers),
             "live": self.live(),
             "updated_at": time.time(),

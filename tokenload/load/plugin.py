@@ -71,7 +71,7 @@ def _init(environment: Environment, **_: Any) -> None:
     global _ENVIRONMENT
     _ENVIRONMENT = environment
     scenario = load_scenario(opts.scenario)
-    state = LoadState()
+    state = LoadState.for_scenario(scenario)
     environment.tokenload_state = state  # type: ignore[attr-defined]
     tokenstats.install(environment)
     if isinstance(environment.runner, WorkerRunner):
@@ -88,7 +88,8 @@ def _init(environment: Environment, **_: Any) -> None:
     run_dir = Path(opts.run_dir)
     if not opts.stop_timeout:
         environment.stop_timeout = scenario.stop.drain_s
-    environment.tokenload = RunControl(environment, scenario, run_dir, state)  # type: ignore[attr-defined]
+    environment.tokenload = RunControl(environment, scenario, run_dir, state,  # type: ignore[attr-defined]
+                                       _channel(scenario, environment.host))
     if not os.environ.get(MANAGED_ENV):
         write_run_info(run_dir, opts.run_id, scenario, _channel(scenario, environment.host).public())
         if environment.web_ui is None:  # with the web UI every start is a run of its own, finalised at its stop
@@ -147,6 +148,7 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         arrivals=arrivals,
         extra_body=scenario.output.extra_body(),
         think_time_s=load.think_time_s,
+        retry=load.retry,
     )
     environment.tokenload_process = ctx  # type: ignore[attr-defined]
     probe = LagProbe()

@@ -242,7 +242,9 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None) -
     table = records.merge_segments(run_dir)
     ended = max((s.get("updated_at", 0.0) for s in states.values()), default=time.time())
     warnings: list[str] = []
-    scheduler_lag = lag.summarise({w: s.get("lag", {}) for w, s in states.items()})
+    finished = [s for s, f in zip(table.column("status").to_pylist(), table.column("in_flight").to_pylist()) if not f]
+    ok_share = finished.count("ok") / len(finished) if finished else 0.0
+    scheduler_lag = lag.summarise({w: s.get("lag", {}) for w, s in states.items()}, ok_share)
     if scheduler_lag.get("warning"):
         warnings.append(scheduler_lag["warning"])
     lateness = _lateness(table, scenario)
@@ -272,6 +274,7 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None) -
         "workers_lost": lost,
         "plan": control.get("plan", []),
         "steps": control.get("steps", []),
+        "storms": control.get("storms", []),
         "records": {
             "total": len(table),
             "in_flight": int(sum(table.column("in_flight").to_pylist())) if len(table) else 0,

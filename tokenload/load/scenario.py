@@ -47,6 +47,13 @@ Schema (all sections optional except `[load]`):
     rate = 5.0                    # poisson: requests/s, or a list of rates stepped every step_s
     max_users = 64                # poisson: user pool that sends the scheduled requests
     arrival = "poisson"           # poisson | constant (evenly spaced)
+    max_rps = 0                   # any kind: our own cap on requests/s across all workers; 0 = none
+    max_tokens_per_min = 0        # any kind: cap on tokens/min sent (prompt estimate + max_tokens); 0 = none
+    retry = 0                     # any kind: retries of a request the channel pushed back (429/529/503),
+                                  # each after its back-off and recorded as a new request with retry_of; 0 = none
+    min_requests = 0              # steps/constant: hold a step past step_s until N requests finished; 0 = off
+    max_step_s = 0                # steps/constant: longest a step is held for min_requests; 0 = 4 x step_s
+    warmup_s = 0                  # analysis leaves requests started in each step's first S seconds out
 
     [stop]
     duration_s = 0                # cap on the whole run; 0 = the load plan's length
@@ -55,6 +62,11 @@ Schema (all sections optional except `[load]`):
     drain_s = 30                  # at the end, in-flight streams get this long to finish
     breakpoint_error_rate = 0     # stop after a whole step above this error rate; 0 = off
     breakpoint_ttft_p95_s = 0     # stop after a whole step above this TTFT p95; 0 = off
+    config_errors = 5             # stop after this many configuration errors in a row (auth, unknown model,
+                                  # wrong base URL; counted across workers), with doctor's fix; 0 = off
+    storm_error_rate = 0.8        # error-storm breaker (0 = off): more than this share of load errors (429, 5xx,
+    storm_s = 10                  # timeouts, ...) for storm_s seconds pauses every user; a probe request
+    storm_probes = 3              # every storm_s then resumes the run or, after this many failed, stops it
 """
 
 from __future__ import annotations
@@ -82,6 +94,7 @@ DISTRIBUTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "sweep": (("values",), ()),
 }
 LOAD_KINDS = ("steps", "constant", "poisson")
+_ANY_KIND = ("max_rps", "max_tokens_per_min", "retry", "warmup_s")  # [load] keys every kind takes
 ARRIVALS = ("poisson", "constant")
 
 
@@ -288,28 +301,48 @@ class LoadSection:
     rate: tuple[float, ...] = ()
     max_users: int = 0
     arrival: str = "poisson"
+    max_rps: float = 0.0
+    max_tokens_per_min: float = 0.0
+    retry: int = 0
+    min_requests: int = 0
+    max_step_s: float = 0.0
+    warmup_s: float = 0.0
+
+    @property
+    def step_cap_s(self) -> float:
+        """The longest a step is held while it gathers `min_requests` (never less than step_s)."""
+        return max(self.step_s, self.max_step_s or 4 * self.step_s)
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx) -> LoadSection:
         w = "[load]"
         if data is None:
             raise ctx.fail(w, "missing; every scenario needs a [load] section")
-        d = ctx.table(data, w, ("kind", "users", "step_s", "spawn_rate", "think_time_s", "rate", "max_users", "arrival"))
+        evidence = ("min_requests", "max_step_s")
+        d = ctx.table(data, w, ("kind", "users", "step_s", "spawn_rate", "think_time_s", "rate", "max_users", "arrival",
+                                *evidence, *_ANY_KIND))
         kind = ctx.text(d, "kind", w, "steps", choices=LOAD_KINDS)
         assert kind is not None
         allowed = {
-            "steps": {"users", "step_s", "spawn_rate", "think_time_s"},
-            "constant": {"users", "step_s", "spawn_rate", "think_time_s"},
+            "steps": {"users", "step_s", "spawn_rate", "think_time_s", *evidence},
+            "constant": {"users", "step_s", "spawn_rate", "think_time_s", *evidence},
             "poisson": {"rate", "step_s", "spawn_rate", "max_users", "arrival"},
         }[kind]
-        extra = sorted(set(d) - allowed - {"kind"})
+        extra = sorted(set(d) - allowed - {"kind", *_ANY_KIND})
         if extra:
             raise ctx.fail(f"{w} {extra[0]}", f"not used by kind = {kind!r}; its keys: {', '.join(sorted(allowed))}")
         common = dict(
             kind=kind,
             step_s=ctx.number(d, "step_s", w, 10.0, above=0),
             spawn_rate=ctx.number(d, "spawn_rate", w, 100.0, above=0),
+            max_rps=ctx.number(d, "max_rps", w, 0.0, minimum=0),
+            max_tokens_per_min=ctx.number(d, "max_tokens_per_min", w, 0.0, minimum=0),
+            retry=ctx.number(d, "retry", w, 0, integer=True, minimum=0),
+            warmup_s=ctx.number(d, "warmup_s", w, 0.0, minimum=0),
         )
+        if common["warmup_s"] >= common["step_s"]:
+            raise ctx.fail(f"{w} warmup_s", f"must be shorter than step_s ({common['step_s']:g}), "
+                                            f"got {common['warmup_s']:g}")
         if kind == "poisson":
             rate = d.get("rate")
             rates: list[Any] = rate if isinstance(rate, list) else [rate]
@@ -324,15 +357,21 @@ class LoadSection:
             users = (ctx.number(d, "users", w, 1, integer=True, minimum=1),)
         else:
             users = _user_ladder(d.get("users", [1, 2, 4, 8]), f"{w} users", ctx)
-        return cls(**common, users=users, think_time_s=think)
+        max_step = ctx.number(d, "max_step_s", w, 0.0, minimum=0)
+        if max_step and max_step < common["step_s"]:
+            raise ctx.fail(f"{w} max_step_s", f"must be at least step_s ({common['step_s']:g}) or 0, got {max_step:g}")
+        return cls(**common, users=users, think_time_s=think, max_step_s=max_step,
+                   min_requests=ctx.number(d, "min_requests", w, 0, integer=True, minimum=0))
 
     def to_dict(self) -> dict[str, Any]:
         """Only the keys this kind uses, so the dict parses back to the same section."""
-        out: dict[str, Any] = {"kind": self.kind, "step_s": self.step_s, "spawn_rate": self.spawn_rate}
+        out: dict[str, Any] = {"kind": self.kind, "step_s": self.step_s, "spawn_rate": self.spawn_rate,
+                               **{k: getattr(self, k) for k in _ANY_KIND}}
         if self.kind == "poisson":
             return {**out, "rate": list(self.rate), "max_users": self.max_users, "arrival": self.arrival}
         users: Any = self.users[0] if self.kind == "constant" else list(self.users)
-        return {**out, "users": users, "think_time_s": self.think_time_s}
+        return {**out, "users": users, "think_time_s": self.think_time_s, "min_requests": self.min_requests,
+                "max_step_s": self.max_step_s}
 
     def limit_users(self, cap: int) -> LoadSection:
         """`--users N`: constant runs N users, a ramp stops at N, a Poisson pool holds N."""
@@ -370,14 +409,20 @@ class StopSection:
     drain_s: float = 30.0
     breakpoint_error_rate: float = 0.0
     breakpoint_ttft_p95_s: float = 0.0
+    config_errors: int = 5
+    storm_error_rate: float = 0.8
+    storm_s: float = 10.0
+    storm_probes: int = 3
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx) -> StopSection:
         w = "[stop]"
         d = ctx.table(data, w, tuple(f.name for f in dataclasses.fields(cls)))
         error_rate = ctx.number(d, "breakpoint_error_rate", w, 0.0, minimum=0)
-        if error_rate > 1:
-            raise ctx.fail(f"{w} breakpoint_error_rate", f"is a fraction between 0 and 1, got {error_rate}")
+        storm_rate = ctx.number(d, "storm_error_rate", w, 0.8, minimum=0)
+        for key, value in (("breakpoint_error_rate", error_rate), ("storm_error_rate", storm_rate)):
+            if value > 1:
+                raise ctx.fail(f"{w} {key}", f"is a fraction between 0 and 1, got {value}")
         return cls(
             duration_s=ctx.number(d, "duration_s", w, 0.0, minimum=0),
             max_requests=ctx.number(d, "max_requests", w, 0, integer=True, minimum=0),
@@ -385,6 +430,10 @@ class StopSection:
             drain_s=ctx.number(d, "drain_s", w, 30.0, minimum=0),
             breakpoint_error_rate=error_rate,
             breakpoint_ttft_p95_s=ctx.number(d, "breakpoint_ttft_p95_s", w, 0.0, minimum=0),
+            config_errors=ctx.number(d, "config_errors", w, 5, integer=True, minimum=0),
+            storm_error_rate=storm_rate,
+            storm_s=ctx.number(d, "storm_s", w, 10.0, above=0),
+            storm_probes=ctx.number(d, "storm_probes", w, 3, integer=True, minimum=1),
         )
 
 

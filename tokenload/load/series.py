@@ -85,6 +85,7 @@ class Series:
         self.runs = [Run(1, opts.run_id, Path(opts.run_dir), control)]
         info = Path(opts.run_dir) / records.SEGMENTS_DIR / RUN_INFO
         self._channel = json.loads(info.read_text(encoding="utf-8")).get("channel")
+        self._channel_config = control.channel  # every run's doctor fix and storm probe use it
         self._finalisers: list[gevent.Greenlet] = []
         self._quitting = False
 
@@ -106,7 +107,8 @@ class Series:
         runner = env.runner
         if runner is not None:
             runner.custom_messages.pop(BUDGET_MESSAGE, None)  # the new RunControl registers its own listener
-        control = RunControl(env, self.scenario, run_dir, env.tokenload_state)  # type: ignore[attr-defined]
+        control = RunControl(env, self.scenario, run_dir, env.tokenload_state,  # type: ignore[attr-defined]
+                             self._channel_config)
         env.tokenload = control  # type: ignore[attr-defined]
         switch_run(env, run_id, run_dir)
         run = Run(number, run_id, run_dir, control)

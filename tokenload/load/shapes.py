@@ -10,6 +10,13 @@ one shape class and one set of stop conditions:
   arrival times (rate per phase), so a slow channel cannot slow the arrivals
   down (no coordinated omission). Users record how late each send was.
 
+Steps sized by evidence: with `[load] min_requests = N` a closed-loop step
+holds past its `step_s` until N requests of the step have finished, or until
+`max_step_s`; a slow channel then still yields enough samples per level
+instead of a verdict drawn from a handful. The plan's clock pauses while a step
+is held, so the following steps keep their lengths; `[stop] duration_s` stays
+a cap on wall time.
+
 The shape runs only on the master (or the local runner). Each tick it checks
 the stop conditions (`[stop]`: duration, request count, token budget, and the
 breakpoint: a whole step over the error-rate or TTFT-p95 limit), and when a new
@@ -68,22 +75,56 @@ class ScenarioShape(LoadTestShape):
 
     def __init__(self) -> None:
         super().__init__()
+        self._reset()
+
+    def _reset(self) -> None:
         self._phase: Phase | None = None
+        self._held_s = 0.0  # how long the plan's clock has been paused for evidence
+        self._entered_s = 0.0
+        self._entry: int | None = None  # finished requests (all steps) when the current step began
 
     def reset_time(self) -> None:
         super().reset_time()
-        self._phase = None
+        self._reset()
+
+    def _needs_evidence(self, elapsed: float) -> bool:
+        """The current step has fewer finished requests than `min_requests` and may still be held."""
+        load = self.runner.environment.tokenload.scenario.load  # type: ignore[union-attr]
+        if not load.min_requests or self._phase is None or self._entry is None:
+            return False
+        if elapsed - self._entered_s >= load.step_cap_s:
+            return False
+        return self._finished() - self._entry < load.min_requests
+
+    def _finished(self) -> int:
+        """Requests finished so far in the run (successes and failures), from the run's token stats."""
+        from tokenload.load.control import Snapshot  # control imports this module: import at use
+
+        return Snapshot.take(self.runner.environment).requests  # type: ignore[union-attr]  # set while ticking
 
     def tick(self) -> tuple[int, float] | None:
         control = self.runner.environment.tokenload  # type: ignore[union-attr]
         elapsed = self.get_run_time()
-        phase = phase_at(control.plan, elapsed)
+        cap = control.scenario.stop.duration_s
+        if cap and elapsed >= cap:
+            control.finish("duration")
+            return None
+        plan_time = elapsed - self._held_s
+        phase = phase_at(control.plan, plan_time)
+        if self._phase is not None and phase != self._phase and plan_time > self._phase.end_s - 1e-6:
+            held = self._needs_evidence(elapsed)
+            if held or self._held_s:  # pause the plan's clock; on release, resume at the step's end
+                self._held_s = elapsed - self._phase.end_s + (1e-6 if held else 0.0)
+                plan_time = elapsed - self._held_s
+                phase = self._phase if held else phase_at(control.plan, plan_time)
         reason = control.stop_reason(elapsed, phase, self._phase)
         if reason is not None or phase is None:
             control.finish(reason or "plan complete")
             return None
         if phase != self._phase:
             self._phase = phase
-            control.enter(phase, time.time() - elapsed)
+            self._entered_s = elapsed
+            self._entry = self._finished()
+            control.enter(phase, time.time() - plan_time)
         control.write_live()
         return phase.users, control.scenario.load.spawn_rate

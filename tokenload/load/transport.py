@@ -109,7 +109,7 @@ class Transport:
         Never raises for network or HTTP trouble: the session records it. A
         `GreenletExit` (the user is being stopped) propagates after the socket
         is dropped, so the caller can record the stream as in flight. The
-        response headers stay on `session.headers`.
+        response headers stay on `session.timeline.response_headers`.
         """
         response: HTTPSocketPoolResponse | None = None
         guard: _Deadline | None = None

@@ -12,9 +12,19 @@ come from those records, never from a live histogram.
 Open-loop runs take their send times from `Arrivals`: one slot at a time, so a
 free user sends at the scheduled time, and when every user is busy the next
 free one sends late and records by how much (`scheduled_at`, `late_s`).
-A 429 or 5xx is a recorded failure; nothing is retried. With `[stop]
-max_requests` / `max_tokens`, a user takes a ticket from its process's
-`Budget` before each send and parks once the share is spent.
+With `[stop] max_requests` / `max_tokens`, a user takes a ticket from its
+process's `Budget` before each send and parks once the share is spent.
+
+Every send first passes the process's `Pacer` (`tokenload.load.pacing`): a
+429/529/503 holds all users of the process for the server's wait (or a capped
+exponential back-off), and `[load] max_rps` / `max_tokens_per_min` space the
+sends. The pushed-back request stays recorded as what it was, with the wait it
+caused (`backoff_s`); each request records how long the gate held it (`held_s`)
+and the rate-limit values its response carried. Nothing is retried unless
+`[load] retry` says so, and then each retry is a new record whose `retry_of`
+names the first request. Waits at the gate are interruptible like Locust's own
+`wait_time`, so a run ends on time. After `[stop] config_errors` configuration
+errors in a row the process's users park: the run is about to stop.
 """
 
 from __future__ import annotations
@@ -29,10 +39,13 @@ import gevent
 from gevent.lock import Semaphore
 from greenlet import GreenletExit
 from locust import User, task
+from locust.exception import StopUser
+from locust.user.task import LOCUST_STATE_RUNNING, LOCUST_STATE_STOPPING, LOCUST_STATE_WAITING
 
 from tokenload import errors as ek
 from tokenload.load.control import REQUEST_TYPE, LoadState
-from tokenload.load.prompts import PromptSource
+from tokenload.load.pacing import parse_rate_headers, pushed_back
+from tokenload.load.prompts import PromptSource, RequestPlan
 from tokenload.load.records import SegmentWriter
 from tokenload.load.tokenstats import CHUNK_TIMES_KEY, RECORD_KEY
 from tokenload.load.transport import Transport
@@ -102,6 +115,7 @@ class ProcessContext:
     arrivals: Arrivals | None
     extra_body: dict[str, Any]
     think_time_s: float
+    retry: int = 0
 
     def __post_init__(self) -> None:
         self._requests = count(1)
@@ -130,21 +144,58 @@ class LLMUser(User):
     @task
     def stream(self) -> None:
         ctx = self.ctx
-        budget = ctx.state.budget
-        if budget is not None and not budget.admit():
-            self.parked = True  # this process's share of the limits is spent: wait for the stop
+        state = ctx.state
+        budget = state.budget
+        if state.failfast.tripped or (budget is not None and not budget.admit()):
+            self.parked = True  # the channel is misconfigured, or this process's share of the limits is spent
             return
         scheduled = ctx.arrivals.wait() if ctx.arrivals is not None else time.time()
         if scheduled is None:  # the open-loop plan is over: no more sends, wait for the stop
             self.parked = True
             return
-        self.send(scheduled)
-
-    def send(self, scheduled_at: float) -> None:
-        ctx = self.ctx
         plan = ctx.prompts.next()
+        first: str | None = None
+        for attempt in range(ctx.retry + 1):
+            if attempt and (state.failfast.tripped or (budget is not None and not budget.admit())):
+                return
+            held = self._pace(plan.estimated_input_tokens + plan.max_tokens)
+            record = self.send(plan, scheduled, held, first)
+            if record is None or not record["backoff_s"]:
+                return
+            first = first or record["request_id"]
+
+    def _pace(self, tokens: int) -> float:
+        """Wait at the process's gate (holds, then caps); returns how long it took."""
+        pacer = self.ctx.state.pacer
+        start = time.monotonic()
+        while True:
+            held = pacer.held(time.monotonic())
+            if held:
+                self._pause(min(held, 1.0))  # ask again at least every second: a breaker pause may be lifted
+                continue
+            slot = pacer.book(tokens, time.monotonic())
+            if slot > 0:
+                self._pause(slot)
+            if not pacer.held(time.monotonic()):  # else a push-back arrived meanwhile: wait it out, book again
+                return time.monotonic() - start
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep as Locust's `TaskSet.wait` does: a stopping run ends this user at once instead of after the drain."""
+        if self._state == LOCUST_STATE_STOPPING:
+            raise StopUser()
+        self._state = LOCUST_STATE_WAITING
+        gevent.sleep(seconds)
+        if self._state == LOCUST_STATE_STOPPING:
+            raise StopUser()
+        self._state = LOCUST_STATE_RUNNING
+
+    def send(self, plan: RequestPlan, scheduled_at: float, held_s: float = 0.0,
+             retry_of: str | None = None) -> RequestRecord | None:
+        """One request, recorded in full; returns its record (None when the run ended with it in flight)."""
+        ctx = self.ctx
         adapter = ctx.adapters[plan.model]
-        step, users, budget = ctx.state.step, ctx.state.users, ctx.state.budget
+        state = ctx.state
+        step, users, budget = state.step, state.users, state.budget
         session = StreamSession(adapter, time.perf_counter(), estimated_input_tokens=plan.estimated_input_tokens)
         in_flight = False
         try:
@@ -160,19 +211,28 @@ class LLMUser(User):
         finally:
             record = session.record()
             duration = record["duration_s"]
+            info = parse_rate_headers(session.timeline.response_headers, time.time())
+            pushback = not in_flight and pushed_back(record["http_status"], record["error_kind"])
+            backoff = state.pacer.observe(pushback, info, time.monotonic()) if not in_flight else None
             record.update({
                 "request_id": ctx.new_request_id(), "run_id": ctx.run_id, "worker": ctx.worker,
                 "user_id": self.user_id, "step": step, "active_users": users, "scheduled_at": scheduled_at,
                 "late_s": max(0.0, record["started_at"] - scheduled_at), "protocol": ctx.protocol,
                 "model": plan.model, "max_tokens": plan.max_tokens, "prompt_tokens_target": plan.prompt_tokens_target,
                 "in_flight": in_flight, "finished_at": None if duration is None else record["started_at"] + duration,
+                "backoff_s": backoff, "held_s": held_s, "retry_of": retry_of,
+                "retry_after_s": info.server_wait() if pushback else None,
+                "rl_requests_limit": info.requests_limit, "rl_requests_remaining": info.requests_remaining,
+                "rl_tokens_limit": info.tokens_limit, "rl_tokens_remaining": info.tokens_remaining,
             })
             ctx.writer.append(record)
             if budget is not None:
                 budget.finished((record["input_tokens"] or 0) + (record["output_tokens"] or 0))
             if not in_flight:
+                state.failfast.observe(record["error_kind"], record["http_status"], record["error_message"])
                 ctx.prompts.observe(record, plan)
                 self._fire(record, session.timeline.chunk_times)
+        return None if in_flight else record
 
     def _fire(self, r: RequestRecord, chunk_times: list[float]) -> None:
         """One Locust request per LLM request; the token metrics ride in `context` to `tokenstats`."""

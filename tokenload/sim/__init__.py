@@ -26,7 +26,9 @@ Behaviour model (all times scale with model size and `load`):
     thinking blocks, OpenAI `reasoning_content` / Responses reasoning text) come
     first and count as output. Input tokens are `tokenload.tokens.estimate_tokens`
     of all prompt text; output text is one word per token.
-  * Rate limits (rpm, tpm, concurrency) answer 429 + retry-after + the protocol's body.
+  * Rate limits (rpm, tpm, concurrency) answer 429 + retry-after + the protocol's body;
+    with rpm or tpm set, every admitted response carries the vendor's rate-limit headers
+    (`anthropic-ratelimit-*` on /v1/messages, `x-ratelimit-*` on the OpenAI routes).
   * Faults by profile rate or by prompt marker; every request gets a truth line.
 
 Fault markers: put `[[fault:KIND key=value ...]]` anywhere in the prompt text

@@ -20,6 +20,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from datetime import datetime, timezone
 from random import Random
 
 from tokenload.sim.profile import Profile, effective_slots, model_scale
@@ -242,7 +243,7 @@ class Engine:
 
 
 class RateLimiter:
-    """Sliding one-minute windows of requests and tokens; answers a retry-after."""
+    """Sliding one-minute windows of requests and tokens; answers a retry-after and the headers real channels send."""
 
     def __init__(self, rpm: int, tpm: int) -> None:
         self.rpm = rpm
@@ -251,13 +252,16 @@ class RateLimiter:
         self._tokens: deque[tuple[float, int]] = deque()
         self._token_sum = 0
 
-    def check(self, tokens: int) -> float | None:
-        """Seconds to wait when over a limit (nothing is counted then), else None and count it."""
-        now = time.monotonic()
+    def _expire(self, now: float) -> None:
         while self._requests and self._requests[0] <= now - 60:
             self._requests.popleft()
         while self._tokens and self._tokens[0][0] <= now - 60:
             self._token_sum -= self._tokens.popleft()[1]
+
+    def check(self, tokens: int) -> float | None:
+        """Seconds to wait when over a limit (nothing is counted then), else None and count it."""
+        now = time.monotonic()
+        self._expire(now)
         if self.rpm and len(self._requests) >= self.rpm:
             return self._requests[0] + 60 - now
         if self.tpm and self._tokens and self._token_sum + tokens > self.tpm:
@@ -266,6 +270,42 @@ class RateLimiter:
         self._tokens.append((now, tokens))
         self._token_sum += tokens
         return None
+
+    def state(self) -> dict[str, float]:
+        """Limit, remaining and seconds until the oldest entry leaves the window, per limit that is on."""
+        now = time.monotonic()
+        self._expire(now)
+        out: dict[str, float] = {}
+        if self.rpm:
+            out.update(requests_limit=self.rpm, requests_remaining=max(0, self.rpm - len(self._requests)),
+                       requests_reset_s=self._requests[0] + 60 - now if self._requests else 0.0)
+        if self.tpm:
+            out.update(tokens_limit=self.tpm, tokens_remaining=max(0, self.tpm - self._token_sum),
+                       tokens_reset_s=self._tokens[0][0] + 60 - now if self._tokens else 0.0)
+        return out
+
+
+def rate_limit_headers(state: dict[str, float], anthropic: bool) -> list[tuple[str, str]]:
+    """`RateLimiter.state()` in the vendor's own header form.
+
+    Anthropic: `anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`, reset an RFC 3339 time.
+    OpenAI: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, reset a duration such as `1.5s`.
+    """
+    headers: list[tuple[str, str]] = []
+    for what in ("requests", "tokens"):
+        if f"{what}_limit" not in state:
+            continue
+        limit, remaining, reset = (state[f"{what}_{k}"] for k in ("limit", "remaining", "reset_s"))
+        if anthropic:
+            at = datetime.fromtimestamp(math.ceil(time.time() + reset), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            headers += [(f"anthropic-ratelimit-{what}-limit", f"{limit:.0f}"),
+                        (f"anthropic-ratelimit-{what}-remaining", f"{remaining:.0f}"),
+                        (f"anthropic-ratelimit-{what}-reset", at)]
+        else:
+            headers += [(f"x-ratelimit-limit-{what}", f"{limit:.0f}"),
+                        (f"x-ratelimit-remaining-{what}", f"{remaining:.0f}"),
+                        (f"x-ratelimit-reset-{what}", f"{reset:.3f}s")]
+    return headers
 
 
 def retry_after_header(seconds: float) -> str:

@@ -23,7 +23,7 @@ from random import Random
 from typing import Any, TextIO
 
 from tokenload.sim import wire
-from tokenload.sim.engine import Engine, RateLimiter, Sequence, Stats, retry_after_header
+from tokenload.sim.engine import Engine, RateLimiter, Sequence, Stats, rate_limit_headers, retry_after_header
 from tokenload.sim.faults import FaultPlan, markers_in
 from tokenload.sim.metrics import Metrics
 from tokenload.sim.profile import Profile, load_profile
@@ -385,10 +385,11 @@ class Generation:
         self.proto: type[wire.Framer] = wire.PROTOCOLS["anthropic" if anthropic_style else route
                                                           if route in wire.PROTOCOLS else "openai-chat"]
         self.record = _record(self.request_id, request, self.proto.name)
+        self.rate_headers: list[tuple[str, str]] = []  # set once the rate limiter has seen the request
 
     @property
     def _id_headers(self) -> list[tuple[str, str]]:
-        return [("x-request-id", self.request_id), ("request-id", self.request_id)]
+        return [("x-request-id", self.request_id), ("request-id", self.request_id), *self.rate_headers]
 
     def _error(self, status: int, message: str, *, headers: Iterable[tuple[str, str]] = (), error: str,
                body: bool = True, **extra: str | None) -> bool:
@@ -446,12 +447,15 @@ class Generation:
         if profile.max_concurrency and server.in_flight >= profile.max_concurrency:
             return self._rate_limited(1.0, "concurrency")
         wait = server.limiter.check(n_in + parsed.max_tokens)
+        self.rate_headers = rate_limit_headers(server.limiter.state(), self.proto is wire.AnthropicFramer)
         if wait is not None:
             return self._rate_limited(wait, "rate")
         return await self._generate(parsed, n_in, body)
 
     def _rate_limited(self, wait: float, what: str) -> bool:
         headers = [("retry-after", retry_after_header(wait))]
+        if self.proto is not wire.AnthropicFramer:  # the OpenAI SDK reads the finer form first
+            headers.append(("retry-after-ms", f"{wait * 1000:.0f}"))
         message = ("Number of concurrent connections has exceeded your rate limit." if what == "concurrency"
                    else "This request would exceed your organization's rate limit. Please try again later.")
         return self._error(429, message, headers=headers, error="rate_limited", code="rate_limit_exceeded")

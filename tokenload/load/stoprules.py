@@ -1,0 +1,195 @@
+"""Why a run stops: a table of small pure functions over the live state, first match wins.
+
+Each rule reads one `Live` (what the master, or the local runner, knows at a
+tick) and returns the stop reason or None. They are pure so that each one is
+unit-tested without starting Locust (tests/test_stoprules.py); `RunControl`
+gathers the state and acts on the answer, as doctor's `CHECKS` are run by
+`run_checks`.
+
+The live error rate has the analysis's definition: load errors only
+(`tokenload.errors.LOAD_KINDS`: 429, 5xx, timeouts, broken streams) over all
+requests. Configuration errors (auth, unknown model, wrong base URL) stop the
+run through their own rule after a few in a row; input errors (a prompt over
+the context window, a refused body) say nothing about the channel's capacity and
+count towards neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenload.errors import error_class
+from tokenload.load.scenario import StopSection
+
+# The breaker needs this many requests in its window before a share means anything.
+STORM_MIN_REQUESTS = 10
+
+
+class FailFast:
+    """One process's configuration errors in a row (auth, unknown model, wrong base URL).
+
+    Any other outcome ends the streak. At `limit` the process's users park: the run
+    is about to stop, and every further request would fail the same way.
+    """
+
+    __slots__ = ("last", "limit", "report", "streak")
+
+    def __init__(self, limit: int = 0, report: Callable[[int, dict[str, Any] | None], None] | None = None) -> None:
+        self.limit = limit
+        self.streak = 0
+        self.last: dict[str, Any] | None = None
+        self.report = report  # a worker tells the master at once
+
+    @property
+    def tripped(self) -> bool:
+        return bool(self.limit) and self.streak >= self.limit
+
+    def observe(self, kind: str | None, http_status: int | None, message: str | None) -> None:
+        if error_class(kind) == "config":
+            self.streak += 1
+            self.last = {"kind": kind, "http_status": http_status, "message": message}
+        elif self.streak:
+            self.streak = 0
+        else:
+            return
+        if self.report is not None:
+            self.report(self.streak, self.last)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Cumulative request counts (from Locust's stats), split by error class."""
+
+    requests: int = 0
+    failures: int = 0
+    load_failures: int = 0
+    tokens: int = 0
+
+    def minus(self, earlier: Counts) -> Counts:
+        return Counts(self.requests - earlier.requests, self.failures - earlier.failures,
+                      self.load_failures - earlier.load_failures, self.tokens - earlier.tokens)
+
+    @property
+    def load_error_rate(self) -> float:
+        return self.load_failures / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True)
+class Live:
+    """What the stop rules read at one tick."""
+
+    elapsed_s: float
+    plan_over: bool  # no phase of the plan is left
+    stop: StopSection
+    totals: Counts = Counts()
+    ended_step: dict[str, Any] | None = None  # the step that ended at this tick: its phase and counts
+    budget_spent: str | None = None  # a local runner's own budget
+    workers_spent: dict[str, dict[str, Any]] = field(default_factory=dict)  # master: every share used up
+    config_streak: int = 0  # configuration errors in a row, summed over processes
+    config_error: dict[str, Any] | None = None  # the latest one: kind, http_status, message
+    storm_failed_probes: int = 0  # error-storm probes that failed since the pause began
+    storm_detail: str | None = None  # what the breaker saw when it paused the users
+
+
+def plan_over(live: Live) -> str | None:
+    if not live.plan_over:
+        return None
+    return "duration" if live.stop.duration_s and live.elapsed_s >= live.stop.duration_s else "plan complete"
+
+
+def budget_spent(live: Live) -> str | None:
+    if live.budget_spent:
+        return live.budget_spent
+    spent = live.workers_spent
+    if not spent:
+        return None
+    sent = sum(s["sent"] for s in spent.values())
+    tokens = sum(s["tokens"] for s in spent.values())
+    kind = "token budget" if all(s["reason"].startswith("token") for s in spent.values()) else "max_requests"
+    return f"{kind}: every worker spent its share ({sent} requests, {tokens} tokens)"
+
+
+def misconfigured(live: Live) -> str | None:
+    """A few configuration errors in a row: every further request would fail the same way."""
+    limit, error = live.stop.config_errors, live.config_error
+    if not limit or live.config_streak < limit or error is None:
+        return None
+    status = f" (HTTP {error['http_status']})" if error.get("http_status") else ""
+    return (f"channel misconfigured: {live.config_streak} requests in a row failed with "
+            f"{error['kind']}{status}: {error['message']}")
+
+
+def request_limit(live: Live) -> str | None:
+    limit = live.stop.max_requests
+    return f"max_requests: {live.totals.requests} >= {limit}" if limit and live.totals.requests >= limit else None
+
+
+def token_limit(live: Live) -> str | None:
+    limit = live.stop.max_tokens
+    return f"token budget: {live.totals.tokens} >= {limit}" if limit and live.totals.tokens >= limit else None
+
+
+def _at(step: dict[str, Any]) -> str:
+    level = f"{step['rate']:g} req/s" if step.get("rate") is not None else f"{step['users']} users"
+    return f"step {step['step']} ({level})"
+
+
+def breakpoint_errors(live: Live) -> str | None:
+    """A whole step over the load-error limit."""
+    step, limit = live.ended_step, live.stop.breakpoint_error_rate
+    if not limit or step is None or not step["requests"] or step["load_error_rate"] <= limit:
+        return None
+    return f"breakpoint: {_at(step)} load error rate {step['load_error_rate']:.2f} > {limit:g}"
+
+
+def breakpoint_ttft(live: Live) -> str | None:
+    step, limit = live.ended_step, live.stop.breakpoint_ttft_p95_s
+    p95 = None if step is None else step.get("ttft_p95_s")
+    if not limit or step is None or p95 is None or p95 <= limit:
+        return None
+    return f"breakpoint: {_at(step)} TTFT p95 {p95:.2f} s > {limit:g} s"
+
+
+def storm_unresolved(live: Live) -> str | None:
+    """The error-storm breaker paused the users and every probe since failed."""
+    if live.storm_failed_probes < live.stop.storm_probes:
+        return None
+    return (f"error storm: {live.storm_detail}; users paused and {live.storm_failed_probes} probe requests "
+            f"{live.stop.storm_s:g} s apart failed too")
+
+
+StopRule = Callable[[Live], str | None]
+RULES: tuple[tuple[str, StopRule], ...] = (
+    ("plan_over", plan_over),
+    ("budget_spent", budget_spent),
+    ("misconfigured", misconfigured),
+    ("request_limit", request_limit),
+    ("token_limit", token_limit),
+    ("storm_unresolved", storm_unresolved),
+    ("breakpoint_errors", breakpoint_errors),
+    ("breakpoint_ttft", breakpoint_ttft),
+)
+
+
+def first_stop(live: Live) -> tuple[str, str] | None:
+    """(rule name, reason) of the first rule that fires, in table order."""
+    for name, rule in RULES:
+        reason = rule(live)
+        if reason is not None:
+            return name, reason
+    return None
+
+
+def storm(window: Counts, stop: StopSection) -> str | None:
+    """The breaker's trigger: over `storm_error_rate` load errors across a window of `storm_s` seconds.
+
+    Not a stop rule: when it fires the users pause and a probe decides (see `RunControl`).
+    """
+    if not stop.storm_error_rate or window.requests < STORM_MIN_REQUESTS:
+        return None
+    if window.load_error_rate <= stop.storm_error_rate:
+        return None
+    return (f"{window.load_failures} of {window.requests} requests failed under load in {stop.storm_s:g} s "
+            f"({window.load_error_rate:.0%} > {stop.storm_error_rate:.0%})")
