@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from tokenload import __version__
 from tokenload.errors import ConfigError, HarnessError
 
-COMMANDS: tuple[str, ...] = ("demo", "sim", "probe", "doctor", "run", "analyze", "compare")
+COMMANDS: tuple[str, ...] = ("demo", "sim", "probe", "doctor", "run", "analyze", "compare", "watch", "history")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -12,6 +12,11 @@ offpeak/ and peak/ are ordinary run directories (requests.parquet,
 manifest.json, summary.json, report.html, plots/), comparison/ holds
 comparison.html. Point your own channel at `tokenload doctor`, `tokenload probe`
 and `tokenload run` next.
+
+`--history` shows `watch` and `history` instead: the simulator's `diurnal`
+profile (off-peak 01:00-06:00, peak 13:00-17:00) runs one day compressed into
+--duration seconds (default 120), a watcher samples it into history.db, and
+`history` finds the windows: history/history.html and the verdict.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from tokenload.channel import PROTOCOLS
 
@@ -35,6 +41,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, metavar="S",
                         help="cap each run at S seconds (default: the scenario's ~35 s)")
     parser.add_argument("--offpeak-only", action="store_true", help="skip the peak run and the comparison")
+    parser.add_argument("--history", action="store_true",
+                        help="watch a simulated day (compressed into --duration seconds, default 120) and find its "
+                             "peak and off-peak hours")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     if root.exists() and any(root.iterdir()):
         raise ConfigError(f"{root} is not empty; pass another --out")
     root.mkdir(parents=True, exist_ok=True)
+    if args.history:
+        return _history_demo(args, console, root)
     scenario = load_scenario("demo")
     phases = PHASES[:1] if args.offpeak_only else PHASES
     run_dirs: list[Path] = []
@@ -82,3 +93,44 @@ def run(args: argparse.Namespace) -> int:
         print(root / "comparison" / "comparison.html")
     return 0
 
+
+
+HISTORY_DAY_S = 120.0
+HISTORY_SAMPLES_PER_DAY = 400
+
+
+def _history_demo(args: argparse.Namespace, console: Any, root: Path) -> int:
+    """One compressed diurnal day, watched and then reported: `watch` and `history` end to end."""
+    import threading
+    from contextlib import closing
+
+    from tokenload.channel import Channel
+    from tokenload.commands.history import report
+    from tokenload.dayclock import DAY_S
+    from tokenload.history.sampler import (
+        Watcher,
+        WatchPlan,
+        probe_scenario,
+        status_line,
+    )
+    from tokenload.history.store import open_store
+    from tokenload.sim import launch
+
+    period = args.duration or HISTORY_DAY_S
+    sim_args = ["--profile", "diurnal", "--time-scale", f"{DAY_S / period:g}", "--truth", str(root / "truth.jsonl")]
+    console.print(f"simulator profile 'diurnal' (off-peak 01:00-06:00, peak 13:00-17:00), one day in {period:g} s")
+    with launch(sim_args) as sim, closing(open_store(root / "history.db")) as store:
+        channel = Channel(base_url=sim.base_url, protocol=args.protocol, model="sim-7b")
+        stop = threading.Event()
+        timer = threading.Timer(period, stop.set)
+        with console.status("watching") as status:
+            watcher = Watcher(store, channel, WatchPlan(every_s=period / HISTORY_SAMPLES_PER_DAY, requests=2,
+                                                        period_s=period), probe_scenario(32, 4), stop=stop,
+                              on_sample=lambda result: status.update(f"watch: {status_line(result)}"))
+            timer.start()
+            try:
+                watcher.run()
+            finally:
+                timer.cancel()
+        frames = {watcher.fingerprint: store.query()}
+    return report(frames, period, root / "history", csv=False)

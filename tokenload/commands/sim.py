@@ -6,6 +6,7 @@ at it plus /v1. Logs go to stderr; SIGINT or SIGTERM stops it cleanly.
 Examples:
   tokenload sim --profile fast --port 0 --truth truth.jsonl
   tokenload sim --profile peak --api-key sk-test --model sim-7b --model sim-70b
+  tokenload sim --profile diurnal --time-scale 360   # a day (off-peak 01-06, peak 13-17) in 4 minutes
 
 """
 
@@ -30,6 +31,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="serve this model id; repeat for several (replaces the profile's list)")
     parser.add_argument("--truth", metavar="FILE", help="write one JSON line of server-side truth per request")
     parser.add_argument("--prefix", default="/api", help="path prefix of the API (default /api; '' for none)")
+    parser.add_argument("--time-scale", type=float, metavar="N",
+                        help="run the simulated day N times faster (a `load_by_hour` profile such as diurnal): "
+                             "360 = a day in 4 minutes; give watch and history --period 86400/N seconds")
+    parser.add_argument("--day-phase", type=float, metavar="H", help="hours added to the simulated clock (0-24)")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="processes sharing the port via SO_REUSEPORT (each runs its own model copy)")
 
@@ -39,16 +44,21 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tokenload.errors import ConfigError
+    from tokenload.sim.profile import with_overrides
     from tokenload.sim.runner import serve_foreground
 
     if args.workers < 1:
         raise ConfigError("--workers must be at least 1")
     profile = tokenload.sim.load_profile(args.profile)
+    day = {k: v for k, v in (("time_scale", args.time_scale), ("day_phase_h", args.day_phase)) if v is not None}
+    if day:
+        profile = with_overrides(profile, "command line", **day)
     if args.truth and not Path(args.truth).resolve().parent.is_dir():
         raise ConfigError(f"--truth {args.truth}: its directory does not exist; create it or pick another path")
     models = args.model or profile.models
+    day_note = f" x the hour's factor, a day lasting {86400 / profile.time_scale:g} s" if profile.load_by_hour else ""
     print(f"tokenload sim: profile {args.profile}, models {', '.join(models)}, slots {profile.slots}"
-          f" x {profile.replicas} replica(s), load {profile.load}, auth {'on' if args.api_key else 'off'}",
+          f" x {profile.replicas} replica(s), load {profile.load}{day_note}, auth {'on' if args.api_key else 'off'}",
           file=sys.stderr)
     try:
         return serve_foreground(profile, host=args.host, port=args.port, api_key=args.api_key, models=args.model,

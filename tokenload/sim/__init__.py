@@ -21,6 +21,8 @@ Behaviour model (all times scale with model size and `load`):
   * Model size: time x (size / 7B)^model_size_exponent, size read from the model
     id (`sim-30b` is about 2.5x `sim-7b`).
   * `load` > 1 models other tenants: slower prefill and decode, fewer slots.
+    `load_by_hour` makes it follow a local day (profile `diurnal`), which
+    `time_scale` compresses (`--time-scale N`: a day in 24 h / N).
   * Output = max_tokens, or an early stop drawn from the eos distribution
     (`ignore_eos` disables it, `min_tokens` bounds it); thinking tokens (Anthropic
     thinking blocks, OpenAI `reasoning_content` / Responses reasoning text) come
@@ -46,7 +48,7 @@ replica, outcome (ok, client_closed, disconnect, reset, error_event,
 no_final_chunk) and error (the error kind of an early answer).
 
 Profile knobs (TOML keys; built-in profiles: default, fast, offpeak, peak,
-ratelimited; `extends = "NAME"` inherits):
+ratelimited, diurnal; `extends = "NAME"` inherits):
 {knobs}
 """
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from random import Random
 
-from tokenload.sim.profile import Profile, effective_slots, model_scale
+from tokenload.sim.profile import Profile, effective_slots, load_at, model_scale
 
 LATENESS_BUCKET_S = 0.0001
 LATENESS_BUCKETS = 1000  # 0.1 ms resolution up to 100 ms; the last bucket is overflow
@@ -202,12 +202,21 @@ class Engine:
         self.stats = stats
         self.rng = rng
         self.loop = asyncio.get_running_loop()
-        self.scale = model_scale(profile, model) * profile.load
-        self.slots = effective_slots(profile)
+        self.model_scale = model_scale(profile, model)
         base_step_s = profile.decode_base_s * self.scale
         self.replicas = [Replica(self, k, base_step_s * k / profile.replicas) for k in range(profile.replicas)]
         self.waiting: deque[Sequence] = deque()
         self.itl_observer = itl_observer or (lambda seconds, count: None)
+
+    @property
+    def scale(self) -> float:
+        """Time factor of this model now: its size, times the load of the (simulated) hour."""
+        return self.model_scale * load_at(self.profile, time.time())
+
+    @property
+    def slots(self) -> int:
+        """Slots per replica left to us now: other tenants take more of them at busy hours."""
+        return effective_slots(self.profile, load_at(self.profile, time.time()))
 
     def _noise(self) -> float:
         sigma = self.profile.noise

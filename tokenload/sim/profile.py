@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenload.compat import tomllib
+from tokenload.dayclock import DAY_S, day_hour
 from tokenload.errors import ConfigError
 
 EOS_DISTRIBUTIONS = ("uniform", "exponential", "lognormal")
@@ -48,6 +49,9 @@ class Profile:
     decode_per_seq_s: float = _knob(0.0004, "extra decode-step time per additional active sequence (a batch of 32 steps slower than a batch of 1)", min=0.0)
     model_size_exponent: float = _knob(0.63, "time scales as (size / 7B)^x, size parsed from the model id (`sim-30b` -> 30): 0.63 makes 30B about 2.5x 7B", min=0.0)
     load: float = _knob(1.0, "other tenants' load: multiplies prefill and decode times and divides the effective slots (peak > 1)", min=0.1)
+    load_by_hour: list[float] = _knob([], "24 multipliers of `load`, one per hour of the simulated local day (first = 00:00-01:00); empty = `load` all day", min=0.1, length=24)
+    time_scale: float = _knob(1.0, "speed of the simulated day for `load_by_hour`: N makes a day last 24 h / N (hour = (local time x N) mod 24 h + day_phase_h); `tokenload sim --time-scale`", min=0.001)
+    day_phase_h: float = _knob(0.0, "hours added to the simulated clock (shifts the day); `tokenload sim --day-phase`", min=0.0, max=24.0)
     noise: float = _knob(0.0, "sigma of a mean-1 log-normal factor on every prefill and decode step; 0 = deterministic", min=0.0)
     seed: int = _knob(0, "seed of every random draw (noise, early stops, fault rates)")
     default_max_tokens: int = _knob(256, "output tokens when an OpenAI request gives no limit (Anthropic requires max_tokens)", min=1)
@@ -86,9 +90,17 @@ def model_scale(profile: Profile, model: str) -> float:
     return (float(match.group(1)) / _REFERENCE_SIZE_B) ** profile.model_size_exponent
 
 
-def effective_slots(profile: Profile) -> int:
-    """Slots left to our requests when other tenants load the channel by `load`."""
-    return max(1, math.floor(profile.slots / max(profile.load, 1.0)))
+def load_at(profile: Profile, t: float) -> float:
+    """The load factor at unix time `t`: `load`, times the hour's `load_by_hour` entry when there is a curve."""
+    if not profile.load_by_hour:
+        return profile.load
+    hour = day_hour(t, DAY_S / profile.time_scale, profile.day_phase_h)
+    return profile.load * profile.load_by_hour[int(hour) % 24]
+
+
+def effective_slots(profile: Profile, load: float | None = None) -> int:
+    """Slots left to our requests when other tenants load the channel by `load` (default: the profile's)."""
+    return max(1, math.floor(profile.slots / max(profile.load if load is None else load, 1.0)))
 
 
 def _check(name: str, value: Any, where: str) -> Any:
@@ -112,6 +124,14 @@ def _check(name: str, value: Any, where: str) -> Any:
         if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
             raise ConfigError(f"{where}: {name}: expected a non-empty list of strings, got {value!r}")
         value = list(value)
+    elif kind == "list[float]":
+        if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{where}: {name}: expected a list of numbers, got {value!r}")
+        if value and "length" in meta and len(value) != meta["length"]:
+            raise ConfigError(f"{where}: {name}: expected {meta['length']} numbers (or none), got {len(value)}")
+        if "min" in meta and any(v < meta["min"] for v in value):
+            raise ConfigError(f"{where}: {name}: every entry must be >= {meta['min']}, got {min(value)!r}")
+        return [float(v) for v in value]
     elif kind == "dict[str, float]":
         from tokenload.sim.faults import parse_spec
 
