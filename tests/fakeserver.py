@@ -8,8 +8,11 @@ builders (`anthropic_stream`, `chat_stream`, `responses_stream`) produce streams
 faithful enough for the official SDKs to parse (tests prove it).
 
 The server runs an asyncio loop in a daemon thread on 127.0.0.1, port 0, and
-records every request it received (`requests`), so tests can assert what the
-client sent.
+records every request it received (`requests`, with the number of the
+connection it came on), so tests can assert what the client sent. By default
+each answer says `Connection: close` and closes; `connection=` scripts the other
+keep-alive behaviours real servers have (see `Connection`), and `tls=` serves
+HTTPS, with the TLS handshake held back by `handshake_delay_s`.
 """
 
 from __future__ import annotations
@@ -17,14 +20,24 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 Write = tuple[float, bytes]
 Ending = Literal["complete", "drop", "reset", "hang"]
+# How a connection lives after an answer:
+# `close`: the answer says `Connection: close`, then the server closes;
+# `keep-alive`: HTTP/1.1 keep-alive, further requests are answered on the same connection;
+# `keep-alive-then-close` (llama.cpp's server): keep-alive is implied, but a request that comes
+#   on the used connection is dropped unanswered (the server closed it after the answer);
+# `close-header-only`: the answer says `Connection: close` yet the server keeps serving, so a
+#   client that reuses the socket anyway is caught.
+Connection = Literal["close", "keep-alive", "keep-alive-then-close", "close-header-only"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,7 @@ class Received:
     query: str
     headers: dict[str, str]  # names lowercased
     body: bytes
+    connection: int = 0  # which accepted connection (1, 2, ...) carried it
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -334,8 +348,13 @@ class FakeServer:
     arrived. `reset()` clears both and releases any hanging response.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, tls: ssl.SSLContext | None = None, handshake_delay_s: float = 0.0) -> None:
         self.requests: list[Received] = []
+        self.connection: Connection = "close"
+        self.connections = 0  # accepted so far
+        self.dropped = 0  # requests `keep-alive-then-close` left unanswered
+        self._tls = tls
+        self._handshake_delay_s = handshake_delay_s
         self._scripts: list[Script] = []
         self._router: Router | None = None
         self._lock = threading.Lock()
@@ -349,7 +368,7 @@ class FakeServer:
             raise RuntimeError("fake server did not start")
         assert self._server is not None
         self.port: int = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
 
     # ---------------------------------------------------------------- control
 
@@ -370,6 +389,9 @@ class FakeServer:
             self.requests = []
             self._scripts = []
             self._router = None
+            self.connection = "close"
+            self.connections = 0
+            self.dropped = 0
         self._loop.call_soon_threadsafe(self._new_release)
 
     def close(self) -> None:
@@ -392,7 +414,11 @@ class FakeServer:
     def _run(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
         self._new_release()
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        if self._tls is not None and self._handshake_delay_s:
+            # Held inside the handshake (the SNI callback runs in it), so the client's TLS
+            # setup takes that long. It blocks this loop: a TLS server takes one client at a time.
+            self._tls.sni_callback = lambda *_: time.sleep(self._handshake_delay_s)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self._tls))
         started.set()
         self._loop.run_forever()
         # Stopped: end the open exchanges (hanging or sleeping ones) before closing the loop.
@@ -414,21 +440,38 @@ class FakeServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         release = self._release
+        with self._lock:
+            self.connections += 1
+            number = self.connections
         try:
-            received = await self._read_request(reader)
-            if received is None:
-                return
-            script = self._script_for(received)
-            await self._answer(script, reader, writer, release)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            answered = 0
+            while True:
+                received = await self._read_request(reader, number)
+                if received is None:
+                    return
+                if answered and self.connection == "keep-alive-then-close":
+                    with self._lock:
+                        self.dropped += 1
+                    return  # the server had closed this connection after its answer: no byte back
+                script = self._script_for(received)
+                await self._answer(script, reader, writer, release)
+                answered += 1
+                if self.connection == "close" or script.ending != "complete" or script.framing == "close":
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, ssl.SSLError):
             pass  # the client left or sent garbage: nothing to answer
         finally:
             if not writer.is_closing():
                 writer.close()
 
     @staticmethod
-    async def _read_request(reader: asyncio.StreamReader) -> Received | None:
-        head = await reader.readuntil(b"\r\n\r\n")
+    async def _read_request(reader: asyncio.StreamReader, connection: int = 0) -> Received | None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            if not exc.partial:
+                return None  # the client closed an idle connection
+            raise
         lines = head.decode("latin-1").split("\r\n")
         method, target, _ = lines[0].split(" ", 2)
         headers: dict[str, str] = {}
@@ -439,7 +482,7 @@ class FakeServer:
         length = int(headers.get("content-length") or 0)
         body = await reader.readexactly(length) if length else b""
         path, _, query = target.partition("?")
-        return Received(method, path, query, headers, body)
+        return Received(method, path, query, headers, body, connection)
 
     async def _answer(self, script: Script, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, release: asyncio.Event | None) -> None:
         if script.headers_delay_s:
@@ -450,7 +493,8 @@ class FakeServer:
             head.append("transfer-encoding: chunked")
         elif script.framing == "length":
             head.append(f"content-length: {len(script.body())}")
-        head.append("connection: close")
+        if self.connection in ("close", "close-header-only"):
+            head.append("connection: close")
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
         await writer.drain()
         for delay, data in script.writes:

@@ -199,12 +199,21 @@ def redact_keylike(text: str) -> str:
     return _KEYLIKE.sub(lambda m: m.group(0)[:5] + "…[redacted]", text)
 
 
+# Shorter values are not secrets worth the name: masking them would mangle ordinary
+# words (a 1-character key turned `max_tokens` into `ma****...`) and protect nothing.
+# From this length on a value is masked wherever it appears, glued to other text too
+# (`key%3D<secret>` in an echoed URL), since no ordinary word contains a real key.
+MIN_SECRET_CHARS = 8
+
+
 def redact_secrets(text: str, secrets: Iterable[str]) -> str:
     """`text` with each secret (as given and stripped) shown as its fingerprint, and key shapes masked.
 
-    Longest first, so a secret that contains another is replaced whole.
+    Only secrets of at least `MIN_SECRET_CHARS` characters. Longest first, so a
+    secret that contains another is replaced whole.
     """
-    for secret in sorted((v for v in secrets if v and v.strip()), key=len, reverse=True):
+    long_enough = (v for v in secrets if len(v.strip()) >= MIN_SECRET_CHARS)
+    for secret in sorted(long_enough, key=len, reverse=True):
         for form in (secret, secret.strip()):
             text = text.replace(form, fingerprint(secret))
     return redact_keylike(text)

@@ -17,6 +17,7 @@ import httpx
 
 from tokenload import errors as ek
 from tokenload.channel import Channel
+from tokenload.failures import classify_exception
 from tokenload.measure import Timeline
 from tokenload.protocols import adapter_for
 from tokenload.protocols.base import Conversation
@@ -39,16 +40,19 @@ class _Deadline:
     """The two stream deadlines httpx cannot express with its one per-read timeout.
 
     Until the first token: `t0 + first_token_timeout_s` (headers, a preamble and
-    pings do not reset it). After it: `idle_timeout_s` past the last chunk. A
+    pings do not reset it). After it: `idle_timeout_s` past the last token (an
+    `event: ping` or `: comment` keepalive is not a token and does not reset it). A
     helper thread shuts the socket down when the deadline passes, which ends the
     blocked read at once; `fired` then tells the reader it was a timeout. The
     socket comes from httpcore's `trace` extension (connect / TLS), or from the
     response's `network_stream` on a reused connection.
     """
 
-    def __init__(self, deadline: float) -> None:
+    def __init__(self, deadline: float, on_send: Callable[[float, float], None] | None = None) -> None:
         self.deadline = deadline
         self.fired = False
+        self.on_send = on_send
+        self.connect_started: float | None = None
         self._stream: Any = None
         self._done = False
         self._cond = threading.Condition()
@@ -56,9 +60,19 @@ class _Deadline:
         self._thread.start()
 
     def trace(self, name: str, info: Mapping[str, Any]) -> None:
-        """httpcore trace hook: remember the newest network stream of this request."""
+        """httpcore trace hook: remember the newest network stream, time the connection, stamp t0.
+
+        t0 is taken when the request headers start going out, so TTFT excludes
+        connection setup (TCP + TLS), which `connect_s` holds instead (0 on a
+        reused connection, where no connect events fire).
+        """
+        now = time.perf_counter()
         if name.endswith(("connect_tcp.complete", "start_tls.complete")) and info.get("return_value") is not None:
             self.attach(info["return_value"])
+        if name.endswith("connect_tcp.started"):
+            self.connect_started = now
+        elif name.endswith("send_request_headers.started") and self.on_send is not None:
+            self.on_send(now, 0.0 if self.connect_started is None else now - self.connect_started)
 
     def attach(self, stream: Any) -> None:
         with self._cond:
@@ -127,13 +141,18 @@ def stream_exchange(
     estimate = estimate_tokens(prompt) if isinstance(prompt, str) else prompt.estimated_tokens()
     session = StreamSession(adapter, t0, estimated_input_tokens=estimate, on_text=on_text)
     tl = session.timeline
-    deadline = _Deadline(t0 + channel.first_token_timeout_s)
+
+    def sending(t0: float, connect_s: float) -> None:
+        tl.begin(t0, connect_s)
+        deadline.move(t0 + channel.first_token_timeout_s)
+
+    deadline = _Deadline(tl.t0 + channel.connect_timeout_s + channel.first_token_timeout_s, sending)
 
     def timed_out(now: float) -> None:
         if tl.t_first_token is None:
             session.on_failure(now, ek.TIMEOUT_FIRST_TOKEN, f"no token within {channel.first_token_timeout_s:g} s")
         else:
-            session.on_failure(now, ek.TIMEOUT_STALL, f"no data for {channel.idle_timeout_s:g} s after a token")
+            session.on_failure(now, ek.TIMEOUT_STALL, f"no token for {channel.idle_timeout_s:g} s after a token")
 
     try:
         with http.stream(
@@ -148,12 +167,14 @@ def stream_exchange(
             if response.extensions.get("network_stream") is not None:
                 deadline.attach(response.extensions["network_stream"])
             # iter_bytes, not iter_raw: relays may gzip the event stream.
+            last_token: float | None = None
             for chunk in response.iter_bytes():
                 now = time.perf_counter()
                 if deadline.fired:
                     break
                 session.on_data(now, chunk)
-                if tl.t_first_token is not None:
+                if tl.t_last_token != last_token:  # the stall deadline counts from tokens, not pings
+                    last_token = tl.t_last_token
                     deadline.move(now + channel.idle_timeout_s)
             if deadline.fired:
                 timed_out(time.perf_counter())
@@ -161,16 +182,10 @@ def stream_exchange(
                 session.on_end(time.perf_counter())
     except httpx.HTTPError as exc:
         now = time.perf_counter()
-        if deadline.fired or isinstance(exc, httpx.ReadTimeout):
+        if deadline.fired:
             timed_out(now)
-        elif isinstance(exc, httpx.TimeoutException):
-            session.on_failure(now, ek.BAD_BASE_URL, f"{type(exc).__name__}: cannot reach {channel.base_url} in time")
-        elif isinstance(exc, httpx.ConnectError):
-            session.on_failure(now, ek.BAD_BASE_URL, f"cannot connect to {channel.base_url}: {exc}")
-        elif isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.DecodingError)):
-            session.on_failure(now, ek.DISCONNECTED, f"{type(exc).__name__}: {exc}")
         else:
-            session.on_failure(now, ek.CLIENT_ERROR, f"{type(exc).__name__}: {exc}")
+            session.on_failure(now, *classify_exception(exc, channel.base_url, timeout_s=_timeout_of(exc, channel)))
     finally:
         deadline.stop()
         if own:
@@ -178,3 +193,12 @@ def stream_exchange(
     record = session.record()
     record.update({"protocol": channel.protocol, "model": channel.model, "max_tokens": max_tokens})
     return record, session.timeline
+
+
+def _timeout_of(exc: httpx.HTTPError, channel: Channel) -> float | None:
+    """The timeout that expired, for the message: connect or read."""
+    if isinstance(exc, httpx.ConnectTimeout):
+        return channel.connect_timeout_s
+    if isinstance(exc, httpx.TimeoutException):
+        return timeouts(channel).read
+    return None

@@ -8,8 +8,14 @@ definition testable on a hand-written timeline:
 - `ttft_s`: first output token of any kind (text, thinking, tool input) - t0.
 - `ttft_text_s`: first visible text token - t0.
 - `e2e_s`: last output token - t0 (trailing usage/stop events excluded).
-- `tpot_s`: (last token - first token) / (output_tokens - 1), when output_tokens > 1.
+- `tpot_s`: (last token - first token) / (output_tokens - 1), when output_tokens > 1;
+  when the server counted exactly one token more than it streamed and the answer
+  stopped naturally, that token is the end-of-sequence token (llama.cpp counts it,
+  streams nothing for it), so N is the streamed count. An answer that is only that
+  token is flagged `eos_only`: it has no first token, hence no latency to average.
 - `itl_*`: gaps between consecutive content chunks, as they arrived.
+- `connect_s`: TCP + TLS setup before t0 (0 on a reused connection); t0 is taken
+  once the connection is ready, just before the request is written.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from tokenload.record import RequestRecord
 TOKEN_TEXT = "text"
 TOKEN_THINKING = "thinking"
 TOKEN_OTHER = "other"  # tool-use input and similar output that is neither text nor thinking
+# Stop reasons that mean the model ended on its own (an end-of-sequence token), per protocol.
+NATURAL_STOPS = frozenset({"end_turn", "stop", "completed"})
 
 
 @dataclass(slots=True)
@@ -56,6 +64,8 @@ class Timeline:
     error_kind: str | None = None
     error_message: str | None = None
     request_id: str | None = None
+    connect_s: float | None = None  # TCP + TLS setup before t0; 0.0 on a reused connection
+    reconnects: int = 0  # resends on a fresh connection after a reused one died before any response byte
     # The response headers (names lower-cased), kept for the rate-limit headers the load side and doctor read.
     response_headers: dict[str, str] | None = None
     on_text: Callable[[str, str], None] | None = None  # (text, kind), for live display
@@ -76,6 +86,12 @@ class Timeline:
         self.chunk_times.append(t)
         if self.on_text is not None:
             self.on_text(text, kind)
+
+    def begin(self, t0: float, connect_s: float | None) -> None:
+        """The connection is ready and the request is about to be written: t0 is now."""
+        self.t0 = t0
+        self.started_at = time.time()
+        self.connect_s = connect_s
 
     def fail(self, kind: str, message: str) -> None:
         """Record the first error only: later ones are consequences of it."""
@@ -104,9 +120,13 @@ def measure(tl: Timeline, estimated_input_tokens: int | None = None) -> RequestR
         input_tokens, input_source = estimated_input_tokens, "estimate"
     else:
         input_tokens, input_source = None, None
+    streamed = tl.chunks
+    eos_unstreamed = (tl.output_tokens is not None and tl.output_tokens == streamed + 1
+                      and tl.stop_reason in NATURAL_STOPS)
+    decoded = streamed if eos_unstreamed else output_tokens
     tpot = None
-    if output_tokens > 1 and tl.t_first_token is not None and tl.t_last_token is not None:
-        tpot = (tl.t_last_token - tl.t_first_token) / (output_tokens - 1)
+    if decoded > 1 and tl.t_first_token is not None and tl.t_last_token is not None:
+        tpot = (tl.t_last_token - tl.t_first_token) / (decoded - 1)
     itl_p50 = itl_p99 = itl_max = None
     if len(tl.chunk_times) > 1:
         gaps = np.diff(np.asarray(tl.chunk_times))
@@ -139,6 +159,9 @@ def measure(tl: Timeline, estimated_input_tokens: int | None = None) -> RequestR
         "stop_reason": tl.stop_reason,
         "malformed_events": tl.malformed,
         "server_request_id": tl.request_id,
+        "connect_s": tl.connect_s,
+        "reconnects": tl.reconnects,
+        "eos_only": eos_unstreamed and streamed == 0,
     }
 
 

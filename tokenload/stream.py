@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from tokenload import errors as ek
+from tokenload.failures import classify_http, looks_like_html
 from tokenload.measure import Timeline, measure
-from tokenload.protocols.base import ProtocolAdapter, classify_http, looks_like_html
+from tokenload.protocols.base import ProtocolAdapter
 from tokenload.record import RequestRecord
 from tokenload.sse import SSEDecoder
 
@@ -23,7 +24,7 @@ _MAX_ERROR_BODY = 64 * 1024
 class StreamSession:
     """One request/response, from just before the request is written to the end."""
 
-    __slots__ = ("adapter", "timeline", "_decoder", "_streaming", "_body", "_content_type", "_estimate")
+    __slots__ = ("_body", "_content_type", "_decoder", "_estimate", "_streaming", "adapter", "timeline")
 
     def __init__(
         self,
@@ -59,10 +60,12 @@ class StreamSession:
             tl.t_first_byte = t
             if self._streaming and looks_like_html("", chunk):
                 self._streaming = False  # an HTML page served as text/plain or event-stream
-        if not self._streaming:
+        if not self._streaming or tl.t_first_event is None:
+            # Kept until a stream proves itself: a 200 "event stream" may be a bare JSON error.
             if len(self._body) < _MAX_ERROR_BODY:
                 self._body += chunk
-            return
+            if not self._streaming:
+                return
         for event in self._decoder.feed(chunk):
             if tl.t_first_event is None:
                 tl.t_first_event = t
@@ -74,6 +77,10 @@ class StreamSession:
         tl.t_end = t
         if self._streaming:
             self._decoder.close()
+            if tl.t_first_event is None and self._body.lstrip()[:1] == b"{":
+                kind, message = classify_http(tl.http_status or 0, "application/json", bytes(self._body))
+                if kind != ek.MALFORMED_STREAM:  # a JSON error instead of events
+                    tl.fail(kind, message)
             self.adapter.finish(tl)
         else:
             tl.fail(*classify_http(tl.http_status or 0, self._content_type, bytes(self._body)))

@@ -84,13 +84,14 @@ def _print_summary(out: object, record: RequestRecord, check: dict | None) -> No
     from rich.table import Table
 
     table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_row("connect (TCP+TLS)", _seconds(record["connect_s"]))
     table.add_row("TTFB", _seconds(record["ttfb_s"]))
     table.add_row("TTFT", _seconds(record["ttft_s"]))
     table.add_row("TPOT", _seconds(record["tpot_s"]) + ("/token" if record["tpot_s"] else ""))
     table.add_row("output tokens", f"{record['output_tokens']} ({record['output_tokens_source']})")
     table.add_row("input tokens", f"{record['input_tokens']} ({record['input_tokens_source']})")
     table.add_row("total (e2e)", _seconds(record["e2e_s"]))
-    table.add_row("stop reason", str(record["stop_reason"]))
+    table.add_row("stop reason", str(record["stop_reason"]) + (" (only the end-of-sequence token)" if record["eos_only"] else ""))
     out.print(table)  # type: ignore[attr-defined]
     if check:
         n = record["output_tokens"]

@@ -29,29 +29,43 @@ same simulator, alternated). Socket timeouts would allocate and start a gevent
 timer per stream (`_Deadline`).
 
 One `Transport` (one connection pool, one SSL context) serves every user of a
-process, so spawning a user costs nothing here. POST requests are never retried
-by geventhttpclient after a send error, and this module adds no retries: every
-failure is recorded as what it was. HTTPS reads go through gevent's SSL socket
-and its per-read timeout (the same single read per call; not benchmarked, the
-simulator speaks plain HTTP).
+process, so spawning a user costs nothing here. It writes the request itself
+on a pooled socket (geventhttpclient's `HTTPClient.request` would hide when the
+connection became ready), so t0 is taken once TCP and TLS are done, just before
+the request is written, and the setup time is its own field (`connect_s`, 0 on
+a reused connection).
+
+Keep-alive: servers such as llama.cpp's advertise keep-alive and close after
+each streamed response; a request written on such a dying socket fails before
+any response byte arrives, and the server never saw it. Such a request, and
+only such a one, is written once more on a fresh connection (what browsers and
+urllib3 do) and the record counts it (`reconnects`); nothing else is retried:
+every other failure is recorded as what it was. A response that says
+`Connection: close` leaves its socket out of the pool. The request says
+`Accept-Encoding: identity`; a server that compresses anyway is decoded (gzip,
+deflate). HTTPS reads go through gevent's SSL socket (the same single read per
+call; not benchmarked, the simulator speaks plain HTTP).
 """
 
 from __future__ import annotations
 
 import errno
-import socket
 import time
+import weakref
+import zlib
+from collections.abc import Mapping
 from http.client import HTTPException
 from typing import Any
 from urllib.parse import urlsplit
 
 from gevent import get_hub, getcurrent
-from geventhttpclient import HTTPClient
 from geventhttpclient._parser import HTTPResponseParser
-from geventhttpclient.response import HTTPSocketPoolResponse
+from geventhttpclient.connectionpool import ConnectionPool, SSLConnectionPool
+from geventhttpclient.response import HTTPConnectionClosed, HTTPSocketPoolResponse
 
 from tokenload import errors as ek
 from tokenload.channel import Channel
+from tokenload.failures import classify_exception
 from tokenload.protocols.base import PreparedRequest
 from tokenload.stream import StreamSession
 
@@ -59,6 +73,8 @@ _BLOCK = 64 * 1024
 _perf = time.perf_counter
 # The C parser's own feed: `HTTPResponse.feed` only adds a HEAD-response fix-up (never used here: POST).
 _feed = HTTPResponseParser.feed
+# A server that compresses although asked not to: decoded, not failed. wbits 32+15 reads gzip and zlib headers.
+_DECODED = frozenset({"gzip", "x-gzip", "deflate"})
 
 
 class Transport:
@@ -67,68 +83,118 @@ class Transport:
     def __init__(self, channel: Channel, concurrency: int = 10_000) -> None:
         parts = urlsplit(channel.url)
         self._path = parts.path + (f"?{parts.query}" if parts.query else "")
+        self._host = parts.netloc.rpartition("@")[2]
         self._idle = channel.idle_timeout_s
         self._first = channel.first_token_timeout_s
+        self._connect_timeout = channel.connect_timeout_s
         self._plain = parts.scheme != "https"
-        self._client = HTTPClient(
-            parts.hostname or "127.0.0.1",
-            parts.port,
-            ssl=parts.scheme == "https",
-            concurrency=concurrency,
-            connection_timeout=channel.connect_timeout_s,
-            # A socket read waits at most this long: it covers the wait for the
-            # first token; stalls after it are checked against idle_timeout_s.
-            network_timeout=max(channel.first_token_timeout_s, channel.idle_timeout_s),
-            block_size=_BLOCK,
+        host = parts.hostname or "127.0.0.1"
+        port = parts.port or (80 if self._plain else 443)
+        pool = ConnectionPool if self._plain else SSLConnectionPool
+        self._pool = pool(
+            host, port, host, port, size=concurrency, connection_timeout=channel.connect_timeout_s,
+            # Only a safety net: `_Deadline` enforces the first-token and stall timeouts.
+            network_timeout=max(channel.first_token_timeout_s, channel.idle_timeout_s) + 1.0,
         )
         self._base = f"{parts.scheme}://{parts.netloc}"
+        self._used: weakref.WeakSet[Any] = weakref.WeakSet()  # sockets that carried a request before
+        self._heads: dict[int, tuple[Mapping[str, str], str]] = {}
 
     def close(self) -> None:
-        self._client.close()
+        self._pool.close()
 
     def stream(self, request: PreparedRequest, session: StreamSession) -> None:
         """Send `request` and feed the response into `session` until it ends or fails.
 
         Never raises for network or HTTP trouble: the session records it. A
         `GreenletExit` (the user is being stopped) propagates after the socket
-        is dropped, so the caller can record the stream as in flight.
+        is dropped, so the caller can record the stream as in flight. The
+        response headers stay on `session.timeline.response_headers`.
         """
         response: HTTPSocketPoolResponse | None = None
         guard: _Deadline | None = None
         timeline = session.timeline
+        connecting = True
         try:
-            response = self._client.request("POST", self._path, body=request.body, headers=request.headers)
+            data = self._head(request).encode("latin-1") + request.body
+            for attempt in (0, 1):
+                connecting = True
+                started = _perf()
+                sock = self._pool.get_socket() if attempt == 0 else _fresh_socket(self._pool)
+                connecting = False
+                reused = sock in self._used
+                self._used.add(sock)
+                t0 = _perf()
+                timeline.begin(t0, 0.0 if reused else t0 - started)
+                timeline.reconnects = attempt
+                guard = _Deadline(sock, t0, self._first, self._idle, timeline)
+                response = self._send(sock, data, retry=reused and attempt == 0)
+                if response is not None:
+                    break
+                guard.close()  # the reused socket was dead: once more, on a fresh one
+            assert response is not None and guard is not None
             session.on_headers(_perf(), response.status_code, dict(response.items()))
-            sock = response._sock
-            if sock is not None:
-                guard = _Deadline(sock, timeline.t0, self._first, self._idle, timeline)
-                if self._plain and timeline.on_text is None:
-                    _pump_plain(response, session, guard)
-                    return
+            encoding = str(response.get("content-encoding") or "identity").strip().lower()
+            if encoding not in _DECODED and encoding != "identity":
+                session.on_failure(_perf(), ek.MALFORMED_STREAM,
+                                   f"the server compressed the body as {encoding!r} although asked for identity")
+                return
+            decoder = zlib.decompressobj(zlib.MAX_WBITS | 32) if encoding in _DECODED else None
+            if self._plain and timeline.on_text is None and decoder is None and response._sock is not None:
+                _pump_plain(response, session)
+                return
             while True:
                 chunk = _read_available(response, self._plain)
                 now = _perf()
+                if decoder is not None:
+                    chunk = decoder.decompress(chunk) if chunk else decoder.flush()
                 if not chunk:
                     session.on_end(now)
                     break
                 session.on_data(now, chunk)
-                if guard is not None:
-                    guard.last = now
         except _Expired as exc:
             session.on_failure(_perf(), exc.kind, exc.message)
-        except TimeoutError:
-            session.on_failure(_perf(), ek.TIMEOUT_FIRST_TOKEN, "no data within the read timeout")
-        except ConnectionRefusedError as exc:
-            session.on_failure(_perf(), ek.BAD_BASE_URL, f"cannot connect to {self._base}: {exc.strerror}")
-        except socket.gaierror as exc:
-            session.on_failure(_perf(), ek.BAD_BASE_URL, f"cannot resolve {self._base}: {exc}")
-        except (OSError, HTTPException) as exc:  # resets, broken pipes, truncated or invalid HTTP
-            session.on_failure(_perf(), ek.DISCONNECTED, f"{type(exc).__name__}: {exc}")
+        except (OSError, HTTPException, zlib.error) as exc:  # refused, DNS, resets, TLS, invalid HTTP or gzip
+            timeout = self._connect_timeout if connecting else None
+            session.on_failure(_perf(), *classify_exception(exc, self._base, connecting=connecting, timeout_s=timeout))
         finally:
             if guard is not None:
                 guard.close()
             if response is not None and not response.message_complete:
                 _drop(response)
+
+    def _head(self, request: PreparedRequest) -> str:
+        """The request line and headers (cached per adapter's header mapping); the body goes right after."""
+        headers = request.headers
+        cached = self._heads.get(id(headers))
+        if cached is None or cached[0] is not headers:
+            lines = [f"POST {self._path} HTTP/1.1", f"Host: {self._host}"]
+            lines += [f"{k}: {v}" for k, v in headers.items() if k.lower() not in ("content-length", "host")]
+            if not any(k.lower() == "accept-encoding" for k in headers):
+                lines.append("Accept-Encoding: identity")
+            cached = (headers, "\r\n".join(lines) + "\r\nContent-Length: ")
+            self._heads[id(headers)] = cached
+        return f"{cached[1]}{len(request.body)}\r\n\r\n"
+
+    def _send(self, sock: Any, data: bytes, *, retry: bool) -> HTTPSocketPoolResponse | None:
+        """Write the request and read the response headers; None when a reused socket died unheard.
+
+        With `retry`, a failure before any response byte (the write failed, or the
+        server closed without a byte) returns None so the caller can resend once.
+        """
+        try:
+            sock.sendall(data)
+        except BaseException as exc:
+            self._pool.release_socket(sock)
+            if retry and isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
+                return None
+            raise
+        try:  # the response releases the socket itself when it fails
+            return HTTPSocketPoolResponse(sock, self._pool, block_size=_BLOCK, method="POST")
+        except HTTPConnectionClosed:  # closed before the first byte of the status line
+            if retry:
+                return None
+            raise
 
 
 class _Expired(Exception):
@@ -145,15 +211,16 @@ class _Deadline:
 
     A socket timeout would allocate and start a gevent `Timeout` on every read;
     here one libev timer per stream fires at the earliest possible deadline
-    (t0 + first-token timeout, then last data + idle timeout), re-arms itself
-    if data came meanwhile, and otherwise cancels the socket wait with `_Expired`.
+    (t0 + first-token timeout, covering the wait for headers too; then the last
+    token + idle timeout: keepalive pings and comments are bytes, not tokens),
+    re-arms itself if a token came meanwhile, and otherwise cancels the
+    socket's wait with `_Expired`.
     """
 
-    __slots__ = ("sock", "t0", "first", "idle", "timeline", "last", "timer", "hub")
+    __slots__ = ("first", "hub", "idle", "sock", "t0", "timeline", "timer")
 
     def __init__(self, sock: Any, t0: float, first: float, idle: float, timeline: Any) -> None:
         self.sock, self.t0, self.first, self.idle, self.timeline = sock, t0, first, idle, timeline
-        self.last = t0
         self.hub = get_hub()
         self.timer: Any = None
         self._arm(min(first, idle))
@@ -166,11 +233,15 @@ class _Deadline:
 
     def _fire(self) -> None:
         now = _perf()
-        if self.timeline.t_first_token is None:
+        last = self.timeline.t_last_token
+        if last is None:
             due, kind, message = self.t0 + self.first, ek.TIMEOUT_FIRST_TOKEN, f"no token within {self.first:g} s"
         else:
-            due, kind, message = self.last + self.idle, ek.TIMEOUT_STALL, f"no data for {now - self.last:.1f} s"
+            due, kind, message = last + self.idle, ek.TIMEOUT_STALL, f"no token for {now - last:.1f} s"
+        # A greenlet waits on the read watcher (headers, body) or, for a large body, the write watcher.
         watcher = self.sock._read_event
+        if watcher.callback is None:
+            watcher = self.sock._write_event
         if due > now or watcher.callback is None:  # not due yet, or the greenlet is busy with data
             self._arm(min(max(due - now, 0.01), self.idle))
             return
@@ -182,7 +253,7 @@ class _Deadline:
             self.timer = None
 
 
-def _pump_plain(response: HTTPSocketPoolResponse, session: StreamSession, guard: _Deadline) -> None:
+def _pump_plain(response: HTTPSocketPoolResponse, session: StreamSession) -> None:
     """Feed a plain-HTTP body into `session`, one `recv` per wake-up, until it ends.
 
     The hot loop of the load generator (one pass per token). It waits before each
@@ -202,7 +273,6 @@ def _pump_plain(response: HTTPSocketPoolResponse, session: StreamSession, guard:
         chunk = bytes(buf)
         del buf[:]
         on_data(now, chunk)
-        guard.last = now
     if response.message_complete:
         session.on_end(_perf())
         return
@@ -224,7 +294,6 @@ def _pump_plain(response: HTTPSocketPoolResponse, session: StreamSession, guard:
                 chunk = bytes(buf)
                 del buf[:]
                 on_data(now, chunk)
-                guard.last = now
             if response.message_complete:
                 break
             if not data:
@@ -269,6 +338,17 @@ def _recv_plain(sock: Any) -> bytes:
             return raw.recv(_BLOCK)
         except BlockingIOError:
             get_hub().wait(sock._read_event)
+
+
+def _fresh_socket(pool: ConnectionPool) -> Any:
+    """A new connection, past the pool's idle ones: after one died unheard, the others
+    (returned by the same server) are likely dead too. Same accounting as `get_socket`."""
+    pool._semaphore.acquire()
+    try:
+        return pool._create_socket()
+    except BaseException:
+        pool._semaphore.release()
+        raise
 
 
 def _drop(response: HTTPSocketPoolResponse) -> None:

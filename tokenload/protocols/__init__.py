@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tokenload.channel import Channel
 from tokenload.protocols.anthropic import AnthropicMessages
-from tokenload.protocols.base import PreparedRequest, ProtocolAdapter, classify_http
+from tokenload.protocols.base import PreparedRequest, ProtocolAdapter
 from tokenload.protocols.openai_chat import OpenAIChat
 from tokenload.protocols.openai_responses import OpenAIResponses
 
@@ -18,4 +18,4 @@ def adapter_for(channel: Channel) -> ProtocolAdapter:
     return ADAPTERS[channel.protocol](channel)
 
 
-__all__ = ["ADAPTERS", "PreparedRequest", "ProtocolAdapter", "adapter_for", "classify_http"]
+__all__ = ["ADAPTERS", "PreparedRequest", "ProtocolAdapter", "adapter_for"]
