@@ -41,6 +41,8 @@ WORKLOAD_COLUMNS: tuple[str, ...] = (
     "phase", "session_id", "turn", "context_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
 )
 WARMUP_PHASE = "warmup"
+# Connection setup (`connect_s`, 0 on a reused connection; `reconnects`), carried through when the run has them.
+CONNECTION_COLUMNS: tuple[str, ...] = ("connect_s", "reconnects")
 
 
 @dataclass
@@ -143,7 +145,8 @@ def load_run(run_dir: str | Path) -> Run:
     missing = [c for c in REQUIRED_COLUMNS if c not in schema_names]
     if missing:
         raise ConfigError(f"{parquet} lacks required column(s): {', '.join(missing)}")
-    wanted = [*ANALYSIS_COLUMNS, *(c for c in (*OPTIONAL_COLUMNS, *WORKLOAD_COLUMNS) if c in schema_names)]
+    carried = (*OPTIONAL_COLUMNS, *WORKLOAD_COLUMNS, *CONNECTION_COLUMNS)
+    wanted = [*ANALYSIS_COLUMNS, *(c for c in carried if c in schema_names)]
     try:
         df = pq.read_table(parquet, columns=wanted).to_pandas()
     except Exception as exc:
@@ -154,8 +157,8 @@ def load_run(run_dir: str | Path) -> Run:
 
 
 def _without_warmup(raw: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
-    """`out` plus the workload columns of `raw`, without the warm-up rows."""
-    for col in WORKLOAD_COLUMNS:
+    """`out` plus the workload and connection columns of `raw`, without the warm-up rows."""
+    for col in (*WORKLOAD_COLUMNS, *CONNECTION_COLUMNS):
         if col in raw:
             out[col] = raw[col].to_numpy()
     if "phase" in out:

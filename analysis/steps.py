@@ -182,6 +182,14 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
     table["output_tokens_p50"] = ok_group["output_tokens"].median()
     table["itl_p50_s"] = ok_group["itl_p50_s"].median()
     table["itl_p99_s"] = ok_group["itl_p99_s"].median()
+    if "connect_s" in measured:
+        # Setup time is kept out of TTFT (t0 is taken on a ready connection): shown here on its own,
+        # over the requests that opened a new connection.
+        fresh = measured[measured["connect_s"].gt(0)].groupby("step", sort=True)["connect_s"]
+        table["new_connections"] = fresh.size()
+        table["connect_p50_s"] = fresh.median()
+        table["connect_p95_s"] = fresh.quantile(0.95)
+        table["reconnects"] = pd.to_numeric(measured["reconnects"], errors="coerce").groupby(measured["step"]).sum()
 
     meets, known = _meets(measured, slo, {}, cut)
     table["slo_attainment"] = _share(meets, known, measured["step"])
@@ -254,12 +262,13 @@ STEP_KEYS: tuple[str, ...] = (
     "ok", "open_at_step_end", "warmup_excluded", "load_errors", "input_errors", "config_errors",
     "load_error_rate", "start", "end", "duration_s", "slo_n", "slo_ci", "goodput_rps", "goodput_share", "ttft_n", "tpot_n", "e2e_n",
     "ttft_censored", "e2e_censored", "e2e_p50_s", "itl_p50_s", "itl_p99_s", "input_tokens_p50",
-    "output_tokens_p50", "ttft_slope_s_per_token", "decided",
+    "output_tokens_p50", "ttft_slope_s_per_token", "decided", "new_connections", "connect_p50_s", "connect_p95_s",
+    "reconnects",
 )
 
 INT_KEYS: frozenset[str] = frozenset({"active_users", "requests", "slo_n", "errors", "ok", "censored", "open_at_step_end",
                                       "warmup_excluded", "load_errors", "input_errors", "config_errors",
-                                      "planned_users"})
+                                      "planned_users", "new_connections", "reconnects"})
 
 
 def step_keys(percentiles: Sequence[float]) -> list[str]:

@@ -132,3 +132,21 @@ def test_warmup_goodput_and_percentiles_options(tmp_path: Path, capsys: pytest.C
     assert main(["analyze", str(run_dir), "--percentiles", "50,100"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("tokenload: error:") == 2
+
+
+def test_connection_setup_is_its_own_statistic_per_step(tmp_path: Path) -> None:
+    """`connect_s` (kept out of TTFT) is summarised per step over the requests that opened a connection."""
+    law = Law(capacity=NO_QUEUE, users=(1, 2))
+    df = generate(law, n=400, seed=8)
+    rng = np.random.default_rng(8)
+    fresh = rng.uniform(0, 1, len(df)) < 0.25
+    df["connect_s"] = np.where(fresh, rng.uniform(0.01, 0.2, len(df)), 0.0)
+    df["reconnects"] = np.where(rng.uniform(0, 1, len(df)) < 0.05, 1, 0)
+    s = analyze_run(write_run(tmp_path / "run", df, manifest_for(law, df)), write=False)
+    for row in s["steps"]:
+        rows = df[df["step"].eq(row["step"])]
+        opened = rows.loc[rows["connect_s"] > 0, "connect_s"]
+        assert row["new_connections"] == len(opened) > 0
+        assert row["connect_p50_s"] == pytest.approx(float(np.median(opened)), abs=1e-4)
+        assert row["connect_p95_s"] == pytest.approx(float(np.quantile(opened, 0.95)), abs=1e-4)
+        assert row["reconnects"] == int(rows["reconnects"].sum())
