@@ -240,6 +240,7 @@ def test_records_after_a_lost_worker_carry_the_users_really_running(tmp_path: Pa
     ("users", "--users must be at least 1"),
     ("duration", "--duration must be greater than 0"),
     ("processes", "--processes must be at least 1"),
+    ("processes-word", "--processes must be a number of processes or auto, got 'many'"),
     ("out-file", "is a file, not a directory"),
     ("out-used", "already holds a run"),
 ])
@@ -251,7 +252,8 @@ def test_bad_input_is_one_line_before_any_process(tmp_path: Path, case: str, exp
         body += "[prompt]\ndataset = 'bad.jsonl'\n"
     scenario = write_scenario(tmp_path, body)
     out = tmp_path / "run"
-    extra = {"users": ["--users", "0"], "duration": ["--duration", "0"], "processes": ["--processes", "0"]}.get(case, [])
+    extra = {"users": ["--users", "0"], "duration": ["--duration", "0"], "processes": ["--processes", "0"],
+             "processes-word": ["--processes", "many"]}.get(case, [])
     if case == "out-file":
         out.write_text("not a directory")
     if case == "out-used":

@@ -35,7 +35,13 @@ Exit code 1 when no request succeeded, or when a Locust worker was lost (killed
 or crashed) mid-run: RUN_DIR is still finalised with everything it flushed, and
 manifest.json names it in `workers_lost` and `warnings`.
 
-Distributed: `--processes N` forks N local workers; across machines start
+While it runs, the line above it warns once when the load generator itself is
+the bottleneck (its event loop wakes late, with healthy responses) and says
+what helps: `--processes auto` when cores are idle, more cores or fewer users
+when every core already runs a process.
+
+Distributed: `--processes N` forks N local workers (`--processes auto`: one per
+core this command may use, e.g. under `taskset`); across machines start
 `tokenload run SCENARIO --master --master-bind-host ADDR --expect-workers N
 --out DIR` and on each machine `tokenload run SCENARIO --worker --master-host
 ADDR --out DIR`, with DIR on a filesystem every machine shares (workers take
@@ -47,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +72,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="run directory (default results/<scenario>-<timestamp>)")
     parser.add_argument("--users", type=int, help="cap users: constant load of N, a ramp up to N, or an open-loop pool of N")
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (caps the scenario's plan)")
-    parser.add_argument("--processes", type=int, metavar="N", help="fork N >= 1 local Locust worker processes")
+    parser.add_argument("--processes", metavar="N|auto",
+                        help="fork N >= 1 local Locust worker processes; auto: one per core this command may use "
+                             "(one process on a single core)")
     parser.add_argument("--web", action="store_true",
                         help="run in Locust's web UI (with a tokenload tab) instead of headless: it prints its URL, "
                              "starts the scenario, and stays up after the plan ends until Ctrl-C; every start in the "
@@ -98,6 +107,24 @@ def live_line(live: dict) -> str:
             f"{ms('tpot_p95_s')} ms · {live['requests']} req · {live['errors']} errors · {live['elapsed_s']:.0f} s")
 
 
+def _live_reporter(err: Console, show: Callable[[str], None]) -> Callable[[dict], None]:
+    """The live line, and the client-bottleneck warning printed once above it when it first shows.
+
+    Once is enough: the warning names the fix, and the final summary repeats it
+    from the manifest.
+    """
+    warned = False
+
+    def report(live: dict) -> None:
+        nonlocal warned
+        if live.get("client_bound") and not warned:
+            warned = True
+            err.print(f"[bold red]WARNING (live):[/] {live['client_bound']}", soft_wrap=True)
+        show(live_line(live))
+
+    return report
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -106,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     from tokenload.load.scenario import load_scenario
     from tokenload.rundir import REQUESTS_FILE
 
-    distribution = ProcessLayout(processes=args.processes, master=args.master, worker=args.worker,
+    distribution = ProcessLayout(processes=ProcessLayout.process_count(args.processes), master=args.master, worker=args.worker,
                                  master_host=args.master_host, master_port=args.master_port,
                                  master_bind_host=args.master_bind_host, expect_workers=args.expect_workers)
     scenario = load_scenario(args.scenario)
@@ -122,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     if args.web:
         return _run_web(args, plan.scenario, plan.channel, distribution, err)
     with err.status("starting Locust") as status:
-        run_dir = execute(plan, on_live=lambda live: status.update(live_line(live)))
+        run_dir = execute(plan, on_live=_live_reporter(err, status.update))
     failed = False
     if not args.worker:
         failed = _print_summary(err, run_dir / REQUESTS_FILE)

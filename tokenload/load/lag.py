@@ -11,6 +11,8 @@ numbers describe the client, not the channel.
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from typing import Any
 
@@ -63,12 +65,38 @@ class LagProbe:
         return out
 
 
-def summarise(per_worker: dict[str, dict[str, Any]], ok_share: float = 1.0) -> dict[str, Any]:
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. under `taskset` or a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity API (macOS): every core counts
+        return os.cpu_count() or 1
+
+
+def advice(processes: int, lagged: int, cores: int) -> str:
+    """What helps a client-bound run, given how many processes ran on how many cores.
+
+    With fewer processes than cores, spreading the same users over more
+    processes (`--processes auto`) helps. With every core already running a
+    process, more processes only share the same cores: each lagging process
+    needs at least one more core (its users split in two), or fewer users.
+    """
+    if processes < cores:
+        return (f"Use --processes auto (fewer users per process: this machine has {cores} cores, "
+                f"the run used {processes} process{'es' if processes > 1 else ''})")
+    more = max(1, lagged)
+    return (f"Every one of the {cores} core{'s' if cores > 1 else ''} here already ran a process, so more --processes "
+            f"cannot help: give the client at least {more} more core{'s' if more > 1 else ''} (e.g. --worker on "
+            "another machine) or run fewer users")
+
+
+def summarise(per_worker: dict[str, dict[str, Any]], ok_share: float = 1.0, cores: int | None = None) -> dict[str, Any]:
     """Combine workers' probe stats for manifest.json, with a warning when the client was the bottleneck.
 
     Lag counts against the client only when the responses were healthy (at least
     HEALTHY_OK_SHARE of them succeeded): a run of instant failures lags the loop
-    with error handling and start-up, and `--processes N` would not help it.
+    with error handling and start-up, and more processes would not help it.
+    `cores`: the cores the run's processes could use (default: this process's).
     """
     healthy = ok_share >= HEALTHY_OK_SHARE
     lagged = {w: s for w, s in per_worker.items() if healthy and s.get("lag_p99_s", 0.0) > WARN_P99_S}
@@ -82,9 +110,11 @@ def summarise(per_worker: dict[str, dict[str, Any]], ok_share: float = 1.0) -> d
         "workers": per_worker,
     }
     if lagged:
+        cpu = sum(s.get("cpu_util", 0.0) for s in lagged.values())
         summary["warning"] = (
             f"the load generator was the bottleneck: scheduler lag p99 {worst * 1000:.0f} ms > "
-            f"{WARN_P99_S * 1000:.0f} ms on {', '.join(sorted(lagged))}; latencies include client delay. "
-            "Use --processes N or fewer users per process."
+            f"{WARN_P99_S * 1000:.0f} ms on {', '.join(sorted(lagged))} (CPU {math.ceil(cpu * 100)}% of a core); "
+            f"latencies include client delay. "
+            f"{advice(len(per_worker), len(lagged), cores or usable_cores())}."
         )
     return summary

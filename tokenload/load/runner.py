@@ -139,6 +139,23 @@ class ProcessLayout:
         if not 0 < self.master_port < 65536:
             raise ConfigError(f"--master-port must be a TCP port (1-65535), got {self.master_port}")
 
+    @staticmethod
+    def process_count(value: str | None) -> int | None:
+        """`--processes`: a number of local workers, or `auto` for one per usable core (None: one process).
+
+        `auto` on a single core is one process, not a master with one forked
+        worker: the master would only take CPU from the one worker.
+        """
+        if value is None:
+            return None
+        if value.strip().lower() == "auto":
+            cores = lag.usable_cores()
+            return cores if cores > 1 else None
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"--processes must be a number of processes or auto, got {value!r}") from None
+
     def locust_args(self) -> list[str]:
         if self.worker:
             return ["--worker", "--master-host", self.master_host, "--master-port", str(self.master_port)]
@@ -325,13 +342,26 @@ def _supervise(proc: subprocess.Popen[bytes], run_dir: Path, on_live: Callable[[
                 if on_live is not None:
                     live = _read_json(control).get("live")
                     if live:
-                        on_live(live)
+                        on_live(_with_client_lag(live, run_dir))
             except KeyboardInterrupt:
                 interrupts += 1
                 try:
                     os.killpg(proc.pid, signal.SIGINT if interrupts == 1 else signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+def _with_client_lag(live: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The live numbers plus `client_bound`: the bottleneck warning as the processes' last flushes show it.
+
+    The same test as the manifest's (`lag.summarise`), so the live warning and
+    the final one agree; only finished requests that succeeded count as healthy.
+    """
+    requests = int(live.get("requests") or 0)
+    ok_share = (requests - int(live.get("errors") or 0)) / requests if requests else 0.0
+    states = records.worker_states(run_dir / records.SEGMENTS_DIR)
+    warning = lag.summarise({w: s.get("lag", {}) for w, s in states.items()}, ok_share).get("warning")
+    return {**live, "client_bound": warning}
 
 
 def _read_json(path: Path) -> dict[str, Any]:
