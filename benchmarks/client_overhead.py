@@ -11,6 +11,12 @@ way a Locust process runs it:
 - `geventhttpclient`: tokenload's `Transport` (one shared pool per process, one
   `recv` per read through the parser buffer).
 - `httpx`: one shared `httpx.Client` (unlimited pool), `iter_raw()`, like probe/doctor.
+- `aiohttp-vllm` (a peer, not a tokenload candidate; `pip install -e '.[bench]'`): vLLM bench's
+  streaming loop (`async_request_openai_chat_completions`) reproduced in a few lines on asyncio, no
+  gevent: one shared `aiohttp.ClientSession`, `async for line in response.content`, `json.loads` of
+  every `data:` line, a `perf_counter()` per chunk, TTFT at the first chunk with choices. It only
+  speaks OpenAI chat, so run it with `--protocol openai-chat` (every cell then uses that protocol).
+  It keeps its own light record (TTFT, ITLs, text), not tokenload's full record and Locust stats.
 
 Per cell, every stream first sends one warm-up request (connection set up, not
 measured), then `--rounds` measured requests back to back. Client CPU is
@@ -48,6 +54,7 @@ import time
 from pathlib import Path
 
 CLIENTS = ("requests", "geventhttpclient", "httpx")
+PEERS = ("aiohttp-vllm",)
 LEVELS = (10, 100, 500)
 MODEL = "sim-7b"
 TARGET_TOK_PER_CPU_S = 60_000
@@ -57,7 +64,95 @@ TARGET_MEDIAN_MS, TARGET_P99_MS = 1.0, 5.0
 # ----------------------------------------------------------------------------------- client side
 
 
-def _cell(kind: str, base_url: str, streams: int, rounds: int, max_tokens: int, jitter: float, out: str) -> None:
+def _channel(protocol: str, base_url: str):  # type: ignore[no-untyped-def]
+    from tokenload.channel import resolve
+
+    url = base_url + "/v1" if protocol.startswith("openai") else base_url
+    return resolve(protocol=protocol, base_url=url, model=MODEL, env={}, home=Path(tempfile.mkdtemp())).channel
+
+
+def _vllm_cell(protocol: str, base_url: str, streams: int, rounds: int, max_tokens: int, jitter: float,
+               out: str) -> None:
+    """vLLM bench's aiohttp streaming loop, as in its `backend_request_func.py`, timed like the other cells."""
+    import asyncio
+    import resource
+
+    import aiohttp
+
+    from tokenload.protocols import adapter_for
+    from tokenload.tokens import synth_prompt
+
+    if protocol != "openai-chat":
+        raise SystemExit("aiohttp-vllm speaks OpenAI chat only: run with --protocol openai-chat")
+    adapter = adapter_for(_channel(protocol, base_url))
+    measured: list[dict] = []
+
+    async def one(http: aiohttp.ClientSession, n: int, keep: bool) -> None:
+        request = adapter.prepare(synth_prompt(32, seed=n), max_tokens, {"ignore_eos": True})
+        ttft, itl, text, tokens, rid = 0.0, [], "", 0, None
+        st = most_recent = time.perf_counter()
+        async with http.post(request.url, data=request.body, headers=dict(request.headers)) as response:
+            rid = response.headers.get("request-id")
+            async for chunk_bytes in response.content:
+                chunk_bytes = chunk_bytes.strip()
+                if not chunk_bytes:
+                    continue
+                chunk = chunk_bytes.decode("utf-8").removeprefix("data: ")
+                if chunk != "[DONE]":
+                    data = json.loads(chunk)
+                    timestamp = time.perf_counter()
+                    if choices := data.get("choices"):
+                        content = choices[0]["delta"].get("content")
+                        if ttft == 0.0:
+                            ttft = timestamp - st
+                        else:
+                            itl.append(timestamp - most_recent)
+                        text += content or ""
+                    elif usage := data.get("usage"):
+                        tokens = usage.get("completion_tokens") or 0
+                    most_recent = timestamp
+        if keep:
+            measured.append({"ok": ttft > 0, "ttft": ttft, "tokens": tokens, "rid": rid})
+
+    async def main() -> dict:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=6 * 3600)) as http:
+            await asyncio.gather(*(one(http, i * 1000, False) for i in range(streams)))
+
+            async def user(i: int) -> None:
+                await asyncio.sleep(jitter * i / streams)
+                for r in range(rounds):
+                    await one(http, i * 1000 + r + 1, True)
+
+            lag: list[float] = []
+            done = asyncio.Event()
+
+            async def probe() -> None:
+                while not done.is_set():
+                    due = time.perf_counter() + 0.05
+                    await asyncio.sleep(0.05)
+                    lag.append(time.perf_counter() - due)
+
+            probing = asyncio.create_task(probe())
+            ru0, cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
+            results = await asyncio.gather(*(user(i) for i in range(streams)), return_exceptions=True)
+            ru1, cpu, wall = (resource.getrusage(resource.RUSAGE_SELF), time.process_time() - cpu0,
+                              time.perf_counter() - wall0)
+            done.set()
+            await probing
+        ok = [m for m in measured if m["ok"]]
+        lag.sort()
+        return {"kind": "aiohttp-vllm", "streams": streams, "cpu_s": cpu, "sys_s": ru1.ru_stime - ru0.ru_stime,
+                "wall_s": wall, "tokens": sum(m["tokens"] for m in ok), "requests": len(measured), "ok": len(ok),
+                "errors": sorted({repr(e) for e in results if isinstance(e, BaseException)}),
+                "ttft": [[m["rid"], m["ttft"]] for m in ok],
+                "lag_p99_ms": lag[int(0.99 * (len(lag) - 1))] * 1000 if lag else None}
+
+    Path(out).write_text(json.dumps(asyncio.run(main())))
+
+
+def _cell(kind: str, protocol: str, base_url: str, streams: int, rounds: int, max_tokens: int, jitter: float,
+          out: str) -> None:
     """One client process: `streams` greenlets, a warm-up request each, then `rounds` measured ones."""
     from gevent import monkey
 
@@ -66,12 +161,11 @@ def _cell(kind: str, base_url: str, streams: int, rounds: int, max_tokens: int, 
     from gevent.event import Event
     from locust.stats import RequestStats
 
-    from tokenload.channel import resolve
     from tokenload.protocols import adapter_for
     from tokenload.stream import StreamSession
     from tokenload.tokens import estimate_tokens, synth_prompt
 
-    channel = resolve(protocol="anthropic", base_url=base_url, model=MODEL, env={}, home=Path(tempfile.mkdtemp())).channel
+    channel = _channel(protocol, base_url)
     adapter = adapter_for(channel)
     perf = time.perf_counter
     stats = RequestStats()
@@ -289,7 +383,10 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=10, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrent streams per cell")
-    parser.add_argument("--clients", default=",".join(CLIENTS), help="clients to compare")
+    parser.add_argument("--clients", default=",".join(CLIENTS),
+                        help=f"clients to compare: {', '.join(CLIENTS + PEERS)}")
+    parser.add_argument("--protocol", default="anthropic", choices=("anthropic", "openai-chat"),
+                        help="wire protocol of every cell (aiohttp-vllm needs openai-chat)")
     parser.add_argument("--tps", type=float, default=50.0, help="tokens/s per stream from the simulator")
     parser.add_argument("--max-tokens", type=int, default=200, help="output tokens per request")
     parser.add_argument("--rounds", type=int, default=1, help="measured requests per stream")
@@ -300,8 +397,12 @@ def main() -> int:
     if args.cell == "spawn":
         _spawn_cell(args.base_url, args.spawn_users, args.out)
         return 0
+    if args.cell in PEERS:
+        _vllm_cell(args.protocol, args.base_url, args.streams, args.rounds, args.max_tokens,
+                   args.max_tokens / args.tps, args.out)
+        return 0
     if args.cell:
-        _cell(args.cell, args.base_url, args.streams, args.rounds, args.max_tokens, args.max_tokens / args.tps, args.out)
+        _cell(args.cell, args.protocol, args.base_url, args.streams, args.rounds, args.max_tokens, args.max_tokens / args.tps, args.out)
         return 0
 
     levels = [int(x) for x in args.levels.split(",")]
@@ -322,7 +423,7 @@ def main() -> int:
         results = []
         for level in levels:
             for kind in clients:  # the clients of one level run back to back: same machine load
-                common = ["--base-url", base_url, "--streams", str(level), "--rounds", str(args.rounds),
+                common = ["--base-url", base_url, "--protocol", args.protocol, "--streams", str(level), "--rounds", str(args.rounds),
                           "--max-tokens", str(args.max_tokens), "--tps", str(args.tps)]
                 left = args.budget - (time.monotonic() - started)
                 if left < 5:
@@ -343,7 +444,7 @@ def main() -> int:
             server[t["request_id"]] = t["first_token"] - t["arrival"]
 
     print(f"tokenload client overhead: simulator at {args.tps:g} tokens/s per stream, {args.max_tokens} tokens per "
-          f"request, {args.rounds} measured requests per stream; {os.cpu_count()} CPUs, python "
+          f"request, {args.rounds} measured requests per stream, {args.protocol}; {os.cpu_count()} CPUs, python "
           f"{sys.version.split()[0]}")
     header = ("client", "streams", "tokens", "client CPU s", "(kernel)", "tok/CPU-s", "TTFT err p50", "TTFT err p99",
               "loop lag p99", "errors")
