@@ -33,6 +33,7 @@ import os
 import random
 import re
 import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from typing import Any
 import gevent
 from locust import events
 from locust.env import Environment
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 from tokenload.channel import Channel
 from tokenload.load import census, handoff, lifeline, records, series, tokenstats
@@ -129,7 +130,8 @@ def _arm_lifeline(environment: Environment) -> None:
     runner = environment.runner
     worker = runner if isinstance(runner, WorkerRunner) else None
     if worker is not None:
-        environment.events.test_stopping.add_listener(lambda **_: _drain_without_heartbeats(worker))
+        environment.events.test_stopping.add_listener(lambda **_: _heartbeat_watch(worker, False))
+        environment.events.test_stop.add_listener(lambda **_: _heartbeat_watch(worker, True))
     forked = worker is not None and bool(getattr(environment.parsed_options, "processes", None))
     parent = lifeline.parent_to_watch(forked) if forked or os.environ.get(MANAGED_ENV) else None
     if parent is None and worker is None:
@@ -139,12 +141,18 @@ def _arm_lifeline(environment: Environment) -> None:
     line.arm()
 
 
-def _drain_without_heartbeats(worker: WorkerRunner) -> None:
-    """A worker drains its users on its master's stop or quit; while it does, Locust's message loop sits in
-    that stop and reads no heartbeat, and a master that quit sends none. So the heartbeat watches (the
-    lifeline's 5 s and Locust's own 60 s) pause for the drain, which `stop_timeout` bounds; the parent
-    watch of a forked worker stays, and the next heartbeat read restarts them."""
-    worker.last_heartbeat_timestamp = None
+def _heartbeat_watch(worker: WorkerRunner, on: bool) -> None:
+    """Pause the master-heartbeat watches while this worker drains its users, resume them after.
+
+    A worker drains on its master's stop or quit; meanwhile Locust's message loop sits in that stop and
+    reads no heartbeat, and a master that quit sends none, so the watches (the lifeline's 5 s, Locust's
+    own 60 s: both read `last_heartbeat_timestamp`, and skip an unset one) would cut the drain short.
+    `stop_timeout` bounds the drain; a forked worker's parent watch stays on throughout.
+    """
+    if not on:
+        worker.last_heartbeat_timestamp = None
+    elif worker.last_heartbeat_timestamp is None:
+        worker.last_heartbeat_timestamp = time.time()
 
 
 def _wait_for_workers(environment: Environment) -> None:
@@ -152,10 +160,11 @@ def _wait_for_workers(environment: Environment) -> None:
     are over): forked workers stop at once when their master is gone, remote ones miss its heartbeats."""
     control: RunControl | None = getattr(environment, "tokenload", None)
     runner = environment.runner
-    if control is None or not isinstance(runner, MasterRunner) or not control.workers:
+    if control is None or not isinstance(runner, MasterRunner):
         return
-    records.wait_for_workers(control.path.parent.parent, sorted(control.workers),
-                             environment.stop_timeout + DRAIN_GRACE_S)
+    draining = sorted(c.id for c in runner.clients.all if c.state != STATE_MISSING)  # a lost one flushes no more
+    if draining:
+        records.wait_for_workers(control.path.parent.parent, draining, environment.stop_timeout + DRAIN_GRACE_S)
 
 
 def _worker_id(environment: Environment) -> str:
