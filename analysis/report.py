@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from tokenload.analysis import caching
 from tokenload.analysis.windows import level_text
@@ -123,7 +124,7 @@ def verdict_table(summary: dict[str, Any], title: str | None = None) -> Table:
     table.add_column("finding", overflow="fold")
     for topic, finding, good in verdict_rows(summary):
         style = "" if good is None else ("green" if good else "red")
-        table.add_row(topic, finding, style=style)
+        table.add_row(topic, Text(finding), style=style)  # findings quote scenario keys like [session]: not markup
     return table
 
 

@@ -150,3 +150,21 @@ def test_connection_setup_is_its_own_statistic_per_step(tmp_path: Path) -> None:
         assert row["connect_p50_s"] == pytest.approx(float(np.median(opened)), abs=1e-4)
         assert row["connect_p95_s"] == pytest.approx(float(np.quantile(opened, 0.95)), abs=1e-4)
         assert row["reconnects"] == int(rows["reconnects"].sum())
+
+
+def test_verdict_table_prints_findings_verbatim(tmp_path: Path) -> None:
+    """A finding that names a scenario section (`[session]`) is text, not rich markup to strip."""
+    from rich.console import Console
+
+    from tokenload.analysis.report import verdict_table
+
+    law = Law(capacity=NO_QUEUE, users=(1, 2))
+    df = generate(law, n=200, seed=5)
+    df["cache_read_input_tokens"] = df["cache_creation_input_tokens"] = 0  # single-turn requests: the caching verdict says to use a [session] scenario
+    s = analyze_run(write_run(tmp_path / "run", df, manifest_for(law, df)), write=False)
+    assert any("[session]" in finding for _, finding, _ in verdict_rows(s))
+    console = Console(record=True, width=300)
+    console.print(verdict_table(s))
+    printed = console.export_text()
+    for _, finding, _ in verdict_rows(s):
+        assert finding in printed
