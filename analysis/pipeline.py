@@ -76,15 +76,15 @@ def analyze_run(run_dir: str | Path, slo_ttft: float = 1.0, slo_e2e: float = 3.0
 
     Raises `ConfigError` when RUN_DIR is not a run (see `records.load_run`).
     With `write=False` only the summary is computed. `options` (percentiles, warm-up,
-    goodput) default to the run's scenario: its `[load] warmup_s`, p50/p95/p99, SLO goodput.
+    goodput) default to the run's scenario: its `[load] step_warmup_s`, p50/p95/p99, SLO goodput.
     """
     analysis = analyze(run_dir, Slo(slo_ttft, slo_e2e, slo_target), low_load_users, console, write, options)
     return analysis.summary
 
 
 def scenario_warmup(manifest: dict[str, Any]) -> float:
-    """The run's own `[load] warmup_s` (0 when the scenario set none)."""
-    value = ((manifest.get("scenario") or {}).get("load") or {}).get("warmup_s", 0.0)
+    """The run's own `[load] step_warmup_s` (0 when the scenario set none)."""
+    value = ((manifest.get("scenario") or {}).get("load") or {}).get("step_warmup_s", 0.0)
     return float(value) if isinstance(value, (int, float)) and value >= 0 else 0.0
 
 
@@ -160,7 +160,7 @@ def _tables(s: dict[str, Any]) -> list[tuple[str, str]]:
         out.append(("Per step (times in seconds)", steps_html(s["steps"], opts["percentiles"])))
     goodput = opts.get("goodput_s")
     settings = [["warm-up excluded per step", f"{opts['warmup_s'] or 0:g} s (requests started in each step's first "
-                 "seconds; scenario [load] warmup_s or analyze --warmup)"],
+                 "seconds; scenario [load] step_warmup_s or analyze --warmup)"],
                 ["percentiles", ", ".join(f"p{p:g}" for p in opts["percentiles"])],
                 ["goodput criteria", ", ".join(f"{k} <= {1000 * v:g} ms" for k, v in goodput.items()) if goodput
                  else f"the SLO (TTFT <= {s['slo']['ttft_s']:g} s and e2e <= {s['slo']['e2e_s']:g} s)"],

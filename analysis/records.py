@@ -35,7 +35,7 @@ ANALYSIS_COLUMNS: tuple[str, ...] = (
     "step", "active_users", *FLOAT_COLUMNS, *CATEGORY_COLUMNS,
 )
 # Workload columns (sessions, prompt caching, warm-up), carried through when the run has them.
-# Rows of the run-level warm-up (`phase == "warmup"`, scenario `[load] warmup_requests`) are dropped here,
+# Rows of the run-level warm-up (`phase == "warmup"`, scenario `[load] warmup_requests` / `warmup_s`) are dropped here,
 # so no statistic ever includes them.
 WORKLOAD_COLUMNS: tuple[str, ...] = (
     "phase", "session_id", "turn", "context_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",

@@ -2,9 +2,10 @@
 
 Latency belongs to the step a request *started* in (the load it was sent
 into); throughput belongs to the window in which it happened (see
-`windows.by_time`). Requests started in a step's first `warmup_s` seconds are
-left out of its latency statistics: a closed-loop step that just doubled its
-users, or an open-loop step that just raised its rate, is still filling queues.
+`windows.by_time`). Requests started in a step's first `warmup_s` seconds
+(scenario `[load] step_warmup_s`, `analyze --warmup`) are left out of its latency
+statistics: a closed-loop step that just doubled its users, or an open-loop step
+that just raised its rate, is still filling queues.
 
 Every percentile treats a request still open at the end of the run as
 right-censored (`stats.km_quantiles`): its latency is at least as long as it
@@ -53,7 +54,7 @@ class StepOptions:
     """How steps are summarised: which percentiles, how much warm-up, what counts as good."""
 
     percentiles: tuple[float, ...] = PERCENTILES
-    # None: the scenario's `[load] warmup_s` (resolved by the pipeline before any step is summarised).
+    # None: the scenario's `[load] step_warmup_s` (resolved by the pipeline before any step is summarised).
     warmup_s: float | None = None
     # metric ("ttft", "tpot", "itl", "e2e") -> bound in seconds; empty means the SLO decides goodput.
     goodput: dict[str, float] = field(default_factory=dict)

@@ -157,6 +157,10 @@ def test_bad_dataset_is_one_clear_line(tmp_path: Path, lines: str, problem: str)
     ("[load]\nkind = 'steps'\n[prompt]\ntokens = 50\nshared_prefix_tokens = 100\n", "[prompt] tokens value",
      "at least 100"),
     ("[load]\nkind = 'steps'\n[stop]\nduration_s = -1\n", "[stop] duration_s", "at least 0"),
+    ("[load]\nkind = 'steps'\n[stop]\ndrain_s = -1\n", "[stop] drain_s", "at least 0"),
+    ("[load]\nkind = 'steps'\n[stop]\ndrain_min_s = 'long'\n", "[stop] drain_min_s", "expected a number"),
+    ("[load]\nkind = 'steps'\nstep_s = 5\nstep_warmup_s = 5\n", "[load] step_warmup_s", "shorter than step_s"),
+    ("[load]\nkind = 'steps'\nwarmup_s = -2\n", "[load] warmup_s", "at least 0"),
     ("[load]\nkind = 'steps'\n[channel]\nprotocol = 'grpc'\n", "[channel] protocol", "must be one of"),
     ("[load]\nkind = 'steps'\n[prompt]\ndataset = 'missing.jsonl'\n", "[prompt] dataset", "does not exist"),
     ("[prompt]\ntokens = 5\n", "[load]", "missing"),
@@ -193,3 +197,15 @@ def test_packaged_name_wins_over_a_folder_of_the_same_name(tmp_path: Path, monke
     (tmp_path / "demo").mkdir()
     monkeypatch.chdir(tmp_path)
     assert load_scenario("demo").name == "demo"
+
+
+def test_drain_is_derived_unless_set_and_both_warmups_round_trip(tmp_path: Path) -> None:
+    """No `[stop] drain_s`: None (derived when the plan ends, floor drain_min_s); set, it is kept as given."""
+    derived = load_scenario(_write(tmp_path, "[load]\nkind = 'steps'\nstep_s = 5\nwarmup_s = 30\nstep_warmup_s = 1\n"))
+    assert derived.stop.drain_s is None and derived.stop.drain_min_s == 30.0
+    assert (derived.load.warmup_s, derived.load.step_warmup_s) == (30.0, 1.0)
+    fixed = load_scenario(_write(tmp_path, "[load]\nkind = 'steps'\n[stop]\ndrain_s = 0\ndrain_min_s = 5\n", "b.toml"))
+    assert (fixed.stop.drain_s, fixed.stop.drain_min_s) == (0.0, 5.0)
+    for scenario in (derived, fixed):
+        again = Scenario.from_dict(json.loads(json.dumps(scenario.to_dict())), "resolved", tmp_path, "x")
+        assert again == scenario

@@ -406,3 +406,38 @@ drain_s = 3
     summary = analyze_run(run_dir, write=False)
     assert summary["run"]["requests"] == int((~warm).sum())
     assert sum(step["requests"] for step in summary["steps"]) == int((~warm).sum())
+
+
+@pytest.mark.parametrize("processes", [0, 2])
+def test_warmup_seconds_mark_the_runs_first_seconds_in_every_process(tmp_path: Path, processes: int) -> None:
+    """`[load] warmup_s = 1.5`: every request sent in the run's first 1.5 s is warm-up, in each process, and
+    the analysis leaves exactly those out; the per-step exclusion is `step_warmup_s` and applies apart."""
+    from tokenload.analysis import analyze_run
+
+    extra = ("--processes", str(processes)) if processes else ()
+    df, _, run_dir = _run(tmp_path, """
+[prompt]
+tokens = 16
+[output]
+max_tokens = 20
+ignore_eos = true
+[load]
+kind = "constant"
+users = 2
+step_s = 4
+warmup_s = 1.5
+step_warmup_s = 0.5
+[stop]
+drain_s = 3
+""", *extra)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    start = manifest["steps"][0]["started_at"]
+    warm = df.phase.eq("warmup")
+    offset = df.started_at - start
+    assert warm.any() and (~warm).any()
+    assert (offset[warm] < 1.5 + 0.1).all() and (offset[~warm] > 1.5 - 0.1).all()
+    if processes:
+        assert df[warm].worker.nunique() == 2  # each process marks its own first seconds
+    summary = analyze_run(run_dir, write=False)
+    assert summary["run"]["requests"] == int((~warm).sum())
+    assert summary["analysis_options"]["warmup_s"] == 0.5  # the per-step exclusion, from step_warmup_s

@@ -62,7 +62,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="fit TTFT/e2e on steps with at most N users (default: chosen from the data)")
     parser.add_argument("--warmup", type=float, default=None, metavar="S",
                         help="leave requests started in each step's first S seconds out of its statistics "
-                             "(default: the scenario's [load] warmup_s, else 0)")
+                             "(default: the scenario's [load] step_warmup_s, else 0)")
     parser.add_argument("--percentiles", default=None, metavar="P,P,...",
                         help="latency percentiles per step and overall, e.g. 50,90,95,99,99.9 (default 50,95,99; "
                              "50 and 95 are always included)")

@@ -48,6 +48,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from tokenload.channel import Channel
 from tokenload.errors import error_class
 from tokenload.load import stoprules
+from tokenload.load.drain import DRAIN_MESSAGE, derive, initial
 from tokenload.load.pacing import Pacer
 from tokenload.load.records import SEGMENTS_DIR, write_json
 from tokenload.load.scenario import Scenario
@@ -60,6 +61,7 @@ BUDGET_MESSAGE = "tokenload_budget_spent"
 FAILFAST_MESSAGE = "tokenload_config_errors"
 PAUSE_MESSAGE = "tokenload_pause"
 CONTROL_FILE = "control.json"
+INTERRUPTED = "interrupted"  # the stop reason of a Ctrl-C (or a lost parent): it drains for the floor only
 PAUSE_S = 24 * 3600.0  # a breaker pause lasts until the master lifts it
 # Locust's request type for an LLM request (one Locust request per LLM request).
 REQUEST_TYPE = "POST"
@@ -120,6 +122,7 @@ class LoadState:
     rate: float | None = None
     budget: Budget | None = None
     started_at: float = 0.0  # wall time the phase began on the shape's clock
+    run_started_at: float = 0.0  # wall time the test's first phase began (the run-level warm-up counts from it)
     plan_ends_at: float = 0.0  # wall time the whole plan ends (no open-loop send is scheduled after it)
     pacer: Pacer = field(default_factory=Pacer)  # back-off, rate caps and breaker pauses of this process
     failfast: FailFast = field(default_factory=FailFast)
@@ -198,13 +201,18 @@ def install_step_listener(environment: Environment, state: LoadState) -> None:
         if share is not None and (state.budget is None or data["step"] == 1):  # step 1: a (re)started test
             state.budget = Budget(share[0], share[1], spent)
         if data["step"] == 1:
+            state.run_started_at = data["started_at"]
             state.new_test()
 
     def config_errors(streak: int, last: dict[str, Any] | None) -> None:
         runner.send_message(FAILFAST_MESSAGE, {"worker": runner.client_id, "streak": streak, "last": last})
 
     state.failfast.report = config_errors
+    def on_drain(environment: Environment, msg: Any, **_: Any) -> None:
+        environment.stop_timeout = msg.data["drain_s"]  # ahead of the master's stop or quit on the same socket
+
     runner.register_message(STEP_MESSAGE, on_step)
+    runner.register_message(DRAIN_MESSAGE, on_drain)
     runner.register_message(PAUSE_MESSAGE, lambda environment, msg, **_: state.pause(msg.data["paused"]))
 
 
@@ -214,6 +222,11 @@ class RunControl:
     def __init__(self, environment: Environment, scenario: Scenario, run_dir: Path, state: LoadState,
                  channel: Channel | None = None) -> None:
         self.environment = environment
+        # The drain in force: a fixed one, or the floor until `finish` derives it (`drain.py`).
+        flag = getattr(environment.parsed_options, "stop_timeout", None)
+        self.drain = initial(scenario.stop.drain_s, scenario.stop.drain_min_s, flag)
+        self._floor = self.drain
+        environment.stop_timeout = self.drain.drain_s
         self.scenario = scenario
         self.channel = channel  # for doctor's fix and the breaker's probe
         self.plan = build_plan(scenario)
@@ -265,10 +278,12 @@ class RunControl:
         the first user got going, so a run offers `rate x duration` requests.
         """
         self._close_step()
-        if phase.step == 1:  # a test (re)started from the web UI starts with whole budgets
+        if phase.step == 1:  # a test (re)started from the web UI starts with whole budgets and the first drain
             self.budgets, self.spent, self.state.budget = {}, {}, None
             self.config_errors = {}
             self.state.new_test()
+            self.drain = self._floor
+            self.environment.stop_timeout = self.drain.drain_s
         self._step_start = self._snapshot()
         self.steps.append({**asdict(phase), "started_at": time.time()})
         runner = self.environment.runner
@@ -287,6 +302,8 @@ class RunControl:
         else:
             self.state.step, self.state.users, self.state.rate = phase.step, phase.users, phase.rate
             self.state.started_at, self.state.plan_ends_at = timing["started_at"], timing["plan_ends_at"]
+            if phase.step == 1:
+                self.state.run_started_at = timing["started_at"]
             if self.limited and self.state.budget is None:
                 self.state.budget = Budget(stop.max_requests or None, stop.max_tokens or None)
 
@@ -386,10 +403,23 @@ class RunControl:
         return record["status"] == "ok", record["error_kind"] or "ok"
 
     def finish(self, reason: str) -> None:
+        """The run ends (`reason`): close its step; a plan that ended by itself derives its drain."""
         if self.stopped is None:
             self.stopped = reason
             self._close_step()
+            if reason != INTERRUPTED and self.drain.source == "floor":
+                self._derive_drain()
             self.write_live()
+
+    def _derive_drain(self) -> None:
+        """Set the drain from the run's live statistics, here and (ahead of their stop) on every worker."""
+        stats = current_run(self.environment)
+        last = self.steps[-1]["step"] if self.steps else 0
+        self.drain = derive(self.scenario.stop.drain_min_s, last, stats.steps.get(last), stats.total(),
+                            time.time() - self._started_at)
+        self.environment.stop_timeout = self.drain.drain_s
+        if isinstance(self.environment.runner, MasterRunner):
+            self.environment.runner.send_message(DRAIN_MESSAGE, {"drain_s": self.drain.drain_s})
 
     def live(self) -> dict[str, Any]:
         """The numbers for `tokenload run`'s live line: the current step so far."""
@@ -417,6 +447,7 @@ class RunControl:
             "plan": [asdict(p) for p in self.plan],
             "steps": self.steps,
             "stop_reason": self.stopped,
+            "drain": self.drain.to_dict(),
             "storms": [{k: v for k, v in storm.items() if not k.startswith("_")} for storm in self.storms],
             "workers": sorted(self.workers),
             "live": self.live(),

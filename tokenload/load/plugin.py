@@ -33,6 +33,7 @@ import os
 import random
 import re
 import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,12 @@ from typing import Any
 import gevent
 from locust import events
 from locust.env import Environment
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 from tokenload.channel import Channel
 from tokenload.load import census, handoff, lifeline, records, series, tokenstats
 from tokenload.load.control import LoadState, RunControl, install_step_listener
+from tokenload.load.drain import DRAIN_GRACE_S
 from tokenload.load.lag import LagProbe
 from tokenload.load.prompts import PromptSource
 from tokenload.load.scenario import Scenario, load_scenario
@@ -96,8 +98,6 @@ def _init(environment: Environment, **_: Any) -> None:
     if not opts.run_dir:
         opts.run_dir = str(default_run_dir(scenario.name))
     run_dir = Path(opts.run_dir)
-    if not opts.stop_timeout:
-        environment.stop_timeout = scenario.stop.drain_s
     bound, channel = _channel(scenario, environment.host)
     control = RunControl(environment, scenario, run_dir, state, channel)
     environment.tokenload = control  # type: ignore[attr-defined]
@@ -129,6 +129,9 @@ def _arm_lifeline(environment: Environment) -> None:
     """Processes `tokenload run` manages, and forked workers, stop when their parent or master is gone."""
     runner = environment.runner
     worker = runner if isinstance(runner, WorkerRunner) else None
+    if worker is not None:
+        environment.events.test_stopping.add_listener(lambda **_: _heartbeat_watch(worker, False))
+        environment.events.test_stop.add_listener(lambda **_: _heartbeat_watch(worker, True))
     forked = worker is not None and bool(getattr(environment.parsed_options, "processes", None))
     parent = lifeline.parent_to_watch(forked) if forked or os.environ.get(MANAGED_ENV) else None
     if parent is None and worker is None:
@@ -136,6 +139,32 @@ def _arm_lifeline(environment: Environment) -> None:
     line = lifeline.Lifeline(parent, None if worker is None else lambda: worker.last_heartbeat_timestamp)
     environment.tokenload_lifeline = line  # type: ignore[attr-defined]
     line.arm()
+
+
+def _heartbeat_watch(worker: WorkerRunner, on: bool) -> None:
+    """Pause the master-heartbeat watches while this worker drains its users, resume them after.
+
+    A worker drains on its master's stop or quit; meanwhile Locust's message loop sits in that stop and
+    reads no heartbeat, and a master that quit sends none, so the watches (the lifeline's 5 s, Locust's
+    own 60 s: both read `last_heartbeat_timestamp`, and skip an unset one) would cut the drain short.
+    `stop_timeout` bounds the drain; a forked worker's parent watch stays on throughout.
+    """
+    if not on:
+        worker.last_heartbeat_timestamp = None
+    elif worker.last_heartbeat_timestamp is None:
+        worker.last_heartbeat_timestamp = time.time()
+
+
+def _wait_for_workers(environment: Environment) -> None:
+    """A master that quits stays until its workers have drained and flushed (or the drain and a grace
+    are over): forked workers stop at once when their master is gone, remote ones miss its heartbeats."""
+    control: RunControl | None = getattr(environment, "tokenload", None)
+    runner = environment.runner
+    if control is None or not isinstance(runner, MasterRunner):
+        return
+    draining = sorted(c.id for c in runner.clients.all if c.state != STATE_MISSING)  # a lost one flushes no more
+    if draining:
+        records.wait_for_workers(control.path.parent.parent, draining, environment.stop_timeout + DRAIN_GRACE_S)
 
 
 def _worker_id(environment: Environment) -> str:
@@ -182,7 +211,7 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         extra_body=scenario.output.extra_body(),
         think_time_s=load.think_time_s,
         retry=load.retry,
-        warmup=Warmup(load.warmup_requests) if load.warmup_requests else None,
+        warmup=Warmup(load.warmup_requests, load.warmup_s, state) if load.warmup_requests or load.warmup_s else None,
     )
     environment.tokenload_process = ctx  # type: ignore[attr-defined]
     probe = LagProbe()
@@ -235,6 +264,7 @@ def _quit(exit_code: int, **_: Any) -> None:
     """The last event of a Locust process (it carries no environment, hence `_ENVIRONMENT`)."""
     if _ENVIRONMENT is not None:
         _flush(_ENVIRONMENT, done=True)
+        _wait_for_workers(_ENVIRONMENT)
         control: RunControl | None = getattr(_ENVIRONMENT, "tokenload", None)
         if control is not None:
             control.write_live()

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from tokenload.channel import Channel, ChannelFlags, Resolution, resolve
 from tokenload.errors import ConfigError, HarnessError
 from tokenload.load import handoff, lag, lifeline, records, websession
+from tokenload.load.drain import DRAIN_CAP_S
 from tokenload.load.scenario import OPEN_LOOP_KINDS, Scenario
 from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
 
@@ -289,7 +290,7 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
     command = [
         sys.executable, "-m", "locust", "-f", str(locustfile()),
         "--scenario", str(scenario_path), "--run-dir", str(run_dir), "--run-id", run_id,
-        "--host", channel.base_url, "--stop-timeout", f"{scenario.stop.drain_s:g}",
+        "--host", channel.base_url,
         "--exit-code-on-error", "0", "--loglevel", "INFO",
         *(websession.locust_args(plan.web_host, plan.web_port) if plan.web else ["--headless"]),
         *distribution.locust_args(),
@@ -301,17 +302,30 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
         rc = _supervise(proc, run_dir, on_live)
-        lingering = lifeline.wait_group(proc.pid, scenario.stop.drain_s + GROUP_GRACE_S)
+        drain_s = drain_used(run_dir, scenario)
+        lingering = lifeline.wait_group(proc.pid, drain_s + GROUP_GRACE_S)
     if distribution.worker:
         return run_dir
     if plan.web:  # each start was a run of its own, finalised by the Locust master at its stop
         websession.session_runs(run_dir, since=started)
     else:
-        finalise(run_dir, wait_s=scenario.stop.drain_s + 10 if distribution.master else 0.0, locust_rc=rc,
+        finalise(run_dir, wait_s=drain_s + GROUP_GRACE_S if distribution.master else 0.0, locust_rc=rc,
                  lingering=lingering)
     if rc != 0:
         raise HarnessError(f"Locust exited with code {rc}; see {run_dir / LOG_FILE}")
     return run_dir
+
+
+def drain_used(run_dir: Path, scenario: Scenario) -> float:
+    """The drain the run's master settled on (derived when the plan ended: `drain.py`), from control.json.
+
+    A worker machine reads the master's (on the shared run directory); without one, the longest the
+    scenario allows.
+    """
+    drain = _read_json(run_dir / records.SEGMENTS_DIR / "control.json").get("drain") or {}
+    if drain.get("drain_s") is not None:
+        return float(drain["drain_s"])
+    return scenario.stop.drain_s if scenario.stop.drain_s is not None else max(scenario.stop.drain_min_s, DRAIN_CAP_S)
 
 
 def _join_master_run(run_dir: Path, timeout_s: float = 60.0) -> tuple[str, Path]:
@@ -445,6 +459,7 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
         "started_at_iso": _iso(info.get("started_at")),
         "ended_at_iso": _iso(ended),
         "stop_reason": control.get("stop_reason") or ("interrupted" if locust_rc or recovered else None),
+        "drain": control.get("drain"),
         "workers_lost": lost,
         "plan": control.get("plan", []),
         "steps": control.get("steps", []),

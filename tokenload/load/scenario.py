@@ -53,6 +53,7 @@ Schema (all sections optional except `[load]`):
     kind = "steps"                # steps | constant | poisson | trace
     warmup_requests = 0           # any kind: each load process's first N requests are warm-up (phase = "warmup"
                                   # in the records, left out of the analysis)
+    warmup_s = 0                  # any kind: requests sent in the run's first S seconds are warm-up (the same)
     users = [1, 2, 4]             # steps: list, or {start=1, factor=2, max=64}; constant: one number
     step_s = 10                   # steps/poisson: hold time of each level; constant: duration
     spawn_rate = 100              # users started per second
@@ -73,13 +74,16 @@ Schema (all sections optional except `[load]`):
                                   # each after its back-off and recorded as a new request with retry_of; 0 = none
     min_requests = 0              # steps/constant: hold a step past step_s until N requests finished; 0 = off
     max_step_s = 0                # steps/constant: longest a step is held for min_requests; 0 = 4 x step_s
-    warmup_s = 0                  # analysis leaves requests started in each step's first S seconds out
+    step_warmup_s = 0             # analysis leaves requests started in each step's first S seconds out
 
     [stop]
     duration_s = 0                # cap on the whole run; 0 = the load plan's length
     max_requests = 0              # 0 = unlimited
     max_tokens = 0                # token budget (input + output, all workers); 0 = unlimited
-    drain_s = 30                  # at the end, in-flight streams get this long to finish
+    drain_s = 20                  # a hard drain: at the end, in-flight streams get this long to finish;
+                                  # unset = derived when the plan ends: 2 x the longest e2e/TTFT of the last
+                                  # step or the run's p99 e2e, at least drain_min_s, at most 600 s
+    drain_min_s = 30              # the floor of the derived drain (and the drain of a Ctrl-C)
     breakpoint_error_rate = 0     # stop after a whole step above this error rate; 0 = off
     breakpoint_ttft_p95_s = 0     # stop after a whole step above this TTFT p95; 0 = off
     config_errors = 5             # stop after this many configuration errors in a row (auth, unknown model,
@@ -117,7 +121,7 @@ DISTRIBUTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 LOAD_KINDS = ("steps", "constant", "poisson", "trace")
 OPEN_LOOP_KINDS = ("poisson", "trace")
 DATASET_ORDERS = ("sequential", "shuffle")
-_ANY_KIND = ("max_rps", "max_tokens_per_min", "retry", "warmup_s", "warmup_requests")  # [load] keys every kind takes
+_ANY_KIND = ("max_rps", "max_tokens_per_min", "retry", "step_warmup_s", "warmup_s", "warmup_requests")  # [load] keys every kind takes
 ARRIVALS = ("poisson", "constant", "gamma")
 RAMPS = ("none", "linear", "exponential")
 
@@ -373,6 +377,7 @@ class LoadSection:
     retry: int = 0
     min_requests: int = 0
     max_step_s: float = 0.0
+    step_warmup_s: float = 0.0
     warmup_s: float = 0.0
 
     @property
@@ -406,12 +411,13 @@ class LoadSection:
             max_rps=ctx.number(d, "max_rps", w, 0.0, minimum=0),
             max_tokens_per_min=ctx.number(d, "max_tokens_per_min", w, 0.0, minimum=0),
             retry=ctx.number(d, "retry", w, 0, integer=True, minimum=0),
+            step_warmup_s=ctx.number(d, "step_warmup_s", w, 0.0, minimum=0),
             warmup_s=ctx.number(d, "warmup_s", w, 0.0, minimum=0),
             warmup_requests=ctx.number(d, "warmup_requests", w, 0, integer=True, minimum=0),
         )
-        if common["warmup_s"] >= common["step_s"]:
-            raise ctx.fail(f"{w} warmup_s", f"must be shorter than step_s ({common['step_s']:g}), "
-                                            f"got {common['warmup_s']:g}")
+        if common["step_warmup_s"] >= common["step_s"]:
+            raise ctx.fail(f"{w} step_warmup_s", f"must be shorter than step_s ({common['step_s']:g}), "
+                                                 f"got {common['step_warmup_s']:g}")
         if kind == "trace":
             from tokenload.load.traces import TIME_UNITS, load_trace, trace_span_s
 
@@ -499,7 +505,8 @@ class StopSection:
     duration_s: float = 0.0
     max_requests: int = 0
     max_tokens: int = 0
-    drain_s: float = 30.0
+    drain_s: float | None = None  # None: derived when the plan ends (`drain.derive`)
+    drain_min_s: float = 30.0
     breakpoint_error_rate: float = 0.0
     breakpoint_ttft_p95_s: float = 0.0
     config_errors: int = 5
@@ -520,7 +527,8 @@ class StopSection:
             duration_s=ctx.number(d, "duration_s", w, 0.0, minimum=0),
             max_requests=ctx.number(d, "max_requests", w, 0, integer=True, minimum=0),
             max_tokens=ctx.number(d, "max_tokens", w, 0, integer=True, minimum=0),
-            drain_s=ctx.number(d, "drain_s", w, 30.0, minimum=0),
+            drain_s=ctx.number(d, "drain_s", w, minimum=0) if "drain_s" in d else None,
+            drain_min_s=ctx.number(d, "drain_min_s", w, 30.0, minimum=0),
             breakpoint_error_rate=error_rate,
             breakpoint_ttft_p95_s=ctx.number(d, "breakpoint_ttft_p95_s", w, 0.0, minimum=0),
             config_errors=ctx.number(d, "config_errors", w, 5, integer=True, minimum=0),

@@ -2,15 +2,21 @@
 
 A cold channel (connections to open, caches to fill, autoscaling to wake) makes
 the first requests slower than the rest; vLLM's bench and GuideLLM discard
-them. Each load process marks its first `[load] warmup_requests` requests as
-warm-up (`phase = "warmup"` in the records; the others are `"measure"`), and the
-analysis drops warm-up rows when it loads a run. (`[load] warmup_s` is the
+them. A request is warm-up (`phase = "warmup"` in the records; the others are
+`"measure"`) when it is one of its load process's first `[load] warmup_requests`
+or is sent within the run's first `[load] warmup_s` seconds (counted from the
+first step's start on the shape's clock, the same in every process), and the
+analysis drops warm-up rows when it loads a run. (`[load] step_warmup_s` is the
 analysis' per-step exclusion by time, applied when it computes each step.)
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import time
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from tokenload.load.control import LoadState
 
 Phase = Literal["warmup", "measure"]
 WARMUP: Phase = "warmup"
@@ -18,13 +24,20 @@ MEASURE: Phase = "measure"
 
 
 class Warmup:
-    """Marks this process's first requests as warm-up (one per process)."""
+    """Marks this process's warm-up requests (one per process): its first `requests`, and any sent in the
+    run's first `seconds` (the run's start is `state.run_started_at`, set by the first step)."""
 
-    def __init__(self, requests: int) -> None:
+    def __init__(self, requests: int, seconds: float = 0.0, state: LoadState | None = None) -> None:
         self._left = requests
+        self._seconds = seconds
+        self._state = state
 
     def phase(self) -> Phase:
         if self._left > 0:
             self._left -= 1
+            return WARMUP
+        state = self._state
+        if self._seconds and state is not None and state.run_started_at \
+                and time.time() < state.run_started_at + self._seconds:
             return WARMUP
         return MEASURE
