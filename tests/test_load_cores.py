@@ -42,14 +42,16 @@ ignore_eos = true
 [load]
 kind = "constant"
 users = {users}
+spawn_rate = 1000
 step_s = 60
 [stop]
 drain_s = 2
 """
 
-# Every stream decodes at once (no queue behind the simulator's slots) at 50 tokens/s: 1,500 streams offer
-# 75k tokens/s, more than one client process handles, well within the simulator's capacity.
-WIDE_PROFILE = 'extends = "fast"\nslots = 2000\nreplicas = 1\ndecode_base_s = 0.02\ndecode_per_seq_s = 0.0\n'
+# Every stream decodes at once (no queue behind the simulator's slots) at 100 tokens/s: 3,000 streams, all
+# started within 3 s, offer 300k tokens/s, several times what one client process reads
+# (benchmarks/client_overhead.py).
+WIDE_PROFILE = 'extends = "fast"\nslots = 3500\nreplicas = 1\ndecode_base_s = 0.01\ndecode_per_seq_s = 0.0\n'
 
 needs_taskset = pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
 
@@ -83,12 +85,12 @@ def test_processes_auto_uses_the_cores_there_are(tmp_path: Path, cores: str | No
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores for one process to leave one idle")
 def test_a_saturated_client_warns_live_with_advice_that_can_help(tmp_path: Path) -> None:
-    """1,500 streams all decoding in one process on a 2-core machine: the live line warns (healthy
+    """3,000 streams all decoding in one process on a 2-core machine: the live line warns (healthy
     responses) and says `--processes auto`, which can help here."""
     profile = tmp_path / "wide.toml"
     profile.write_text(WIDE_PROFILE)
     with launch(["--profile", str(profile)]) as sim:
-        result = _run(tmp_path, SATURATED.format(users=1500), sim.base_url, "--duration", "10")
+        result = _run(tmp_path, SATURATED.format(users=3000), sim.base_url, "--duration", "10")
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     lag = manifest["scheduler_lag"]

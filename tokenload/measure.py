@@ -23,8 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import numpy as np
+from itertools import pairwise
 
 from tokenload.record import RequestRecord
 
@@ -108,6 +107,15 @@ def _since(t: float | None, t0: float) -> float | None:
     return None if t is None else t - t0
 
 
+def _quantile(ordered: list[float], q: float) -> float:
+    """numpy's default (linear) percentile of a sorted list: numpy costs more per call than a
+    whole stream's worth of this, and it runs once per request on the load generator."""
+    k = (len(ordered) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
 def measure(tl: Timeline, estimated_input_tokens: int | None = None) -> RequestRecord:
     """SPEC.md's per-request fields from a timeline (no run/user context)."""
     if tl.output_tokens is not None:
@@ -128,10 +136,10 @@ def measure(tl: Timeline, estimated_input_tokens: int | None = None) -> RequestR
     if decoded > 1 and tl.t_first_token is not None and tl.t_last_token is not None:
         tpot = (tl.t_last_token - tl.t_first_token) / (decoded - 1)
     itl_p50 = itl_p99 = itl_max = None
-    if len(tl.chunk_times) > 1:
-        gaps = np.diff(np.asarray(tl.chunk_times))
-        itl_p50, itl_p99 = (float(x) for x in np.percentile(gaps, (50, 99)))
-        itl_max = float(gaps.max())
+    times = tl.chunk_times
+    if len(times) > 1:
+        gaps = sorted([b - a for a, b in pairwise(times)])
+        itl_p50, itl_p99, itl_max = _quantile(gaps, 0.5), _quantile(gaps, 0.99), gaps[-1]
     return {
         "status": "ok" if tl.error_kind is None else "error",
         "error_kind": tl.error_kind,

@@ -90,6 +90,11 @@ class SSEDecoder:
                     self._id = value
         return events
 
+    @property
+    def idle(self) -> bool:
+        """Between events: no partial line, field or pending `\n`; what the next byte starts is an event."""
+        return not (self._partial or self._data or self._event or self._skip_lf) and self._head is None
+
     def _settle(self, chunk: bytes) -> bytes:
         """The stream's first bytes (a leading BOM dropped) and the `\n` of a CRLF split after `\r`."""
         if self._head is not None:

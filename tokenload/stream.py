@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from tokenload import errors as ek
+from tokenload.deltas import DeltaShapes
 from tokenload.failures import classify_http, looks_like_html
 from tokenload.measure import Timeline, measure
 from tokenload.protocols.base import ProtocolAdapter
@@ -24,7 +25,8 @@ _MAX_ERROR_BODY = 64 * 1024
 class StreamSession:
     """One request/response, from just before the request is written to the end."""
 
-    __slots__ = ("_body", "_content_type", "_decoder", "_estimate", "_streaming", "adapter", "timeline")
+    __slots__ = ("_aligned", "_body", "_content_type", "_decoder", "_estimate", "_shapes", "_streaming", "adapter",
+                 "timeline")
 
     def __init__(
         self,
@@ -37,7 +39,10 @@ class StreamSession:
         self.adapter = adapter
         self.timeline = Timeline(t0=t0, on_text=on_text)
         self._decoder = SSEDecoder()
+        # Deltas counted by shape (tokenload.deltas) only without a display callback, which wants the text.
+        self._shapes = DeltaShapes(adapter.delta_keys, adapter.ignored_numbers) if on_text is None else None
         self._streaming = False
+        self._aligned = False
         self._body = bytearray()
         self._content_type = ""
         self._estimate = estimated_input_tokens
@@ -55,6 +60,20 @@ class StreamSession:
         )
 
     def on_data(self, t: float, chunk: bytes) -> None:
+        if self._aligned and chunk[-2:] == b"\n\n" and b"\r" not in chunk:
+            # Whole events without CR, after the first: each is a block between blank lines, in arrival order.
+            shapes = self._shapes
+            assert shapes is not None
+            tl = self.timeline
+            for block in chunk.split(b"\n\n")[:-1]:
+                kind = shapes.match(block)
+                if kind is not None:
+                    tl.token(t, kind)
+                else:
+                    before = shapes.before(tl)
+                    self._events(block + b"\n\n", t)
+                    shapes.learn(block, before, tl)
+            return
         tl = self.timeline
         if tl.t_first_byte is None:
             tl.t_first_byte = t
@@ -66,6 +85,13 @@ class StreamSession:
                 self._body += chunk
             if not self._streaming:
                 return
+        self._events(chunk, t)
+        # The block path needs a proven stream, shapes (no display callback) and the decoder between events.
+        self._aligned = self._shapes is not None and tl.t_first_event is not None and self._decoder.idle
+
+    def _events(self, chunk: bytes, t: float) -> None:
+        """The full path: SSE decoder, then the adapter for each event completed."""
+        tl = self.timeline
         for event in self._decoder.feed(chunk):
             if tl.t_first_event is None:
                 tl.t_first_event = t

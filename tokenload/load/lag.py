@@ -1,12 +1,14 @@
 """Scheduler-lag probe: proof that the load generator itself was not the bottleneck.
 
 All users of a Locust process share one gevent loop. When that loop is busy
-(parsing, recording, too many users for one core), a greenlet whose data has
-arrived waits its turn, and the wait is added to the TTFT and TPOT the user
-measures. The probe sleeps a fixed interval over and over and records how late
-it wakes; the same lateness hits every timestamp taken in that process. Its
-distribution goes into manifest.json, and a high p99 is a loud warning that the
-numbers describe the client, not the channel.
+(parsing, recording, too many users for one core), everything it does waits its
+turn: requests go out late (a closed loop then offers less load than planned),
+tokens that arrive between two late reads of one stream share the later read's
+time, and HTTPS streams, stamped when read, carry the whole wait in TTFT and
+TPOT (plain-HTTP reads carry the kernel's arrival time: `tokenload.load.reader`).
+The probe sleeps a fixed interval over and over and records how late it wakes.
+Its distribution goes into manifest.json, and a high p99 is a loud warning that
+the numbers describe the client, not the channel.
 """
 
 from __future__ import annotations

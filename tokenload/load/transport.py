@@ -16,17 +16,15 @@ and the previous version against one simulator (500 streams, 3 cells each) gave
 57-65k against 44-50k tokens per CPU-second. At 10 streams the figure is
 dominated by the process's fixed idle cost, not tokens.
 
-How it reads: one `recv` per wake-up through the response's C parser, so each
-SSE event is stamped when its bytes arrive (Locust's FastHttpUser, also
-geventhttpclient, iterates in fixed blocks and holds small events back). Plain
-HTTP bodies go through `_pump_plain`, which keeps the socket's read watcher
-started for the whole body and waits before each `recv` (no failed read, no
-`Waiter`, no watcher re-arm per token); together with the parse-path work in
-`sse.py` and `protocols/base.py` this took 500 streams from about 47k to about
-61k tokens per CPU-second side by side (benchmarks/client_overhead.py cells,
-same simulator, alternated). Socket timeouts would allocate and start a gevent
-`Timeout` on every read; first-token and stall timeouts come from one libev
-timer per stream (`_Deadline`).
+How it reads: plain-HTTP bodies are read inside the event loop by
+`tokenload.load.reader.HubReader` (one kernel-stamped `recvmsg` per wake-up
+through the response's C parser, the user's greenlet woken once per request),
+and the first response bytes by `_first_read` with the same stamp, so body bytes
+that came with the headers keep their arrival time. Streams with a display
+callback, HTTPS and compressed bodies read in their greenlet (`_read_available`,
+one read per call: geventhttpclient's `read(n)` would hold small events back).
+Socket timeouts would allocate and start a gevent `Timeout` on every read;
+first-token and stall timeouts come from one libev timer per stream (`_Deadline`).
 
 One `Transport` (one connection pool, one SSL context) serves every user of a
 process, so spawning a user costs nothing here. It writes the request itself
@@ -53,26 +51,25 @@ import errno
 import time
 import weakref
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from http.client import HTTPException
 from typing import Any
 from urllib.parse import urlsplit
 
-from gevent import get_hub, getcurrent
-from geventhttpclient._parser import HTTPResponseParser
+from gevent import get_hub
 from geventhttpclient.connectionpool import ConnectionPool, SSLConnectionPool
 from geventhttpclient.response import HTTPConnectionClosed, HTTPSocketPoolResponse
 
 from tokenload import errors as ek
 from tokenload.channel import Channel
 from tokenload.failures import classify_exception
+from tokenload.load.reader import HubReader, recv_stamped, stamp_arrivals
 from tokenload.protocols.base import PreparedRequest
 from tokenload.stream import StreamSession
 
 _BLOCK = 64 * 1024
 _perf = time.perf_counter
-# The C parser's own feed: `HTTPResponse.feed` only adds a HEAD-response fix-up (never used here: POST).
-_feed = HTTPResponseParser.feed
 # A server that compresses although asked not to: decoded, not failed. wbits 32+15 reads gzip and zlib headers.
 _DECODED = frozenset({"gzip", "x-gzip", "deflate"})
 
@@ -112,6 +109,7 @@ class Transport:
         response headers stay on `session.timeline.response_headers`.
         """
         response: HTTPSocketPoolResponse | None = None
+        arrived: float | None = None
         guard: _Deadline | None = None
         timeline = session.timeline
         connecting = True
@@ -123,17 +121,21 @@ class Transport:
                 sock = self._pool.get_socket() if attempt == 0 else _fresh_socket(self._pool)
                 connecting = False
                 reused = sock in self._used
-                self._used.add(sock)
+                if not reused:
+                    self._used.add(sock)
+                    if self._plain:
+                        stamp_arrivals(sock._sock)
                 t0 = _perf()
                 timeline.begin(t0, 0.0 if reused else t0 - started)
                 timeline.reconnects = attempt
-                guard = _Deadline(sock, t0, self._first, self._idle, timeline)
-                response = self._send(sock, data, retry=reused and attempt == 0)
-                if response is not None:
+                guard = _Deadline(t0, self._first, self._idle, timeline, partial(_cancel_socket_wait, sock))
+                sent = self._send(sock, data, retry=reused and attempt == 0)
+                if sent is not None:
+                    response, arrived = sent
                     break
                 guard.close()  # the reused socket was dead: once more, on a fresh one
             assert response is not None and guard is not None
-            session.on_headers(_perf(), response.status_code, dict(response.items()))
+            session.on_headers(_perf() if arrived is None else arrived, response.status_code, dict(response.items()))
             encoding = str(response.get("content-encoding") or "identity").strip().lower()
             if encoding not in _DECODED and encoding != "identity":
                 session.on_failure(_perf(), ek.MALFORMED_STREAM,
@@ -141,7 +143,9 @@ class Transport:
                 return
             decoder = zlib.decompressobj(zlib.MAX_WBITS | 32) if encoding in _DECODED else None
             if self._plain and timeline.on_text is None and decoder is None and response._sock is not None:
-                _pump_plain(response, session)
+                reader = HubReader(response, session, arrived)
+                guard.cancel = reader.cancel
+                reader.run()
                 return
             while True:
                 chunk = _read_available(response, self._plain)
@@ -176,25 +180,31 @@ class Transport:
             self._heads[id(headers)] = cached
         return f"{cached[1]}{len(request.body)}\r\n\r\n"
 
-    def _send(self, sock: Any, data: bytes, *, retry: bool) -> HTTPSocketPoolResponse | None:
+    def _send(self, sock: Any, data: bytes, *, retry: bool) -> tuple[HTTPSocketPoolResponse, float | None] | None:
         """Write the request and read the response headers; None when a reused socket died unheard.
 
+        Also returns when the bytes that completed the headers arrived (plain HTTP,
+        headers in the first read), which is when any body bytes read with them did.
         With `retry`, a failure before any response byte (the write failed, or the
         server closed without a byte) returns None so the caller can resend once.
         """
         try:
             sock.sendall(data)
+            first, arrived = _first_read(sock) if self._plain else (b"", None)
         except BaseException as exc:
             self._pool.release_socket(sock)
-            if retry and isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
+            if retry and isinstance(exc, OSError | HTTPConnectionClosed) and not isinstance(exc, TimeoutError):
                 return None
             raise
         try:  # the response releases the socket itself when it fails
-            return HTTPSocketPoolResponse(sock, self._pool, block_size=_BLOCK, method="POST")
+            response = HTTPSocketPoolResponse(sock, self._pool, block_size=_BLOCK, method="POST", pre_buffered=first)
         except HTTPConnectionClosed:  # closed before the first byte of the status line
             if retry:
                 return None
             raise
+        # Status digit 1: an interim response; the final headers (and body bytes) came in a later read.
+        in_first = b"\r\n\r\n" in first and first[9:10] != b"1"
+        return response, arrived if in_first else None
 
 
 class _Expired(Exception):
@@ -213,14 +223,15 @@ class _Deadline:
     here one libev timer per stream fires at the earliest possible deadline
     (t0 + first-token timeout, covering the wait for headers too; then the last
     token + idle timeout: keepalive pings and comments are bytes, not tokens),
-    re-arms itself if a token came meanwhile, and otherwise cancels the
-    socket's wait with `_Expired`.
+    re-arms itself if a token came meanwhile, and otherwise ends the stream's
+    wait with `_Expired` through `cancel` (False: the reader is busy with data).
     """
 
-    __slots__ = ("first", "hub", "idle", "sock", "t0", "timeline", "timer")
+    __slots__ = ("cancel", "first", "hub", "idle", "t0", "timeline", "timer")
 
-    def __init__(self, sock: Any, t0: float, first: float, idle: float, timeline: Any) -> None:
-        self.sock, self.t0, self.first, self.idle, self.timeline = sock, t0, first, idle, timeline
+    def __init__(self, t0: float, first: float, idle: float, timeline: Any,
+                 cancel: Callable[[BaseException], bool]) -> None:
+        self.t0, self.first, self.idle, self.timeline, self.cancel = t0, first, idle, timeline, cancel
         self.hub = get_hub()
         self.timer: Any = None
         self._arm(min(first, idle))
@@ -238,14 +249,8 @@ class _Deadline:
             due, kind, message = self.t0 + self.first, ek.TIMEOUT_FIRST_TOKEN, f"no token within {self.first:g} s"
         else:
             due, kind, message = last + self.idle, ek.TIMEOUT_STALL, f"no token for {now - last:.1f} s"
-        # A greenlet waits on the read watcher (headers, body) or, for a large body, the write watcher.
-        watcher = self.sock._read_event
-        if watcher.callback is None:
-            watcher = self.sock._write_event
-        if due > now or watcher.callback is None:  # not due yet, or the greenlet is busy with data
+        if due > now or not self.cancel(_Expired(kind, message)):  # not due yet, or busy with data
             self._arm(min(max(due - now, 0.01), self.idle))
-            return
-        self.hub.cancel_wait(watcher, _Expired(kind, message))
 
     def close(self) -> None:
         if self.timer is not None:
@@ -253,54 +258,38 @@ class _Deadline:
             self.timer = None
 
 
-def _pump_plain(response: HTTPSocketPoolResponse, session: StreamSession) -> None:
-    """Feed a plain-HTTP body into `session`, one `recv` per wake-up, until it ends.
+def _first_read(sock: Any) -> tuple[bytes, float]:
+    """The response's first bytes on a plain socket and when they arrived (kernel stamp).
 
-    The hot loop of the load generator (one pass per token). It waits before each
-    `recv`, since the previous one drained the socket: reading first would fail
-    with `BlockingIOError` almost every time (a wasted syscall and exception per
-    token). The socket's read watcher stays started for the whole body with this
-    greenlet's `switch` as its callback, so a wait is one hub switch, without
-    gevent's per-wait `Waiter` and watcher start/stop. That is safe only because
-    nothing in the loop yields to the hub except this wait: `Transport.stream`
-    sends streams with an `on_text` callback (arbitrary code) through
-    `_read_available` instead. Bytes the header read already buffered go out first.
+    Read here rather than by the response's header parser so that body bytes that
+    came with the headers (a server that sends both at once) keep their arrival time.
     """
-    buf = response._body_buffer
-    on_data = session.on_data
-    if buf:
-        now = _perf()
-        chunk = bytes(buf)
-        del buf[:]
-        on_data(now, chunk)
-    if response.message_complete:
-        session.on_end(_perf())
-        return
-    sock: Any = response._sock
-    recv = sock._sock.recv
+    raw = sock._sock
+    while True:
+        try:
+            data, arrived = recv_stamped(raw)
+        except BlockingIOError:
+            get_hub().wait(sock._read_event)
+            continue
+        except ConnectionResetError as exc:
+            raise HTTPConnectionClosed("connection closed.") from exc
+        if not data:
+            raise HTTPConnectionClosed("connection closed.")
+        return data, arrived
+
+
+def _cancel_socket_wait(sock: Any, exc: BaseException) -> bool:
+    """Throw `exc` into the greenlet waiting on `sock`; False when none waits (it is busy with data).
+
+    A greenlet waits on the read watcher (headers, body) or, for a large body, the write watcher.
+    """
     watcher = sock._read_event
-    wait = get_hub().switch
-    watcher.start(getcurrent().switch)
-    try:
-        while True:
-            wait()
-            try:
-                data = recv(_BLOCK)
-            except BlockingIOError:  # a spurious wake-up
-                continue
-            now = _perf()
-            _feed(response, data)  # raises HTTPParseError on invalid chunk framing
-            if buf:
-                chunk = bytes(buf)
-                del buf[:]
-                on_data(now, chunk)
-            if response.message_complete:
-                break
-            if not data:
-                raise ConnectionResetError(errno.ECONNRESET, "connection closed before the end of the body")
-    finally:
-        watcher.stop()
-    session.on_end(now)
+    if watcher.callback is None:
+        watcher = sock._write_event
+    if watcher.callback is None:
+        return False
+    get_hub().cancel_wait(watcher, exc)
+    return True
 
 
 def _read_available(response: HTTPSocketPoolResponse, plain: bool) -> bytes:

@@ -24,6 +24,7 @@ _DELTA_KINDS = {
 
 class AnthropicMessages(ProtocolAdapter):
     name = "anthropic"
+    delta_keys = (b'"text":"', b'"thinking":"', b'"partial_json":"')
 
     def body(self, conversation: Conversation, max_tokens: int) -> dict[str, Any]:
         cache = conversation.cache_control

@@ -70,6 +70,11 @@ class ProtocolAdapter(ABC):
     """One wire format. Subclasses set `name` and implement `body` and `handle`."""
 
     name: str
+    # Keys of string values this adapter reads only as "a non-empty string or not" (token deltas), as they
+    # appear on the wire with their opening quote; and keys of numbers it ignores that change per event.
+    # `tokenload.deltas` relies on both to count a stream's later deltas without parsing them.
+    delta_keys: tuple[bytes, ...] = ()
+    ignored_numbers: tuple[bytes, ...] = ()
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel

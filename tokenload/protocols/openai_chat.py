@@ -17,6 +17,7 @@ from tokenload.protocols.base import Conversation, ProtocolAdapter
 
 class OpenAIChat(ProtocolAdapter):
     name = "openai-chat"
+    delta_keys = (b'"content":"', b'"reasoning_content":"', b'"reasoning":"', b'"arguments":"')
 
     def body(self, conversation: Conversation, max_tokens: int) -> dict[str, Any]:
         system = [{"role": "system", "content": conversation.system}] if conversation.system else []

@@ -24,6 +24,8 @@ _DELTA_KINDS = {
 
 class OpenAIResponses(ProtocolAdapter):
     name = "openai-responses"
+    delta_keys = (b'"delta":"',)
+    ignored_numbers = (b'"sequence_number":',)
 
     def body(self, conversation: Conversation, max_tokens: int) -> dict[str, Any]:
         """A lone prompt goes as a plain `input` string; a history as input message items (stateless:
