@@ -358,13 +358,6 @@ with serve_in_thread(sys.argv[1], truth_path=sys.argv[2], models=[{MODEL!r}]) as
 """
 
 
-def _percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    k = (len(values) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
-
-
 def _on_cpu(cpu: int | None):  # type: ignore[no-untyped-def]
     """A `preexec_fn` that pins the child to `cpu` (None: no pinning)."""
     return None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
@@ -417,6 +410,8 @@ def main() -> int:
     if args.cell:
         _cell(args.cell, args.protocol, args.base_url, args.streams, args.rounds, args.max_tokens, args.max_tokens / args.tps, args.out)
         return 0
+
+    from tokenload.measure import quantile
 
     levels = [int(x) for x in args.levels.split(",")]
     clients = args.clients.split(",")
@@ -483,7 +478,7 @@ def main() -> int:
                      f"{res['sys_s'] / res['cpu_s']:.0%}" if res["cpu_s"] else "-", f"{tok_cpu:,.0f}",
                      f"{tok_cpu / peer:.2f}x" if peer else "-",
                      f"{statistics.median(errs):.2f} ms" if errs else "-",
-                     f"{_percentile(errs, 0.99):.2f} ms" if errs else "-",
+                     f"{quantile(sorted(errs), 0.99):.2f} ms" if errs else "-",
                      f"{res['lag_p99_ms']:.1f} ms" if res["lag_p99_ms"] is not None else "-",
                      f"{res['requests'] - res['ok']}" + (f" {res['errors']}" if res["errors"] else "")))
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]

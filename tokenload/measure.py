@@ -107,7 +107,7 @@ def _since(t: float | None, t0: float) -> float | None:
     return None if t is None else t - t0
 
 
-def _quantile(ordered: list[float], q: float) -> float:
+def quantile(ordered: list[float], q: float) -> float:
     """numpy's default (linear) percentile of a sorted list: numpy costs more per call than a
     whole stream's worth of this, and it runs once per request on the load generator."""
     k = (len(ordered) - 1) * q
@@ -139,7 +139,7 @@ def measure(tl: Timeline, estimated_input_tokens: int | None = None) -> RequestR
     times = tl.chunk_times
     if len(times) > 1:
         gaps = sorted([b - a for a, b in pairwise(times)])
-        itl_p50, itl_p99, itl_max = _quantile(gaps, 0.5), _quantile(gaps, 0.99), gaps[-1]
+        itl_p50, itl_p99, itl_max = quantile(gaps, 0.5), quantile(gaps, 0.99), gaps[-1]
     return {
         "status": "ok" if tl.error_kind is None else "error",
         "error_kind": tl.error_kind,

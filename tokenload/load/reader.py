@@ -39,7 +39,7 @@ _perf = time.perf_counter
 _wall = get_original("time", "time")
 # The C parser's own feed: `HTTPResponse.feed` only adds a HEAD-response fix-up (never used here: POST).
 _feed = HTTPResponseParser.feed
-_BLOCK = 64 * 1024
+READ_SIZE = 64 * 1024  # bytes asked for per read (the transport's header and HTTPS reads too)
 # Python's socket module does not name it; 35 is Linux's value on every common architecture
 # (a wrong one is refused by setsockopt or never matches a control message: reads are then stamped on read).
 _SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
@@ -62,7 +62,7 @@ def recv_stamped(raw: socket.socket) -> tuple[bytes, float]:
     Raises `BlockingIOError` when nothing has. The kernel's stamp when there is a
     plausible one, else now.
     """
-    data, ancillary, _, _ = raw.recvmsg(_BLOCK, _CMSG)
+    data, ancillary, _, _ = raw.recvmsg(READ_SIZE, _CMSG)
     now = _perf()
     if ancillary and ancillary[0][1] == _SO_TIMESTAMPNS:
         seconds, nanos = _TIMESPEC(ancillary[0][2])
@@ -75,8 +75,7 @@ def recv_stamped(raw: socket.socket) -> tuple[bytes, float]:
 class HubReader:
     """Feeds one response body into its session from the hub; `run` waits for the end in the caller's greenlet."""
 
-    __slots__ = ("buffered_at", "end", "error", "greenlet", "hub", "last", "raw", "response", "session", "waiting",
-                 "watcher")
+    __slots__ = ("buffered_at", "error", "greenlet", "hub", "last", "raw", "response", "session", "waiting", "watcher")
 
     def __init__(self, response: Any, session: StreamSession, buffered_at: float | None = None) -> None:
         self.response = response
@@ -87,7 +86,6 @@ class HubReader:
         self.watcher = response._sock._read_event
         self.waiting = False
         self.error: BaseException | None = None
-        self.end = 0.0
         self.last = session.timeline.t0
         self.buffered_at = buffered_at
 
@@ -116,7 +114,7 @@ class HubReader:
             self.watcher.stop()
         if self.error is not None:
             raise self.error
-        self.session.on_end(self.end)
+        self.session.on_end(self.last)  # the stamp of the read that completed the body
 
     def cancel(self, exc: BaseException) -> bool:
         """End the stream with `exc` (its deadline passed); False when it is not waiting on its socket."""
@@ -146,7 +144,6 @@ class HubReader:
                 del buf[:]
                 self.session.on_data(t, chunk)
             if response.message_complete:
-                self.end = t
                 self._finish(None)
             elif not data:
                 self._finish(ConnectionResetError(errno.ECONNRESET, "connection closed before the end of the body"))

@@ -64,11 +64,10 @@ from geventhttpclient.response import HTTPConnectionClosed, HTTPSocketPoolRespon
 from tokenload import errors as ek
 from tokenload.channel import Channel
 from tokenload.failures import classify_exception
-from tokenload.load.reader import HubReader, recv_stamped, stamp_arrivals
+from tokenload.load.reader import READ_SIZE, HubReader, recv_stamped, stamp_arrivals
 from tokenload.protocols.base import PreparedRequest
 from tokenload.stream import StreamSession
 
-_BLOCK = 64 * 1024
 _perf = time.perf_counter
 # A server that compresses although asked not to: decoded, not failed. wbits 32+15 reads gzip and zlib headers.
 _DECODED = frozenset({"gzip", "x-gzip", "deflate"})
@@ -197,7 +196,7 @@ class Transport:
                 return None
             raise
         try:  # the response releases the socket itself when it fails
-            response = HTTPSocketPoolResponse(sock, self._pool, block_size=_BLOCK, method="POST", pre_buffered=first)
+            response = HTTPSocketPoolResponse(sock, self._pool, block_size=READ_SIZE, method="POST", pre_buffered=first)
         except HTTPConnectionClosed:  # closed before the first byte of the status line
             if retry:
                 return None
@@ -264,18 +263,13 @@ def _first_read(sock: Any) -> tuple[bytes, float]:
     Read here rather than by the response's header parser so that body bytes that
     came with the headers (a server that sends both at once) keep their arrival time.
     """
-    raw = sock._sock
-    while True:
-        try:
-            data, arrived = recv_stamped(raw)
-        except BlockingIOError:
-            get_hub().wait(sock._read_event)
-            continue
-        except ConnectionResetError as exc:
-            raise HTTPConnectionClosed("connection closed.") from exc
-        if not data:
-            raise HTTPConnectionClosed("connection closed.")
-        return data, arrived
+    try:
+        data, arrived = _recv_plain(sock)
+    except ConnectionResetError as exc:
+        raise HTTPConnectionClosed("connection closed.") from exc
+    if not data:
+        raise HTTPConnectionClosed("connection closed.")
+    return data, arrived
 
 
 def _cancel_socket_wait(sock: Any, exc: BaseException) -> bool:
@@ -307,7 +301,7 @@ def _read_available(response: HTTPSocketPoolResponse, plain: bool) -> bytes:
         if sock is None:
             return b""
         # HTTPS reads go through gevent's SSL socket and its own per-read timeout.
-        data = _recv_plain(sock) if plain else sock.recv(_BLOCK)
+        data = _recv_plain(sock)[0] if plain else sock.recv(READ_SIZE)
         response.feed(data)  # raises HTTPParseError on invalid chunk framing
         if not data:
             if not response.message_complete:
@@ -318,13 +312,13 @@ def _read_available(response: HTTPSocketPoolResponse, plain: bool) -> bytes:
     return chunk
 
 
-def _recv_plain(sock: Any) -> bytes:
-    """One `recv` on the real non-blocking socket (`_sock`), waiting on its read watcher
-    (`_read_event`) when nothing is there yet: no per-read gevent `Timeout`."""
+def _recv_plain(sock: Any) -> tuple[bytes, float]:
+    """One stamped read on the real non-blocking socket (`_sock`, `recv_stamped`), waiting on its
+    read watcher (`_read_event`) when nothing is there yet: no per-read gevent `Timeout`."""
     raw = sock._sock
     while True:
         try:
-            return raw.recv(_BLOCK)
+            return recv_stamped(raw)
         except BlockingIOError:
             get_hub().wait(sock._read_event)
 
