@@ -9,6 +9,7 @@ time, not the time the loop got round to reading it.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -17,12 +18,15 @@ import pytest
 
 from fakeserver import FakeServer, Script, sse
 
+from tokenload.load.reader import compiled
+
 _CHILD = r"""
 from gevent import monkey; monkey.patch_all()
 import json, sys, time
 import gevent
 from gevent.monkey import get_original
 from tokenload.channel import Channel
+from tokenload.load.reader import compiled
 from tokenload.load.transport import Transport
 from tokenload.protocols import adapter_for
 from tokenload.stream import StreamSession
@@ -40,6 +44,7 @@ for _ in range(cfg["requests"]):
     stream.join()
     record = session.record()
     record["chunk_gaps"] = [b - a for a, b in zip(session.timeline.chunk_times, session.timeline.chunk_times[1:])]
+    record["reader"] = "compiled" if compiled() else "pure"
     print(json.dumps(record), flush=True)
 """
 
@@ -61,29 +66,37 @@ def _answer(first_token_after: float, second_token_after: float, headers_after: 
     ])
 
 
-def _stream_while_blocked(server: FakeServer, script: Script, requests: int = 2) -> list[dict[str, Any]]:
+def _stream_while_blocked(server: FakeServer, script: Script, reader: str, requests: int = 2) -> list[dict[str, Any]]:
     server.play(*[script] * requests)
     cfg = {"url": server.url + "/v1", "requests": requests, "block_at": 0.05, "block_for": 0.6}
+    env = {**os.environ, "TOKENLOAD_PURE_PYTHON": "1" if reader == "pure" else "0"}
     out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cfg)], capture_output=True, text=True,
-                         timeout=60, check=False)
+                         timeout=60, check=False, env=env)
     assert out.returncode == 0, out.stderr
     records = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["status"] for r in records] == ["ok"] * requests, records
+    assert {r["reader"] for r in records} == {reader}
     return records
 
 
-def test_a_token_read_late_keeps_its_arrival_time(fake_server: FakeServer) -> None:
+# Both body readers: the compiled core (where it was built) and the pure-Python fallback.
+READERS = ["pure", pytest.param("compiled", marks=pytest.mark.skipif(not compiled(), reason="core not built"))]
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_token_read_late_keeps_its_arrival_time(fake_server: FakeServer, reader: str) -> None:
     """First token at 0.2 s, read at 0.65 s when the loop unblocks: TTFT 0.2 s, and the gap to the
-    second token (at 1.0 s) is 0.8 s, not the 0.35 s between the two reads."""
-    for record in _stream_while_blocked(fake_server, _answer(0.2, 0.8)):
+    second token (at 1.0 s, counted by its shape) is 0.8 s, not the 0.35 s between the two reads."""
+    for record in _stream_while_blocked(fake_server, _answer(0.2, 0.8), reader):
         assert 0.15 < record["ttft_s"] < 0.4, record["ttft_s"]  # read-time stamping gives >= 0.65
         assert record["chunk_gaps"] == [pytest.approx(0.8, abs=0.15)]
 
 
-def test_a_token_that_came_with_the_headers_keeps_their_arrival_time(fake_server: FakeServer) -> None:
+@pytest.mark.parametrize("reader", READERS)
+def test_a_token_that_came_with_the_headers_keeps_their_arrival_time(fake_server: FakeServer, reader: str) -> None:
     """Headers and first token at 0.2 s, both read at 0.65 s: TTFB and TTFT are 0.2 s (the first read is
     the transport's own, stamped, before the header parser sees the bytes)."""
-    for record in _stream_while_blocked(fake_server, _answer(0.0, 0.8, headers_after=0.2)):
+    for record in _stream_while_blocked(fake_server, _answer(0.0, 0.8, headers_after=0.2), reader):
         assert 0.15 < record["ttfb_s"] < 0.4, record["ttfb_s"]
         assert 0.15 < record["ttft_s"] < 0.4, record["ttft_s"]
         assert record["ttft_s"] >= record["ttfb_s"]

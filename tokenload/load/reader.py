@@ -17,12 +17,20 @@ stamp (a platform without it, a clock step) is stamped when it was read.
 Only the bytes-to-session path runs in the hub, and nothing in it yields: streams
 with a display callback (user code), HTTPS and compressed bodies keep their
 greenlet's own read loop (`tokenload.load.transport`).
+
+A chunked body (what streaming servers send) is read by the compiled core,
+`tokenload.load._chunked.ChunkedBody`, where it was built (`pip install` builds
+it on Linux when a C compiler is there, and goes on without it otherwise): the
+same read, stamp, de-chunking and shape count, with no Python code run per
+token. Anything it does not count itself goes to `StreamSession.on_data`, so
+both paths give the same record. `TOKENLOAD_PURE_PYTHON=1` turns it off.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import socket
 import struct
 import sys
@@ -31,7 +39,7 @@ from typing import Any
 
 from gevent import get_hub, getcurrent
 from gevent.monkey import get_original
-from geventhttpclient._parser import HTTPResponseParser
+from geventhttpclient._parser import HTTPParseError, HTTPResponseParser
 
 from tokenload.stream import StreamSession
 
@@ -47,6 +55,20 @@ _CMSG = socket.CMSG_SPACE(16) if _SO_TIMESTAMPNS is not None else 0
 _TIMESPEC = struct.Struct("qq").unpack
 # A kernel stamp further back than this is taken for a clock step, not a late read.
 _PLAUSIBLE_S = 60.0
+
+_chunked: Any = None
+if os.environ.get("TOKENLOAD_PURE_PYTHON") != "1":
+    try:
+        from tokenload.load import _chunked  # type: ignore[attr-defined, no-redef]
+    except ImportError:  # not built here: the pure-Python path reads every body
+        pass
+    else:
+        _chunked.configure(HTTPParseError)
+
+
+def compiled() -> bool:
+    """Whether chunked bodies are read by the compiled core (`_chunked`), not the pure-Python path."""
+    return _chunked is not None
 
 
 def stamp_arrivals(raw: socket.socket) -> None:
@@ -75,9 +97,13 @@ def recv_stamped(raw: socket.socket) -> tuple[bytes, float]:
 class HubReader:
     """Feeds one response body into its session from the hub; `run` waits for the end in the caller's greenlet."""
 
-    __slots__ = ("buffered_at", "error", "greenlet", "hub", "last", "raw", "response", "session", "waiting", "watcher")
+    __slots__ = ("body", "buffered_at", "error", "greenlet", "hub", "last", "raw", "response", "session", "waiting",
+                 "watcher")
 
-    def __init__(self, response: Any, session: StreamSession, buffered_at: float | None = None) -> None:
+    def __init__(self, response: Any, session: StreamSession, buffered_at: float | None = None,
+                 rest: bytes | None = None) -> None:
+        """`rest`: the body bytes that came with the headers, not yet given to the response's parser
+        (None: the parser has seen everything read so far)."""
         self.response = response
         self.session = session
         self.hub = get_hub()
@@ -88,6 +114,14 @@ class HubReader:
         self.error: BaseException | None = None
         self.last = session.timeline.t0
         self.buffered_at = buffered_at
+        self.body: Any = None
+        shapes = session._shapes
+        if _chunked is not None and rest is not None and shapes is not None and _is_chunked(response):
+            self.body = _chunked.ChunkedBody(self.raw.fileno(), session, shapes._shapes, shapes._blank, self._finish,
+                                             self.last)
+            self.body.feed(rest, _perf() if buffered_at is None else buffered_at)
+        elif rest:
+            _feed(response, rest)
 
     def run(self) -> None:
         """Feed the body until it ends; raises what ended it otherwise (a reset, a parse error, a deadline).
@@ -95,6 +129,9 @@ class HubReader:
         Bytes the header read already buffered go out first, stamped `buffered_at` (when
         the read that brought them arrived) or now.
         """
+        if self.body is not None:
+            self._run_compiled(self.body)
+            return
         buf = self.response._body_buffer
         buffered_at = _perf() if self.buffered_at is None else self.buffered_at
         if buf:
@@ -105,8 +142,24 @@ class HubReader:
         if self.response.message_complete:
             self.session.on_end(buffered_at)
             return
+        self._wait(self._read)
+        self.session.on_end(self.last)  # the stamp of the read that completed the body
+
+    def _run_compiled(self, body: Any) -> None:
+        """`run` with the compiled core reading (`__init__` fed it the bytes that came with the headers)."""
+        if not body.complete:
+            try:
+                self._wait(body)
+            finally:  # a deadline or a stopped user: the record keeps every token counted
+                body.flush()
+        # The body's end, for the connection pool: the response's own parser never saw the body.
+        self.response._on_message_complete()
+        self.session.on_end(body.last)
+
+    def _wait(self, callback: Any) -> None:
+        """Read with `callback` in the hub until the body ends; raises what ended it otherwise."""
         self.waiting = True
-        self.watcher.start(self._read)
+        self.watcher.start(callback)
         try:
             self.hub.switch()
         finally:
@@ -114,7 +167,11 @@ class HubReader:
             self.watcher.stop()
         if self.error is not None:
             raise self.error
-        self.session.on_end(self.last)  # the stamp of the read that completed the body
+
+    def flush(self) -> None:
+        """Bring the timeline up to date: the compiled core puts its tokens there only when Python reads it."""
+        if self.body is not None:
+            self.body.flush()
 
     def cancel(self, exc: BaseException) -> bool:
         """End the stream with `exc` (its deadline passed); False when it is not waiting on its socket."""
@@ -160,3 +217,9 @@ class HubReader:
         if self.waiting:
             self.waiting = False
             self.greenlet.switch()
+
+
+def _is_chunked(response: Any) -> bool:
+    """The body comes in HTTP chunks (the response's last transfer coding is `chunked`)."""
+    coding = response.get("transfer-encoding")
+    return isinstance(coding, str) and coding.rpartition(",")[2].strip().lower() == "chunked"

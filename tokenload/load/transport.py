@@ -130,7 +130,7 @@ class Transport:
                 guard = _Deadline(t0, self._first, self._idle, timeline, partial(_cancel_socket_wait, sock))
                 sent = self._send(sock, data, retry=reused and attempt == 0)
                 if sent is not None:
-                    response, arrived = sent
+                    response, arrived, rest = sent
                     break
                 guard.close()  # the reused socket was dead: once more, on a fresh one
             assert response is not None and guard is not None
@@ -142,10 +142,12 @@ class Transport:
                 return
             decoder = zlib.decompressobj(zlib.MAX_WBITS | 32) if encoding in _DECODED else None
             if self._plain and timeline.on_text is None and decoder is None and response._sock is not None:
-                reader = HubReader(response, session, arrived)
-                guard.cancel = reader.cancel
+                reader = HubReader(response, session, arrived, rest)
+                guard.cancel, guard.sync = reader.cancel, reader.flush
                 reader.run()
                 return
+            if rest:
+                response.feed(rest)
             while True:
                 chunk = _read_available(response, self._plain)
                 now = _perf()
@@ -179,11 +181,14 @@ class Transport:
             self._heads[id(headers)] = cached
         return f"{cached[1]}{len(request.body)}\r\n\r\n"
 
-    def _send(self, sock: Any, data: bytes, *, retry: bool) -> tuple[HTTPSocketPoolResponse, float | None] | None:
+    def _send(self, sock: Any, data: bytes, *,
+              retry: bool) -> tuple[HTTPSocketPoolResponse, float | None, bytes | None] | None:
         """Write the request and read the response headers; None when a reused socket died unheard.
 
         Also returns when the bytes that completed the headers arrived (plain HTTP,
-        headers in the first read), which is when any body bytes read with them did.
+        headers in the first read), which is when any body bytes read with them did,
+        and those body bytes, not given to the response's parser (None when the
+        headers took more than one read: the parser has the body's start then).
         With `retry`, a failure before any response byte (the write failed, or the
         server closed without a byte) returns None so the caller can resend once.
         """
@@ -195,15 +200,17 @@ class Transport:
             if retry and isinstance(exc, OSError | HTTPConnectionClosed) and not isinstance(exc, TimeoutError):
                 return None
             raise
+        # Status digit 1: an interim response; the final headers (and body bytes) came in a later read.
+        end = first.find(b"\r\n\r\n") + 4
+        in_first = end >= 4 and first[9:10] != b"1"
+        head, rest = (first[:end], first[end:]) if in_first else (first, None)
         try:  # the response releases the socket itself when it fails
-            response = HTTPSocketPoolResponse(sock, self._pool, block_size=READ_SIZE, method="POST", pre_buffered=first)
+            response = HTTPSocketPoolResponse(sock, self._pool, block_size=READ_SIZE, method="POST", pre_buffered=head)
         except HTTPConnectionClosed:  # closed before the first byte of the status line
             if retry:
                 return None
             raise
-        # Status digit 1: an interim response; the final headers (and body bytes) came in a later read.
-        in_first = b"\r\n\r\n" in first and first[9:10] != b"1"
-        return response, arrived if in_first else None
+        return response, arrived if in_first else None, rest
 
 
 class _Expired(Exception):
@@ -224,13 +231,15 @@ class _Deadline:
     token + idle timeout: keepalive pings and comments are bytes, not tokens),
     re-arms itself if a token came meanwhile, and otherwise ends the stream's
     wait with `_Expired` through `cancel` (False: the reader is busy with data).
+    `sync`, when set, brings the timeline up to date first (the compiled reader's tokens).
     """
 
-    __slots__ = ("cancel", "first", "hub", "idle", "t0", "timeline", "timer")
+    __slots__ = ("cancel", "first", "hub", "idle", "sync", "t0", "timeline", "timer")
 
     def __init__(self, t0: float, first: float, idle: float, timeline: Any,
                  cancel: Callable[[BaseException], bool]) -> None:
         self.t0, self.first, self.idle, self.timeline, self.cancel = t0, first, idle, timeline, cancel
+        self.sync: Callable[[], None] | None = None
         self.hub = get_hub()
         self.timer: Any = None
         self._arm(min(first, idle))
@@ -242,6 +251,8 @@ class _Deadline:
         self.timer.start(self._fire)
 
     def _fire(self) -> None:
+        if self.sync is not None:
+            self.sync()
         now = _perf()
         last = self.timeline.t_last_token
         if last is None:
