@@ -10,7 +10,9 @@ way a Locust process runs it:
   (a requests.Session) per user, `stream=True`, `iter_lines()`.
 - `geventhttpclient`: tokenload's `Transport` (one shared pool per process; each
   body read inside the event loop by its socket's watcher, one kernel-stamped
-  `recvmsg` per wake-up, the user's greenlet woken once per request).
+  `recvmsg` per wake-up, the user's greenlet woken once per request; chunked
+  bodies by the compiled core, `tokenload.load._chunked`, where it was built).
+- `geventhttpclient-pure`: the same with the pure-Python body reader (`TOKENLOAD_PURE_PYTHON=1`).
 - `httpx`: one shared `httpx.Client` (unlimited pool), `iter_raw()`, like probe/doctor.
 - `aiohttp-vllm` (a peer, not a tokenload candidate; `pip install -e '.[bench]'`): vLLM bench's
   streaming loop (`async_request_openai_chat_completions`) reproduced in a few lines on asyncio, no
@@ -58,6 +60,8 @@ import time
 from pathlib import Path
 
 CLIENTS = ("requests", "geventhttpclient", "httpx")
+# tokenload's Transport with the pure-Python body reader (what runs where the compiled core was not built).
+PURE = "geventhttpclient-pure"
 PEERS = ("aiohttp-vllm",)
 LEVELS = (10, 100, 500)
 MODEL = "sim-7b"
@@ -175,7 +179,8 @@ def _cell(kind: str, protocol: str, base_url: str, streams: int, rounds: int, ma
     perf = time.perf_counter
     stats = RequestStats()
 
-    if kind == "geventhttpclient":
+    if kind in ("geventhttpclient", PURE):
+        os.environ["TOKENLOAD_PURE_PYTHON"] = "1" if kind == PURE else "0"
         from tokenload.load.transport import Transport
 
         transport = Transport(channel)
@@ -387,13 +392,13 @@ def main() -> int:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrent streams per cell")
     parser.add_argument("--clients", default=",".join(CLIENTS),
-                        help=f"clients to compare: {', '.join(CLIENTS + PEERS)}")
+                        help=f"clients to compare: {', '.join(CLIENTS + (PURE,) + PEERS)}")
     parser.add_argument("--protocol", default="anthropic", choices=("anthropic", "openai-chat"),
                         help="wire protocol of every cell (aiohttp-vllm needs openai-chat)")
     parser.add_argument("--tps", type=float, default=50.0, help="tokens/s per stream from the simulator")
     parser.add_argument("--max-tokens", type=int, default=200, help="output tokens per request")
     parser.add_argument("--rounds", type=int, default=1, help="measured requests per stream")
-    parser.add_argument("--spawn-users", type=int, default=1000, help="users spawned in the spawn-cost cell")
+    parser.add_argument("--spawn-users", type=int, default=1000, help="users spawned in the spawn-cost cell (0: no such cell)")
     parser.add_argument("--cell-timeout", type=float, default=60.0, help="seconds before a cell is killed")
     parser.add_argument("--budget", type=float, default=240.0, help="seconds for the whole run; later cells are skipped")
     parser.add_argument("--repeat", type=int, default=1, help="cells per (client, level), in alternating order")
@@ -446,7 +451,8 @@ def main() -> int:
                     results.append(res)
                     print(f"  {kind:>27} x {level:<4} done ({time.monotonic() - started:.0f} s)", file=sys.stderr)
         spawn = _child(["--cell", "spawn", "--base-url", base_url, "--spawn-users", str(args.spawn_users)],
-                       max(5.0, min(args.cell_timeout, args.budget - (time.monotonic() - started))), client_cpu)
+                       max(5.0, min(args.cell_timeout, args.budget - (time.monotonic() - started))),
+                       client_cpu) if args.spawn_users > 0 else None
     finally:
         sim.communicate(timeout=10)
     server = {}

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tokenload.channel import Channel
 from tokenload.deltas import DeltaShapes
@@ -291,3 +293,26 @@ def test_the_compiled_core_is_built_where_a_compiler_is() -> None:
     if not (sys.platform.startswith("linux") and shutil.which("cc")) or os.environ.get("TOKENLOAD_PURE_PYTHON") == "1":
         pytest.skip("no C compiler or not Linux: the pure-Python path is the only one")
     assert reader_compiled()
+
+
+@needs_core
+@settings(max_examples=400, deadline=None)
+@given(edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 3), st.binary(min_size=1, max_size=3)),
+                      min_size=1, max_size=4),
+       cut=st.integers(1, 200))
+def test_a_mangled_body_ends_both_paths_alike(edits: list[tuple[int, int, bytes]], cut: int) -> None:
+    """Any bytes, not only the listed cases: a valid body with bytes replaced, inserted or deleted,
+    read in pieces of `cut` bytes, gives the compiled core and llhttp + the pure path the same result."""
+    rng = random.Random(0)
+    start, delta, end = STREAMS["openai-chat"]
+    wire = bytearray(b"".join(_framed(c, rng) for c in [start, *(delta(b"tok") for _ in range(6)), end]) + _last(rng))
+    for at, how, data in edits:
+        at %= len(wire)
+        if how == 0:
+            wire[at : at + len(data)] = data
+        elif how == 1:
+            wire[at:at] = data
+        else:
+            del wire[at : at + len(data)]
+    pieces = [bytes(wire[i : i + cut]) for i in range(0, len(wire), cut)]
+    assert _read("openai-chat", pieces, compiled=True)[0] == _read("openai-chat", pieces, compiled=False)[0]

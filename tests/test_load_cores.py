@@ -141,6 +141,18 @@ def test_a_full_core_is_a_bottleneck_even_when_the_loop_is_on_time() -> None:
     assert not lag.summarise({"local": {**on_time, "cpu_busiest": 0.96}}, ok_share=0.2, cores=2)["client_bound"]
 
 
+def test_a_client_bound_by_the_pure_python_reader_is_told_how_to_build_the_compiled_one() -> None:
+    from tokenload.load import lag
+
+    busy = {"samples": 400, "cpu_s": 9.5, "cpu_util": 0.93, "lag_p99_s": 0.05, "cpu_busiest": 0.96}
+    pure = lag.summarise({"w1": {**busy, "reader": "pure"}, "w2": {**busy, "reader": "compiled"}}, cores=2)
+    assert "w1 read with the pure-Python reader (installed without a C compiler): install gcc" in pure["warning"]
+    assert "w2 read with" not in pure["warning"]
+    compiled = lag.summarise({"w1": {**busy, "reader": "compiled"}}, cores=2)
+    assert compiled["client_bound"] and "pure-Python" not in compiled["warning"]
+    assert lag.LagProbe().stats()["reader"] in ("compiled", "pure")
+
+
 def test_the_probe_keeps_the_busiest_window_of_the_run() -> None:
     """CPU share over sliding 5 s windows: a busy stretch in the middle of an idle run is what counts."""
     from tokenload.load.lag import LagProbe

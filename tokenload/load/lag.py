@@ -25,6 +25,8 @@ from typing import Any
 import gevent
 import numpy as np
 
+from tokenload.load.reader import compiled
+
 INTERVAL_S = 0.05
 # Above this p99 lag the client adds more error than the TTFT resolution users care about.
 WARN_P99_S = 0.020
@@ -73,11 +75,11 @@ class LagProbe:
             self._busiest = max(self._busiest, (cpu - cpu0) / (wall - wall0))
 
     def stats(self) -> dict[str, Any]:
-        """Lag percentiles (seconds) and the process's CPU use, JSON-ready."""
+        """Lag percentiles (seconds), the process's CPU use and its body reader, JSON-ready."""
         wall = max(1e-9, time.monotonic() - self._wall0)
         cpu = time.process_time() - self._cpu0
         out: dict[str, Any] = {"samples": len(self._samples), "cpu_s": round(cpu, 3), "cpu_util": round(cpu / wall, 3),
-                               "cpu_busiest": round(self._busiest, 3)}
+                               "cpu_busiest": round(self._busiest, 3), "reader": "compiled" if compiled() else "pure"}
         if self._samples:
             arr = np.asarray(self._samples)
             p50, p99 = np.percentile(arr, (50, 99))
@@ -142,9 +144,13 @@ def summarise(per_worker: dict[str, dict[str, Any]], ok_share: float = 1.0, core
             busiest = max(s["cpu_busiest"] for s in busy.values())
             reasons.append(f"{', '.join(sorted(busy))} kept a core {math.floor(busiest * 100)}% busy for "
                            f"{BUSY_WINDOW_S:g} s")
+        pure = sorted(w for w, s in bound.items() if s.get("reader") == "pure")
         summary["warning"] = (
             f"the load generator was the bottleneck: {'; '.join(reasons)}; its requests went out late (less load "
             f"than planned) and HTTPS timings include its delay. "
             f"{advice(len(per_worker), len(bound), cores or usable_cores())}."
+            + (f" {', '.join(pure)} read with the pure-Python reader (installed without a C compiler): install "
+               "gcc and reinstall tokenload (pip install -e .) to build the compiled one, about 15% less CPU per "
+               "token." if pure else "")
         )
     return summary

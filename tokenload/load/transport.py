@@ -17,10 +17,11 @@ and the previous version against one simulator (500 streams, 3 cells each) gave
 dominated by the process's fixed idle cost, not tokens.
 
 How it reads: plain-HTTP bodies are read inside the event loop by
-`tokenload.load.reader.HubReader` (one kernel-stamped `recvmsg` per wake-up
-through the response's C parser, the user's greenlet woken once per request),
-and the first response bytes by `_first_read` with the same stamp, so body bytes
-that came with the headers keep their arrival time. Streams with a display
+`tokenload.load.reader.HubReader` (one kernel-stamped `recvmsg` per wake-up,
+chunked bodies by its compiled core where it was built, the user's greenlet
+woken once per request), and the first response bytes by `_first_read` with
+the same stamp, so body bytes that came with the headers keep their arrival
+time (the header parser gets only the headers; `HubReader` the rest). Streams with a display
 callback, HTTPS and compressed bodies read in their greenlet (`_read_available`,
 one read per call: geventhttpclient's `read(n)` would hold small events back).
 Socket timeouts would allocate and start a gevent `Timeout` on every read;
