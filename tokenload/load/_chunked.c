@@ -114,6 +114,12 @@ static int is_tchar(unsigned char c) {
            (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
 }
 
+/* The byte the state needs, and the state after it. */
+#define EXPECT(byte, next, what)                       \
+    if (c != (byte)) return fail_framing(what);        \
+    self->state = (next);                              \
+    break
+
 /* Decode `data` into self->body (appended); -1 with an exception set on invalid framing.
  * As strict as llhttp (the pure path's parser): CRLF only, no spaces in sizes or extensions,
  * trailers as header lines, nothing but line ends after the last chunk. */
@@ -136,13 +142,11 @@ static int dechunk(ChunkedBody *self, const char *data, Py_ssize_t n) {
             } else {
                 return fail_framing("invalid character in chunk size");
             }
-            i++;
             break;
         }
         case EXT_NAME_START:
             if (!is_tchar(c)) return fail_framing("invalid chunk extension");
             self->state = EXT_NAME;
-            i++;
             break;
         case EXT_NAME:
         case EXT_VALUE_START:
@@ -154,24 +158,18 @@ static int dechunk(ChunkedBody *self, const char *data, Py_ssize_t n) {
             else if (self->state == EXT_VALUE_START && c == '"') self->state = EXT_QUOTED;
             else if (self->state == EXT_QUOTE_END || !is_tchar(c)) return fail_framing("invalid chunk extension");
             else if (self->state == EXT_VALUE_START) self->state = EXT_VALUE;
-            i++;
             break;
         case EXT_QUOTED:
             if (c == '"') self->state = EXT_QUOTE_END;
             else if (c == '\\') self->state = EXT_ESCAPE;
             else if (c < 0x20 && c != '\t') return fail_framing("invalid chunk extension");
-            i++;
             break;
         case EXT_ESCAPE:
             if (c < 0x20 && c != '\t') return fail_framing("invalid chunk extension");
             self->state = EXT_QUOTED;
-            i++;
             break;
         case SIZE_LF:
-            if (c != '\n') return fail_framing("missing LF after chunk size");
-            self->state = self->remaining ? DATA : TRAILER_START;
-            i++;
-            break;
+            EXPECT('\n', self->remaining ? DATA : TRAILER_START, "missing LF after chunk size");
         case DATA: {
             Py_ssize_t take = n - i;
             if ((uint64_t)take > self->remaining) take = (Py_ssize_t)self->remaining;
@@ -181,50 +179,35 @@ static int dechunk(ChunkedBody *self, const char *data, Py_ssize_t n) {
             self->remaining -= (uint64_t)take;
             i += take;
             if (self->remaining == 0) self->state = DATA_CR;
-            break;
+            continue;
         }
         case DATA_CR:
-            if (c != '\r') return fail_framing("missing CR after chunk data");
-            self->state = DATA_LF;
-            i++;
-            break;
+            EXPECT('\r', DATA_LF, "missing CR after chunk data");
         case DATA_LF:
-            if (c != '\n') return fail_framing("missing LF after chunk data");
-            self->state = SIZE_START;
-            i++;
-            break;
+            EXPECT('\n', SIZE_START, "missing LF after chunk data");
         case TRAILER_START:
             if (c == '\r') self->state = END_LF;
             else if (is_tchar(c)) self->state = TRAILER_NAME;
             else return fail_framing("invalid trailer");
-            i++;
             break;
         case TRAILER_NAME:
             if (c == ':') self->state = TRAILER_VALUE;
             else if (!is_tchar(c)) return fail_framing("invalid trailer");
-            i++;
             break;
         case TRAILER_VALUE:
             if (c == '\r') self->state = TRAILER_LF;
             else if (c < 0x20 && c != '\t') return fail_framing("invalid trailer");
             else if (c == 0x7f) return fail_framing("invalid trailer");
-            i++;
             break;
         case TRAILER_LF:
-            if (c != '\n') return fail_framing("missing LF after trailer");
-            self->state = TRAILER_START;
-            i++;
-            break;
+            EXPECT('\n', TRAILER_START, "missing LF after trailer");
         case END_LF:
-            if (c != '\n') return fail_framing("missing LF after last chunk");
-            self->state = DONE;
-            i++;
-            break;
+            EXPECT('\n', DONE, "missing LF after last chunk");
         case DONE: /* another response would start here; none was asked for */
             if (c != '\r' && c != '\n') return fail_framing("bytes after the end of the body");
-            i++;
             break;
         }
+        i++;
     }
     return 0;
 }
