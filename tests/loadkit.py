@@ -1,4 +1,4 @@
-"""Helpers shared by the `tokenload run` tests: scenario files, the CLI command, the truth file."""
+"""Helpers shared by the load tests: scenario files, the CLI command, the truth file, the body readers."""
 
 from __future__ import annotations
 
@@ -10,6 +10,18 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
+
+from tokenload.load.reader import compiled
+
+# The load transport's two body readers: the compiled core (where `pip install` built it) and the
+# pure-Python fallback; a child process picks one with `reader_env`.
+READERS = ["pure", pytest.param("compiled", marks=pytest.mark.skipif(not compiled(), reason="core not built here"))]
+
+
+def reader_env(reader: str) -> dict[str, str]:
+    """The environment of a child process that reads bodies with `reader`."""
+    return {**os.environ, "TOKENLOAD_PURE_PYTHON": "1" if reader == "pure" else "0"}
 
 
 def write_scenario(tmp_path: Path, body: str) -> Path:

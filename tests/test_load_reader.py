@@ -9,7 +9,6 @@ time, not the time the loop got round to reading it.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from typing import Any
@@ -17,8 +16,7 @@ from typing import Any
 import pytest
 
 from fakeserver import FakeServer, Script, sse
-
-from tokenload.load.reader import compiled
+from loadkit import READERS, reader_env
 
 _CHILD = r"""
 from gevent import monkey; monkey.patch_all()
@@ -69,18 +67,13 @@ def _answer(first_token_after: float, second_token_after: float, headers_after: 
 def _stream_while_blocked(server: FakeServer, script: Script, reader: str, requests: int = 2) -> list[dict[str, Any]]:
     server.play(*[script] * requests)
     cfg = {"url": server.url + "/v1", "requests": requests, "block_at": 0.05, "block_for": 0.6}
-    env = {**os.environ, "TOKENLOAD_PURE_PYTHON": "1" if reader == "pure" else "0"}
     out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cfg)], capture_output=True, text=True,
-                         timeout=60, check=False, env=env)
+                         timeout=60, check=False, env=reader_env(reader))
     assert out.returncode == 0, out.stderr
     records = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["status"] for r in records] == ["ok"] * requests, records
     assert {r["reader"] for r in records} == {reader}
     return records
-
-
-# Both body readers: the compiled core (where it was built) and the pure-Python fallback.
-READERS = ["pure", pytest.param("compiled", marks=pytest.mark.skipif(not compiled(), reason="core not built"))]
 
 
 @pytest.mark.parametrize("reader", READERS)
