@@ -12,7 +12,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fakeserver import FakeServer  # noqa: E402
 
-# The simulator fixtures (`fast_sim`) live beside their helpers in tests/simfixtures.py.
+# The simulator fixtures (`fast_sim`; `demo_run`, `history_demo_run` and `diurnal_watch`, the longest runs,
+# done side by side) live beside their helpers in tests/simfixtures.py.
 pytest_plugins = ["simfixtures"]
 
 

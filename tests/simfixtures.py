@@ -1,4 +1,5 @@
-"""Helpers for the simulator tests: a raw HTTP/1.1 client that keeps wire detail, and an SSE parser.
+"""Helpers for the simulator tests: a raw HTTP/1.1 client that keeps wire detail, and an SSE parser;
+the simulator fixtures, among them the three longest runs, done side by side.
 
 The raw client exists because the faults under test (RST vs FIN, missing final
 chunk, one byte per chunk, CR-only line ends) are exactly what higher-level
@@ -10,8 +11,12 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +24,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tokenload.channel import Channel
+from tokenload.dayclock import DAY_S
+from tokenload.history.sampler import Watcher, WatchPlan, probe_scenario
+from tokenload.history.store import open_store
 from tokenload.sim import serve_in_thread
 
 
@@ -170,3 +179,116 @@ def fast_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     truth = tmp_path_factory.mktemp("sim") / "truth.jsonl"
     with serve_in_thread("fast", truth_path=truth) as handle:
         yield handle
+
+
+# ------------------------------------------------------------------ the three longest runs, side by side
+#
+# `tokenload demo` (two short ramps, about 30 s), `tokenload demo --history` (a simulated day in 36 s) and
+# a Watcher over the diurnal simulator (a day in 48 s) spend most of their time waiting on the clock: each
+# keeps a fifth to a third of one core busy. Started together they take as long as the longest one, not
+# the sum (about 50 s instead of 120 s); each against a simulator of its own, whose truth its test reads.
+# Only the runs that a selected test asks for are started, and all of them have ended before the first of
+# those tests goes on: nothing runs beside any other test.
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """A finished `tokenload demo` command: its --out directory and what it returned and printed."""
+
+    out: Path
+    proc: subprocess.CompletedProcess[str]
+
+
+@dataclass(frozen=True)
+class DiurnalWatch:
+    """A Watcher's history (`db`) of one diurnal day compressed into `period_s`, with the simulator's truth."""
+
+    db: Path
+    truth: Path
+    period_s: float
+    key: str
+
+
+DIURNAL_KEY = "sk-history-SECRET-0123456789ab"
+
+
+def watch_a_diurnal_day(root: Path, period: float = 48.0) -> DiurnalWatch:
+    """Watch the diurnal simulator (keyed) through one compressed day into root/h.db: 2 s per hour at 48 s."""
+    db, truth = root / "h.db", root / "truth.jsonl"
+    probe = probe_scenario(32, 4)
+    with serve_in_thread("diurnal", time_scale=DAY_S / period, decode_base_s=0.01, api_key=DIURNAL_KEY,
+                         truth_path=truth) as sim, closing(open_store(db)) as store:
+        stop = threading.Event()
+        watcher = Watcher(store, Channel(base_url=sim.base_url, model="sim-7b", api_key=DIURNAL_KEY),
+                          WatchPlan(every_s=0.15, requests=2, period_s=period), probe, stop=stop)
+        timer = threading.Timer(period + 1, stop.set)
+        timer.start()
+        watcher.run()
+        timer.cancel()
+    return DiurnalWatch(db, truth, period, DIURNAL_KEY)
+
+
+# fixture name -> the `tokenload demo` options besides --out, and its timeout in seconds
+DEMOS: dict[str, tuple[tuple[str, ...], float]] = {
+    "demo_run": (("--duration", "10"), 240),
+    "history_demo_run": (("--history", "--duration", "36"), 180),
+}
+WATCH = "diurnal_watch"
+
+
+@pytest.fixture(scope="session")
+def _side_by_side(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Fixture name -> its finished run (or what it raised), for each of them that a selected test uses."""
+    wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    started = time.monotonic()
+    demos: dict[str, tuple[Path, subprocess.Popen[str], float]] = {}
+    for name, (options, timeout) in DEMOS.items():
+        if name in wanted:
+            out = tmp_path_factory.mktemp(name) / "demo"
+            command = [sys.executable, "-m", "tokenload", "demo", *options, "--out", str(out)]
+            demos[name] = out, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                text=True), timeout
+    done: dict[str, Any] = {}
+    try:
+        if WATCH in wanted:
+            try:
+                done[WATCH] = watch_a_diurnal_day(tmp_path_factory.mktemp("diurnal"))
+            except Exception as exc:  # raised again in the test that reads it
+                done[WATCH] = exc
+        for name, (out, proc, timeout) in demos.items():
+            try:
+                stdout, stderr = proc.communicate(timeout=max(0.0, started + timeout - time.monotonic()))
+            except subprocess.TimeoutExpired as exc:
+                done[name] = exc
+            else:
+                done[name] = DemoRun(out, subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    finally:
+        for _, proc, _ in demos.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return done
+
+
+def _finished(runs: dict[str, Any], name: str) -> Any:
+    if isinstance(runs[name], BaseException):
+        raise runs[name]
+    return runs[name]
+
+
+@pytest.fixture
+def demo_run(_side_by_side: dict[str, Any]) -> DemoRun:
+    """`tokenload demo --duration 10`: off-peak and peak runs, reports and their comparison."""
+    return _finished(_side_by_side, "demo_run")
+
+
+@pytest.fixture
+def history_demo_run(_side_by_side: dict[str, Any]) -> DemoRun:
+    """`tokenload demo --history --duration 36`: a compressed simulated day watched and reported."""
+    return _finished(_side_by_side, "history_demo_run")
+
+
+@pytest.fixture
+def diurnal_watch(_side_by_side: dict[str, Any]) -> DiurnalWatch:
+    """`watch_a_diurnal_day` over 48 s."""
+    return _finished(_side_by_side, WATCH)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from simfixtures import DemoRun
 
 pytestmark = pytest.mark.slow
 
@@ -16,10 +16,9 @@ STEP_KEYS = {"step", "active_users", "requests", "errors", "error_rate", "rps", 
              "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "slo_attainment", "formula_mape"}
 
 
-def test_demo_writes_reports_and_comparison(tmp_path: Path) -> None:
-    out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "tokenload", "demo", "--out", str(out), "--duration", "10"],
-                          capture_output=True, text=True, timeout=240)
+def test_demo_writes_reports_and_comparison(demo_run: DemoRun) -> None:
+    """`tokenload demo --duration 10` (run side by side with the other long runs: tests/simfixtures.py)."""
+    out, proc = demo_run.out, demo_run.proc
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     printed = [Path(line) for line in proc.stdout.split()]

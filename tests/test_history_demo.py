@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
+
+from simfixtures import DemoRun
 
 
-def test_demo_history_finds_the_simulated_peak_and_off_peak(tmp_path: Path) -> None:
-    out = tmp_path / "demo"
-    done = subprocess.run([sys.executable, "-m", "tokenload", "demo", "--history", "--duration", "36",
-                           "--out", str(out)], check=False, capture_output=True, text=True, timeout=180)
+def test_demo_history_finds_the_simulated_peak_and_off_peak(history_demo_run: DemoRun) -> None:
+    """`tokenload demo --history --duration 36` (run side by side with the other long runs: tests/simfixtures.py)."""
+    out, done = history_demo_run.out, history_demo_run.proc
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == str(out / "history" / "history.html")
     result = next(iter(json.loads((out / "history" / "history.json").read_text()).values()))

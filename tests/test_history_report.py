@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import json
-import threading
 from contextlib import closing
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tokenload.channel import Channel
+from simfixtures import DiurnalWatch
+
 from tokenload.cli import main
 from tokenload.dayclock import DAY_S, utc_offset_s
-from tokenload.history.sampler import Watcher, WatchPlan, probe_scenario
 from tokenload.history.store import Sample, open_store
 from tokenload.history.views import MIN_PER_HOUR, analyze_history, bridged, runs
-from tokenload.sim import serve_in_thread
 
-KEY = "sk-history-SECRET-0123456789ab"
 CHANNEL = "anthropic relay.example sim-7b"
 
 
@@ -147,21 +144,13 @@ def test_watch_help_says_how_to_run_it_as_a_service(capsys: pytest.CaptureFixtur
     assert "systemctl --user enable --now tokenload-watch" in text and "*/15 * * * * tokenload watch" in text
 
 
-def test_a_compressed_diurnal_day_is_found_within_one_hour(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The issue's acceptance run: watch the diurnal simulator through a 48 s day, then `history`."""
-    period = 48.0
-    db, truth, out = tmp_path / "h.db", tmp_path / "truth.jsonl", tmp_path / "report"
-    probe = probe_scenario(32, 4)
-    with serve_in_thread("diurnal", time_scale=DAY_S / period, decode_base_s=0.01, api_key=KEY,
-                         truth_path=truth) as sim, closing(open_store(db)) as store:
-        stop = threading.Event()
-        watcher = Watcher(store, Channel(base_url=sim.base_url, model="sim-7b", api_key=KEY),
-                          WatchPlan(every_s=0.15, requests=2, period_s=period), probe, stop=stop)
-        timer = threading.Timer(period + 1, stop.set)
-        timer.start()
-        watcher.run()
-        timer.cancel()
-    assert main(["history", "--db", str(db), "--period", "48s", "--out", str(out), "--csv"]) == 0
+def test_a_compressed_diurnal_day_is_found_within_one_hour(diurnal_watch: DiurnalWatch, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's acceptance run: watch the diurnal simulator through a 48 s day (`watch_a_diurnal_day`, run
+    side by side with the other long runs: tests/simfixtures.py), then `history`."""
+    period, db, truth, key = diurnal_watch.period_s, diurnal_watch.db, diurnal_watch.truth, diurnal_watch.key
+    out = tmp_path / "report"
+    assert main(["history", "--db", str(db), "--period", f"{period:g}s", "--out", str(out), "--csv"]) == 0
     printed = capsys.readouterr().out
     result = next(iter(json.loads((out / "history.json").read_text()).values()))
     peak, off = result["metrics"]["ttft"]["peak"], result["metrics"]["ttft"]["off_peak"]
@@ -185,9 +174,9 @@ def test_a_compressed_diurnal_day_is_found_within_one_hour(tmp_path: Path, capsy
     assert 3.0 < result["comparison"]["ttft"]["ratio"] < 6.0  # 2.5 / 0.5 on the server, less the client's overheads
     assert f"peak window (TTFT): {peak['label']}" in printed
     # no secret in the database, the report or the export
-    for path in [*tmp_path.glob("h.db*"), *out.iterdir()]:
-        assert KEY.encode() not in path.read_bytes() and KEY[-12:].encode() not in path.read_bytes()
-    assert KEY not in printed
+    for path in [*db.parent.glob("h.db*"), *out.iterdir()]:
+        assert key.encode() not in path.read_bytes() and key[-12:].encode() not in path.read_bytes()
+    assert key not in printed
 
 
 def test_window_fits_and_formula_follow_the_rows_law(tmp_path: Path) -> None:

@@ -51,6 +51,16 @@ def test_stress_times_and_the_budget_margin(tmp_path: Path) -> None:
     assert stress.worst_overshoot() == users * per_request
 
 
+def _communicate(proc: subprocess.Popen[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def test_stress_runs_at_its_hour_and_lands_in_the_database(tmp_path: Path) -> None:
     scenario = tmp_path / "mini.toml"
     scenario.write_text(STRESS)
@@ -60,9 +70,19 @@ def test_stress_runs_at_its_hour_and_lands_in_the_database(tmp_path: Path) -> No
     with serve_in_thread("fast") as sim:
         base = [sys.executable, "-m", "tokenload", "watch", "--base-url", sim.base_url, "--model", "sim-7b",
                 "--every", "1s", "--period", "48s", "--db", str(db)]
-        done = subprocess.run([*base, "--stress", f"{scenario}@{at:02d}:00", "--samples", "6",
-                               "--max-tokens-per-day", "1000000"], check=False, capture_output=True, text=True,
-                              timeout=120)
+        # Two watchers side by side on databases of their own: this one runs the stress scenario; the second
+        # (below) has a budget too small for anything, so it never sends a request to disturb the first.
+        watching = subprocess.Popen([*base, "--stress", f"{scenario}@{at:02d}:00", "--samples", "6",
+                                     "--max-tokens-per-day", "1000000"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        fresh = tmp_path / "tight" / "h.db"
+        tight_watching = subprocess.Popen([*base, "--db", str(fresh), "--stress", f"{scenario}@{at:02d}:00",
+                                           "--samples", "5", "--every", "1.5s", "--max-tokens-per-day", "120"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            done = _communicate(watching, timeout=120)
+        finally:
+            tight = _communicate(tight_watching, timeout=120)
         assert done.returncode == 0, done.stderr
         assert "stress mini:" in done.stdout, done.stdout
         runs = list((tmp_path / "data" / "runs").iterdir())
@@ -75,10 +95,6 @@ def test_stress_runs_at_its_hour_and_lands_in_the_database(tmp_path: Path) -> No
             spent = store.tokens_used(next(iter(dict(store.channels()))), 0, 2e10)
             assert spent == int(frame["input_tokens"].sum() + frame["output_tokens"].sum())
         # a budget that cannot hold the worst case of the 2 users in flight (2 x (48 + 8 + 8)) skips the run
-        at = (int(day_hour(time.time(), period)) + 2) % 24
-        fresh = tmp_path / "tight" / "h.db"
-        tight = subprocess.run([*base, "--db", str(fresh), "--stress", f"{scenario}@{at:02d}:00", "--samples", "5", "--every", "1.5s",
-                                "--max-tokens-per-day", "120"], check=False, capture_output=True, text=True, timeout=120)
         assert tight.returncode == 0, tight.stderr
         assert "stress mini SKIPPED (budget: 120 tokens left today)" in tight.stdout, tight.stdout
         assert not (tmp_path / "tight" / "runs").exists()

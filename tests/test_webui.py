@@ -41,7 +41,7 @@ ignore_eos = true
 [load]
 kind = "constant"
 users = 4
-step_s = 6
+step_s = 3
 [stop]
 drain_s = 2
 """
@@ -181,7 +181,7 @@ def test_web_run_counts_real_requests_and_each_start_is_a_run(tmp_path: Path) ->
     assert set(df1.run_id) == {runs[0]["run_id"]} and set(df2.run_id) == {runs[1]["run_id"]}
     assert df1.finished_at.max() < df2.started_at.min()  # no request of one test in the other's run
     assert second["summary"]["requests"] == len(df2)
-    for run_dir in (run1, run2):  # analysed separately: one 6 s step each, not a step spanning both tests
+    for run_dir in (run1, run2):  # analysed separately: one 3 s step each, not a step spanning both tests
         manifest = json.loads((run_dir / "manifest.json").read_text())
         assert manifest["stop_reason"] == "plan complete"
         steps = json.loads((run_dir / "summary.json").read_text())["steps"]
@@ -216,7 +216,7 @@ def test_headless_locust_csv_has_the_token_statistics(tmp_path: Path) -> None:
     """Plain `locust --headless --processes 2 --csv PREFIX`: Locust's stats count requests only,
     PREFIX_tokenload.csv has the token statistics, and the workers (no --run-dir of their own)
     write into the master's run directory."""
-    scenario = write_scenario(tmp_path, SCENARIO.replace("step_s = 6", "step_s = 3"))
+    scenario = write_scenario(tmp_path, SCENARIO)
     prefix = tmp_path / "csv" / "out"
     with launch() as sim:
         from tokenload.load.runner import locustfile
@@ -259,7 +259,7 @@ def test_browser_sees_live_token_stats_and_two_runs(tmp_path: Path) -> None:
     """Headless Chromium: start, the tokenload tab's live TTFT/TPOT match the records, stop, start again."""
     from playwright.sync_api import sync_playwright
 
-    scenario = write_scenario(tmp_path, SCENARIO.replace("step_s = 6", "step_s = 40"))
+    scenario = write_scenario(tmp_path, SCENARIO.replace("step_s = 3", "step_s = 40"))
     out = tmp_path / "run"
     with launch() as sim, sync_playwright() as pw:
         web = WebRun(scenario, sim.base_url, out)

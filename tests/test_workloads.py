@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,10 +110,29 @@ def _caching(run_dir: Path) -> dict[str, Any]:
     return analyze_run(run_dir, write=False)["caching"]
 
 
+Run = tuple[pd.DataFrame, pd.DataFrame, Path]  # records, truth, run directory
+
+
+@pytest.fixture(scope="module")
+def cache_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Run]:
+    """CACHE_SCENARIO against the caching `default` profile, run once per protocol in this module: the tests
+    below only read its records, truth and run directory (the anthropic run serves two of them)."""
+    done: dict[str, Run] = {}
+
+    def run(protocol: str) -> Run:
+        if protocol not in done:
+            done[protocol] = _run(tmp_path_factory.mktemp(f"cache-{protocol}"), CACHE_SCENARIO, "--protocol",
+                                  protocol, profile="default")
+        return done[protocol]
+
+    return run
+
+
 @pytest.mark.parametrize("protocol", ["anthropic", "openai-chat", "openai-responses"])
-def test_cache_hit_ratio_matches_truth_and_cached_requests_start_sooner(tmp_path: Path, protocol: str) -> None:
+def test_cache_hit_ratio_matches_truth_and_cached_requests_start_sooner(
+        cache_run: Callable[[str], Run], protocol: str) -> None:
     """The shared system prompt and each session's history are read from the simulator's prefix cache."""
-    df, truth, run_dir = _run(tmp_path, CACHE_SCENARIO, "--protocol", protocol, profile="default")
+    df, truth, run_dir = cache_run(protocol)
     assert (df.status == "ok").all()
     joined = df.merge(truth, left_on="server_request_id", right_on="request_id", suffixes=("", "_truth"))
     assert len(joined) == len(df)
@@ -129,14 +149,15 @@ def test_cache_hit_ratio_matches_truth_and_cached_requests_start_sooner(tmp_path
     assert caching["ttft_p50_cached_s"] < 0.5 * caching["ttft_p50_uncached_s"]
 
 
-def test_caching_stripped_channel_is_not_honoured_and_pays_full_prefill(tmp_path: Path) -> None:
+def test_caching_stripped_channel_is_not_honoured_and_pays_full_prefill(
+        tmp_path: Path, cache_run: Callable[[str], Run]) -> None:
     stripped, truth, run_dir = _run(tmp_path / "stripped", CACHE_SCENARIO, profile="nocache")
     assert (stripped.status == "ok").all() and (stripped.cache_read_input_tokens == 0).all()
     assert (truth.cached_tokens == 0).all()
     caching = _caching(run_dir)
     assert caching["honoured"] is False and caching["hit_ratio"] == 0
     assert caching["verdict"].startswith("NOT honoured")
-    cached, _, _ = _run(tmp_path / "cached", CACHE_SCENARIO, profile="default")
+    cached, _, _ = cache_run("anthropic")  # the same scenario against the caching channel
     later_ttft = {name: df[df.turn > 1].ttft_s.median() for name, df in (("stripped", stripped), ("cached", cached))}
     assert later_ttft["cached"] < 0.5 * later_ttft["stripped"]
 
