@@ -150,7 +150,7 @@ def summarise(per_worker: dict[str, dict[str, Any]], ok_share: float = 1.0, core
             f"than planned) and HTTPS timings include its delay. "
             f"{advice(len(per_worker), len(bound), cores or usable_cores())}."
             + (f" {', '.join(pure)} read with the pure-Python reader (installed without a C compiler): install "
-               "gcc and reinstall tokenload (pip install -e .) to build the compiled one, about 15% less CPU per "
+               "gcc and reinstall tokenload (pip install -e .) to build the compiled one, about a third less CPU per "
                "token." if pure else "")
         )
     return summary
