@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+import threading
 import uuid
 from contextlib import closing
 from pathlib import Path
@@ -100,6 +101,26 @@ def test_two_writer_processes_on_one_file_lose_nothing(tmp_path: Path) -> None:
         assert frame["request_id"].is_unique
         assert len(store.samples()) == 300
         assert store.tokens_used(CHANNEL, 0, 2e9) == 300 * 15
+
+
+def test_connections_opening_one_new_file_together_all_open(tmp_path: Path) -> None:
+    """Two watchers started together: SQLite refuses a concurrent switch of a new file to WAL at once
+    ("database is locked", no busy wait); every opener must still get the store (was 19 failures in 300)."""
+    failures: list[str] = []
+
+    def open_and_close(path: Path) -> None:
+        try:
+            open_store(path).close()
+        except ConfigError as exc:
+            failures.append(str(exc))
+
+    for i in range(150):
+        threads = [threading.Thread(target=open_and_close, args=(tmp_path / f"h{i}.db",)) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    assert failures == []
 
 
 def test_default_path_honours_xdg_data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,13 +167,26 @@ class SqliteHistory:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._wal()
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._migrate()
         except sqlite3.DatabaseError as exc:
             raise ConfigError(f"history database {self.path}: {exc}; give another --db or move the file away") from None
         except OSError as exc:
             raise ConfigError(f"history database {self.path}: {exc.strerror}; give a writable --db path") from None
+
+    def _wal(self) -> None:
+        """Switch the file to WAL. SQLite answers "locked" at once, without waiting its busy timeout, when
+        another connection is switching the same new file (two watchers starting together): wait here."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def _migrate(self) -> None:
         db = self._db
