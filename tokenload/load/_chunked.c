@@ -420,12 +420,12 @@ static int deliver(ChunkedBody *self, double t) {
     return sync_shapes(self);
 }
 
+/* One read's bytes, stamped `t` (never before the previous read's stamp). */
 static int process(ChunkedBody *self, const char *data, Py_ssize_t n, double t) {
+    if (t < self->last) t = self->last;
+    self->last = t;
     self->body_len = 0;
-    if (dechunk(self, data, n) < 0) {
-        self->body_len = 0;
-        return -1;
-    }
+    if (dechunk(self, data, n) < 0) return -1;
     if (deliver(self, t) < 0) return -1;
     return self->state == DONE ? flush_tokens(self) : 0;
 }
@@ -470,6 +470,14 @@ static PyObject *ChunkedBody_call(ChunkedBody *self, PyObject *args, PyObject *k
         finish_with_current_error(self);
         Py_RETURN_NONE;
     }
+    if (n == 0) {
+        PyObject *exc = PyObject_CallFunction(PyExc_ConnectionResetError, "is", ECONNRESET,
+                                              "connection closed before the end of the body");
+        if (exc == NULL) return NULL;
+        finish(self, exc);
+        Py_DECREF(exc);
+        Py_RETURN_NONE;
+    }
     double now = clock_s(CLOCK_MONOTONIC), t = now;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_TIMESTAMPNS) {
@@ -479,16 +487,6 @@ static PyObject *ChunkedBody_call(ChunkedBody *self, PyObject *args, PyObject *k
             if (now - PLAUSIBLE_S < kernel && kernel < now) t = kernel;
             break;
         }
-    }
-    if (t < self->last) t = self->last;
-    self->last = t;
-    if (n == 0) {
-        PyObject *exc = PyObject_CallFunction(PyExc_ConnectionResetError, "is", ECONNRESET,
-                                              "connection closed before the end of the body");
-        if (exc == NULL) return NULL;
-        finish(self, exc);
-        Py_DECREF(exc);
-        Py_RETURN_NONE;
     }
     if (process(self, read_buf, n, t) < 0) finish_with_current_error(self);
     else if (self->state == DONE) finish(self, Py_None);
@@ -502,8 +500,6 @@ static PyObject *ChunkedBody_feed(ChunkedBody *self, PyObject *args) {
     Py_buffer data;
     double t;
     if (!PyArg_ParseTuple(args, "y*d", &data, &t)) return NULL;
-    if (t < self->last) t = self->last;
-    self->last = t;
     int rc = process(self, data.buf, data.len, t);
     PyBuffer_Release(&data);
     if (rc < 0) { /* the tokens counted before the error stay on the timeline */
