@@ -11,7 +11,7 @@ way a Locust process runs it:
 - `geventhttpclient`: tokenload's `Transport` (one shared pool per process; each
   body read inside the event loop by its socket's watcher, one kernel-stamped
   `recvmsg` per wake-up, the user's greenlet woken once per request; chunked
-  bodies by the compiled core, `tokenload.load._chunked`, where it was built).
+  bodies by the compiled core, `tokenload.transport._chunked`, where it was built).
 - `geventhttpclient-pure`: the same with the pure-Python body reader (`TOKENLOAD_PURE_PYTHON=1`).
 - `httpx`: one shared `httpx.Client` (unlimited pool), `iter_raw()`, like probe/doctor.
 - `aiohttp-vllm` (a peer, not a tokenload candidate; `pip install -e '.[bench]'`): vLLM bench's
@@ -181,7 +181,7 @@ def _cell(kind: str, protocol: str, base_url: str, streams: int, rounds: int, ma
 
     if kind in ("geventhttpclient", PURE):
         os.environ["TOKENLOAD_PURE_PYTHON"] = "1" if kind == PURE else "0"
-        from tokenload.load.transport import Transport
+        from tokenload.transport.gevent_client import Transport
 
         transport = Transport(channel)
 
@@ -300,12 +300,12 @@ def _spawn_cell(base_url: str, users: int, out: str) -> None:
 
     from tokenload.channel import resolve
     from tokenload.load.control import LoadState
-    from tokenload.load.prompts import PromptSource
     from tokenload.load.records import SegmentWriter
-    from tokenload.load.scenario import load_scenario
-    from tokenload.load.transport import Transport
     from tokenload.load.user import LLMUser, ProcessContext
     from tokenload.protocols import adapter_for
+    from tokenload.transport.gevent_client import Transport
+    from tokenload.workload.prompts import PromptSource
+    from tokenload.workload.scenario import load_scenario
 
     class Parked:
         """Open-loop arrivals that never come: spawned users park in their first task."""

@@ -28,5 +28,6 @@ stops. Records land in the run directory as requests.parquet + manifest.json.
 from tokenload.load import plugin  # noqa: F401  (registers the event listeners)
 from tokenload.load.shapes import ScenarioShape
 from tokenload.load.user import LLMUser
+from tokenload.webui import tab  # noqa: F401  (adds the tokenload tab and the --csv token statistics)
 
 __all__ = ["LLMUser", "ScenarioShape"]

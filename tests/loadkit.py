@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tokenload.load.reader import compiled
+from tokenload.transport.reader import compiled
 
 # The load transport's two body readers: the compiled core (where `pip install` built it) and the
 # pure-Python fallback; a child process picks one with `reader_env`.

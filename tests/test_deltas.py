@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 
 from tokenload.channel import Channel
 from tokenload.deltas import DeltaShapes
-from tokenload.load.reader import compiled as reader_compiled
 from tokenload.measure import Timeline
 from tokenload.protocols import adapter_for
 from tokenload.stream import StreamSession
+from tokenload.transport.reader import compiled as reader_compiled
 
 # Raw bytes placed between the quotes of a delta's string value.
 VALID = [b"Hello", b" ", b'\\"quoted\\"', b"\\\\", b"\\n", b"\\u00e9", "é".encode(), "😀".encode(),
@@ -143,7 +143,7 @@ def test_an_event_that_did_more_than_one_token_is_not_learned() -> None:
     assert shapes.match(b"data: " + event) is None
 
 
-# ------------------------------------------------------------------ the compiled core (tokenload.load._chunked)
+# ------------------------------------------------------------------ the compiled core (tokenload.transport._chunked)
 
 _HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
@@ -182,7 +182,7 @@ def _read(protocol: str, pieces: list[bytes], *, compiled: bool) -> tuple[dict[s
     the record, or the error that ended the body; and how many `on_data` calls Python ran."""
     from geventhttpclient.response import HTTPResponse
 
-    from tokenload.load import reader
+    from tokenload.transport import reader
 
     adapter = adapter_for(Channel(base_url="http://127.0.0.1:9/v1", protocol=protocol, api_key="sk-test-0123456789"))
     session = _Counted(adapter, 0.0)

@@ -25,8 +25,8 @@ def test_every_public_name_resolves_to_its_definition() -> None:
     from tokenload.channel import Channel, resolve
     from tokenload.errors import ConfigError, ErrorKind, HarnessError
     from tokenload.load.runner import run_scenario
-    from tokenload.load.scenario import Scenario, load_scenario
     from tokenload.record import RequestRecord
+    from tokenload.workload.scenario import Scenario, load_scenario
 
     expected = {
         "Channel": Channel, "ConfigError": ConfigError, "ErrorKind": ErrorKind, "HarnessError": HarnessError,

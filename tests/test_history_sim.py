@@ -10,11 +10,11 @@ import pytest
 
 from tokenload.channel import Channel
 from tokenload.cli import main
-from tokenload.client import stream_once
 from tokenload.dayclock import DAY_S, day_hour, utc_offset_s
 from tokenload.errors import ConfigError
 from tokenload.sim import load_profile, serve_in_thread
 from tokenload.sim.profile import load_at, with_overrides
+from tokenload.transport.httpx_client import stream_once
 
 DIURNAL = load_profile("diurnal")
 

@@ -22,7 +22,7 @@ import pytest
 from loadkit import run_command, truth_frame, write_scenario
 
 from tokenload.load import records
-from tokenload.load.runner import finalise
+from tokenload.load.rundirs import finalise
 from tokenload.sim import launch
 
 LONG = """

@@ -24,8 +24,8 @@ import json, sys, time
 import gevent
 from gevent.monkey import get_original
 from tokenload.channel import Channel
-from tokenload.load.reader import compiled
-from tokenload.load.transport import Transport
+from tokenload.transport.reader import compiled
+from tokenload.transport.gevent_client import Transport
 from tokenload.protocols import adapter_for
 from tokenload.stream import StreamSession
 

@@ -22,7 +22,7 @@ import dataclasses, json, sys, tempfile, time
 from pathlib import Path
 import gevent
 from tokenload.channel import resolve
-from tokenload.load.transport import Transport
+from tokenload.transport.gevent_client import Transport
 from tokenload.protocols import adapter_for
 from tokenload.stream import StreamSession
 

@@ -10,16 +10,8 @@ import httpx
 import pytest
 
 from tokenload.doctor import OK, diagnose_channel
-from tokenload.load.pacing import (
-    BACKOFF_CAP_S,
-    MAX_WAIT_S,
-    Pacer,
-    RateInfo,
-    backoff_s,
-    parse_duration,
-    parse_rate_headers,
-    pushed_back,
-)
+from tokenload.limits import RateInfo, parse_duration, parse_rate_headers
+from tokenload.load.pacing import BACKOFF_CAP_S, MAX_WAIT_S, Pacer, backoff_s, pushed_back
 from tokenload.sim import launch
 
 NOW = 1_800_000_000.0

@@ -34,9 +34,9 @@ from fakeserver import (
 
 from tokenload import errors as ek
 from tokenload.channel import Channel
-from tokenload.client import stream_once
 from tokenload.measure import TOKEN_TEXT, TOKEN_THINKING, Timeline, formula, measure
 from tokenload.tokens import estimate_tokens
+from tokenload.transport.httpx_client import stream_once
 
 PROTOCOLS = ("anthropic", "openai-chat", "openai-responses")
 KEY = "sk-test-KEYkey-0123456789abcdef"

@@ -17,9 +17,9 @@ from fakeserver import FakeServer, stream_script
 
 from tokenload.analysis import records as analysis_records
 from tokenload.channel import Channel
-from tokenload.client import stream_once
 from tokenload.load import records as load_records
 from tokenload.record import COLUMNS, SPEC_COLUMNS, RequestRecord, SpecRecord, arrow_schema, column_types
+from tokenload.transport.httpx_client import stream_once
 
 # SPEC.md "Per-request record": changing this list is changing the published contract.
 SPEC = (

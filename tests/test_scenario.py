@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from tokenload.errors import ConfigError
-from tokenload.load.datasets import load_dataset
-from tokenload.load.prompts import PromptSource, Sampler
-from tokenload.load.scenario import Distribution, Scenario, _Ctx, load_scenario, packaged
 from tokenload.tokens import estimate_tokens
+from tokenload.workload.datasets import load_dataset
+from tokenload.workload.prompts import PromptSource, Sampler
+from tokenload.workload.scenario import Distribution, Scenario, _Ctx, load_scenario, packaged
 
 SHIPPED = sorted(p.stem for p in packaged("demo").parent.glob("*.toml"))
 

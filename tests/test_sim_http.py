@@ -151,7 +151,7 @@ def test_cli_simulator_does_not_delay_the_first_token_on_kept_alive_connections(
     import httpx
 
     from tokenload.channel import Channel
-    from tokenload.client import stream_once
+    from tokenload.transport.httpx_client import stream_once
 
     truth = tmp_path / "truth.jsonl"
     with launch(["--profile", "fast", "--truth", str(truth)]) as sim, httpx.Client() as client:

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 from tokenload.load import stoprules
-from tokenload.load.scenario import StopSection
 from tokenload.load.stoprules import Counts, FailFast, Live
+from tokenload.workload.scenario import StopSection
 
 STOP = StopSection()
 

@@ -14,8 +14,8 @@ from tokenload.dayclock import DAY_S, day_hour, utc_offset_s
 from tokenload.errors import ConfigError
 from tokenload.history.sampler import ESTIMATE_MARGIN, parse_stress
 from tokenload.history.store import open_store
-from tokenload.load.scenario import load_scenario
 from tokenload.sim import serve_in_thread
+from tokenload.workload.scenario import load_scenario
 
 STRESS = """
 name = "mini"

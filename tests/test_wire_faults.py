@@ -25,24 +25,15 @@ import httpx
 import pandas as pd
 import pytest
 
-from fakeserver import (
-    FakeServer,
-    Script,
-    Write,
-    anthropic_stream,
-    chat_stream,
-    json_script,
-    sse,
-    stream_script,
-)
+from fakeserver import FakeServer, Script, Write, anthropic_stream, chat_stream, json_script, sse, stream_script
 from loadkit import free_port, run_cli, write_scenario
 
 from tokenload import errors as ek
 from tokenload.channel import Channel, redact_secrets, resolve
-from tokenload.client import stream_once
 from tokenload.doctor import Doctor, Limits, check_latency
 from tokenload.failures import classify_exception
 from tokenload.measure import Timeline, measure
+from tokenload.transport.httpx_client import stream_once
 
 KEY = "sk-wire-test-0123456789abcdef"
 
@@ -51,7 +42,7 @@ from gevent import monkey; monkey.patch_all()
 import json, sys, time
 import gevent
 from tokenload.channel import Channel
-from tokenload.load.transport import Transport
+from tokenload.transport.gevent_client import Transport
 from tokenload.protocols import adapter_for
 from tokenload.stream import StreamSession
 
@@ -370,7 +361,7 @@ def test_network_down_is_bad_base_url_on_every_path(host: str) -> None:
     prefix = _no_network()
     [record] = _load(f"http://{host}", "anthropic", [{}], prefix=prefix)
     assert record["error_kind"] == ek.BAD_BASE_URL, record["error_message"]
-    code = ("import json; from tokenload.channel import Channel; from tokenload.client import stream_once; "
+    code = ("import json; from tokenload.channel import Channel; from tokenload.transport.httpx_client import stream_once; "
             f"print(json.dumps(stream_once(Channel(base_url='http://{host}', api_key='{KEY}'), 'hi', 4)))")
     out = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr

@@ -184,7 +184,7 @@ def test_doctor_caching_check(tmp_path: Path, profile: str, status: str) -> None
 
 
 def test_coding_session_is_packaged_and_documented() -> None:
-    from tokenload.load.scenario import load_scenario
+    from tokenload.workload.scenario import load_scenario
 
     scenario = load_scenario("coding-session")
     assert scenario.session is not None and scenario.session.cache_control and scenario.session.system_tokens >= 2048
@@ -211,7 +211,7 @@ DATASET_LINES = {
 
 
 def test_each_dataset_format_loads(tmp_path: Path) -> None:
-    from tokenload.load.datasets import load_dataset
+    from tokenload.workload.datasets import load_dataset
 
     for name, lines in DATASET_LINES.items():
         (tmp_path / name).write_text("\n".join(lines) + "\n")
@@ -250,8 +250,8 @@ def test_malformed_dataset_is_one_line_naming_file_and_line_exit_2(tmp_path: Pat
 
 
 def test_dataset_order_shuffle_is_seeded(tmp_path: Path) -> None:
-    from tokenload.load.prompts import PromptSource
-    from tokenload.load.scenario import load_scenario
+    from tokenload.workload.prompts import PromptSource
+    from tokenload.workload.scenario import load_scenario
 
     (tmp_path / "d.jsonl").write_text("".join(f'{{"prompt": "row {i}"}}\n' for i in range(20)))
 
@@ -269,8 +269,8 @@ def test_dataset_order_shuffle_is_seeded(tmp_path: Path) -> None:
 
 def test_dataset_rows_replay_with_history_and_their_output_length(tmp_path: Path) -> None:
     """The packaged coding dataset through `tokenload run`: the server sees each row's whole history."""
-    from tokenload.load.datasets import load_dataset
-    from tokenload.load.scenario import packaged_file
+    from tokenload.workload.datasets import load_dataset
+    from tokenload.workload.scenario import packaged_file
 
     df, truth, _ = _run(tmp_path, """
 [prompt]
@@ -339,7 +339,7 @@ drain_s = 5
 
 
 def test_trace_formats_gaps_and_units(tmp_path: Path) -> None:
-    from tokenload.load.traces import TraceRow, load_trace
+    from tokenload.workload.traces import TraceRow, load_trace
 
     (tmp_path / "gaps.jsonl").write_text('{"interval_s": 0, "input_tokens": 5, "output_tokens": 1}\n'
                                          '{"interval_s": 0.25, "input_tokens": 6, "output_tokens": 2}\n')

@@ -29,15 +29,15 @@ if TYPE_CHECKING:
     from tokenload.channel import Channel, resolve
     from tokenload.errors import ConfigError, ErrorKind, HarnessError
     from tokenload.load.runner import run_scenario
-    from tokenload.load.scenario import Scenario, load_scenario
     from tokenload.record import RequestRecord
+    from tokenload.workload.scenario import Scenario, load_scenario
 
 # Public name -> the module that defines it.
 _EXPORTS: dict[str, str] = {
     "Channel": "tokenload.channel",
     "resolve": "tokenload.channel",
-    "Scenario": "tokenload.load.scenario",
-    "load_scenario": "tokenload.load.scenario",
+    "Scenario": "tokenload.workload.scenario",
+    "load_scenario": "tokenload.workload.scenario",
     "run_scenario": "tokenload.load.runner",
     "analyze_run": "tokenload.analysis.pipeline",
     "compare_runs": "tokenload.analysis.compare",

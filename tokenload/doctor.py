@@ -59,13 +59,13 @@ from tokenload.channel import (
     redact_secrets,
     resolve,
 )
-from tokenload.client import stream_exchange
 from tokenload.errors import ConfigError
 from tokenload.failures import body_message, classify_exception, classify_http, looks_like_html
 from tokenload.measure import Timeline
 from tokenload.protocols.base import Conversation
 from tokenload.record import RequestRecord
 from tokenload.tokens import synth_prompt
+from tokenload.transport.httpx_client import stream_exchange
 
 OK, FAIL, SKIP = "ok", "fail", "skip"
 
@@ -620,7 +620,7 @@ def check_streaming(ctx: Doctor) -> CheckResult:
 
 def check_rate_limits(ctx: Doctor) -> CheckResult:
     """The rate limits the channel announced on the latency probe (values only); a limit used up fails."""
-    from tokenload.load.pacing import parse_rate_headers
+    from tokenload.limits import parse_rate_headers
 
     _, timeline = ctx.probe()
     info = parse_rate_headers(timeline.response_headers, time.time())

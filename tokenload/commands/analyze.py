@@ -88,7 +88,7 @@ def export_csv(run_dir: Path) -> Path:
 
 def _recover(run_dir: Path, console: Console) -> None:
     """Finalise a killed run's segments, so it can be analysed like any other (one line says so)."""
-    from tokenload.load.runner import recover
+    from tokenload.load.rundirs import recover
 
     recovered = recover(run_dir) if run_dir.is_dir() else None
     if recovered is not None:

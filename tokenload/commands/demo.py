@@ -55,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
     from tokenload.commands.run import live_line
     from tokenload.errors import ConfigError
     from tokenload.load.runner import run_scenario
-    from tokenload.load.scenario import load_scenario
     from tokenload.sim import launch
+    from tokenload.workload.scenario import load_scenario
 
     if args.duration is not None and args.duration <= 0:
         raise ConfigError(f"--duration must be positive, got {args.duration:g}")
@@ -107,12 +107,7 @@ def _history_demo(args: argparse.Namespace, console: Any, root: Path) -> int:
     from tokenload.channel import Channel
     from tokenload.commands.history import report
     from tokenload.dayclock import DAY_S
-    from tokenload.history.sampler import (
-        Watcher,
-        WatchPlan,
-        probe_scenario,
-        status_line,
-    )
+    from tokenload.history.sampler import Watcher, WatchPlan, probe_scenario, status_line
     from tokenload.history.store import open_store
     from tokenload.sim import launch
 

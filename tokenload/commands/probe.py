@@ -35,9 +35,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from tokenload.channel import resolve_from_args
-    from tokenload.client import stream_once
     from tokenload.errors import FIXES, ConfigError
     from tokenload.measure import formula
+    from tokenload.transport.httpx_client import stream_once
 
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenload.channel import add_channel_arguments
-from tokenload.load.scenario import SCHEMA_HELP
+from tokenload.workload.scenario import SCHEMA_HELP
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -129,9 +129,10 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tokenload.channel import channel_flags
-    from tokenload.load.runner import ProcessLayout, execute, plan_run, resolve_scenario_channel
-    from tokenload.load.scenario import load_scenario
+    from tokenload.load.handoff import resolve_scenario_channel
+    from tokenload.load.runner import ProcessLayout, execute, plan_run
     from tokenload.rundir import REQUESTS_FILE
+    from tokenload.workload.scenario import load_scenario
 
     distribution = ProcessLayout(processes=ProcessLayout.process_count(args.processes), master=args.master, worker=args.worker,
                                  master_host=args.master_host, master_port=args.master_port,

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from tokenload.errors import ConfigError
     from tokenload.history.sampler import Watcher, WatchPlan, parse_stress, status_line
     from tokenload.history.store import default_db_path, fingerprint_of, open_store
-    from tokenload.load.scenario import load_scenario
+    from tokenload.workload.scenario import load_scenario
 
     try:
         every, period = parse_duration(args.every, "--every"), parse_duration(args.period, "--period")

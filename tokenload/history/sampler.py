@@ -34,12 +34,12 @@ from typing import Any
 import httpx
 
 from tokenload.channel import Channel
-from tokenload.client import stream_once, timeouts
 from tokenload.dayclock import DAY_S, utc_offset_s
 from tokenload.errors import ConfigError, HarnessError
 from tokenload.history.store import HistoryStore, Sample, fingerprint_of, row_tokens
-from tokenload.load.prompts import PromptSource, RequestPlan
-from tokenload.load.scenario import OPEN_LOOP_KINDS, Scenario
+from tokenload.transport.httpx_client import stream_once, timeouts
+from tokenload.workload.prompts import PromptSource, RequestPlan
+from tokenload.workload.scenario import OPEN_LOOP_KINDS, Scenario
 
 JITTER = 0.1  # each interval is `every` +- 10%, so samples do not lock onto a channel's own cycles
 ESTIMATE_MARGIN = 1.5  # a server's tokenizer may count more than our estimate; the budget must hold anyway
@@ -104,7 +104,7 @@ class Stress:
         sc = self.scenario
         users = sc.load.max_users if sc.load.kind in OPEN_LOOP_KINDS else max(sc.load.users)
         if sc.prompt.dataset:
-            from tokenload.load.datasets import load_dataset
+            from tokenload.workload.datasets import load_dataset
 
             prompt = max(row.conversation.estimated_tokens() for row in load_dataset(sc.prompt.dataset))
         else:
@@ -118,7 +118,7 @@ class Stress:
 
 def parse_stress(text: str, runs_dir: Path) -> Stress:
     """`ramp@03:00,14:00` -> the scenario and the hours; ConfigError naming the fix otherwise."""
-    from tokenload.load.scenario import load_scenario
+    from tokenload.workload.scenario import load_scenario
 
     name, sep, times = text.rpartition("@")
     hours = []

@@ -46,15 +46,14 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
 from tokenload.channel import Channel
-from tokenload.errors import error_class
 from tokenload.load import stoprules
 from tokenload.load.drain import DRAIN_MESSAGE, derive, initial
 from tokenload.load.pacing import Pacer
 from tokenload.load.records import SEGMENTS_DIR, write_json
-from tokenload.load.scenario import Scenario
 from tokenload.load.shapes import Phase, build_plan
 from tokenload.load.stoprules import Counts, FailFast, Live
-from tokenload.load.tokenstats import Hist, current_run
+from tokenload.load.tokenstats import Snapshot, current_run
+from tokenload.workload.scenario import Scenario
 
 STEP_MESSAGE = "tokenload_step"
 BUDGET_MESSAGE = "tokenload_budget_spent"
@@ -143,42 +142,6 @@ class LoadState:
             self.pacer.hold(time.monotonic() + PAUSE_S)
         else:
             self.pacer.release()
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Cumulative counters of the current run at one moment (from `tokenstats.current_run`)."""
-
-    counts: Counts
-    ttft: Hist
-    tpot: Hist
-
-    @property
-    def requests(self) -> int:
-        return self.counts.requests
-
-    @property
-    def failures(self) -> int:
-        return self.counts.failures
-
-    @classmethod
-    def take(cls, environment: Environment) -> Snapshot:
-        total = current_run(environment).total()
-        load_failures = sum(n for kind, n in total.kinds.items() if error_class(kind) == "load")
-        counts = Counts(total.requests, total.errors, load_failures, total.input_tokens + total.output_tokens)
-        return cls(counts, Hist(total.hists["ttft"]), Hist(total.hists["tpot"]))
-
-    def since(self, earlier: Snapshot) -> dict[str, Any]:
-        """Counts and TTFT/TPOT percentiles (s) between `earlier` and this snapshot."""
-        counts = self.counts.minus(earlier.counts)
-        out: dict[str, Any] = {"requests": counts.requests, "failures": counts.failures,
-                               "load_failures": counts.load_failures, "load_error_rate": counts.load_error_rate}
-        out["error_rate"] = out["failures"] / out["requests"] if out["requests"] else 0.0
-        for name, now, before in (("ttft", self.ttft, earlier.ttft), ("tpot", self.tpot, earlier.tpot)):
-            diff = Hist(now - before)
-            for pct in (50, 95):
-                out[f"{name}_p{pct}_s"] = diff.percentile(pct)
-        return out
 
 
 def install_step_listener(environment: Environment, state: LoadState) -> None:
@@ -397,7 +360,7 @@ class RunControl:
         """One small streaming request, outside the records: is the channel answering again?"""
         if self.channel is None:
             return True, "no channel to probe"
-        from tokenload.client import stream_exchange
+        from tokenload.transport.httpx_client import stream_exchange
 
         record, _ = stream_exchange(self.channel, "Reply with OK.", 1)
         return record["status"] == "ok", record["error_kind"] or "ok"

@@ -5,7 +5,7 @@ All users of a Locust process share one gevent loop. When that loop is busy
 turn: requests go out late (a closed loop then offers less load than planned),
 tokens that arrive between two late reads of one stream share the later read's
 time, and HTTPS streams, stamped when read, carry the whole wait in TTFT and
-TPOT (plain-HTTP reads carry the kernel's arrival time: `tokenload.load.reader`).
+TPOT (plain-HTTP reads carry the kernel's arrival time: `tokenload.transport.reader`).
 The probe sleeps a fixed interval over and over and records how late it wakes,
 and how busy the process's core was over each `BUSY_WINDOW_S`. Both go into
 manifest.json; a high lag p99 or a core kept busy is a loud warning that the
@@ -25,7 +25,7 @@ from typing import Any
 import gevent
 import numpy as np
 
-from tokenload.load.reader import compiled
+from tokenload.transport.reader import compiled
 
 INTERVAL_S = 0.05
 # Above this p99 lag the client adds more error than the TTFT resolution users care about.

@@ -45,16 +45,19 @@ from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 from tokenload.channel import Channel
 from tokenload.load import census, handoff, lifeline, records, series, tokenstats
+from tokenload.load.arrivals import Arrivals, TraceArrivals
 from tokenload.load.control import LoadState, RunControl, install_step_listener
 from tokenload.load.drain import DRAIN_GRACE_S
+from tokenload.load.handoff import bind, resolve_scenario_channel
 from tokenload.load.lag import LagProbe
-from tokenload.load.prompts import PromptSource
-from tokenload.load.scenario import Scenario, load_scenario
-from tokenload.load.traces import TraceArrivals, load_trace
-from tokenload.load.transport import Transport
-from tokenload.load.user import Arrivals, ProcessContext
+from tokenload.load.rundirs import default_run_dir, finalise, new_run_id, write_run_info
+from tokenload.load.user import ProcessContext
 from tokenload.load.warmup import Warmup
 from tokenload.protocols import adapter_for
+from tokenload.transport.gevent_client import Transport
+from tokenload.workload.prompts import PromptSource
+from tokenload.workload.scenario import Scenario, load_scenario
+from tokenload.workload.traces import load_trace
 
 FLUSH_INTERVAL_S = 1.0
 MANAGED_ENV = "TOKENLOAD_MANAGED"  # set by `tokenload run`, which finalises the run itself
@@ -91,8 +94,6 @@ def _init(environment: Environment, **_: Any) -> None:
         series.follow_master(environment)
         _arm_lifeline(environment)
         return
-    from tokenload.load.runner import default_run_dir, new_run_id, write_run_info
-
     if not opts.run_id:
         opts.run_id = new_run_id()
     if not opts.run_dir:
@@ -116,8 +117,6 @@ def _init(environment: Environment, **_: Any) -> None:
 def _channel(scenario: Scenario, host: str | None) -> tuple[Scenario, Channel]:
     """The channel (handed over by `tokenload run`, else resolved like every tokenload command) and the
     scenario bound to it."""
-    from tokenload.load.runner import bind, resolve_scenario_channel
-
     channel = handoff.channel_from_env()
     if channel is None:
         scenario, resolution = resolve_scenario_channel(scenario, "scenario [channel]", {"base_url": host})
@@ -271,7 +270,5 @@ def _quit(exit_code: int, **_: Any) -> None:
 
 
 def _finalise_standalone(run_dir: Path) -> None:
-    from tokenload.load.runner import finalise
-
     finalise(run_dir)
     print(f"tokenload: records in {run_dir}")

@@ -22,98 +22,48 @@ lateness, record counts per worker).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
-import platform
 import signal
 import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenload.channel import Channel, ChannelFlags, Resolution, resolve
+from tokenload.channel import Channel
 from tokenload.errors import ConfigError, HarnessError
 from tokenload.load import handoff, lag, lifeline, records, websession
 from tokenload.load.drain import DRAIN_CAP_S
-from tokenload.load.scenario import OPEN_LOOP_KINDS, Scenario
-from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
+from tokenload.load.handoff import bind
+from tokenload.load.rundirs import (
+    LOG_FILE,
+    RUN_INFO,
+    SCENARIO_FILE,
+    default_run_dir,
+    finalise,
+    new_run_id,
+    read_json,
+    write_run_info,
+)
+from tokenload.rundir import REQUESTS_FILE
+from tokenload.workload.scenario import Scenario
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    pass
 
-RUN_INFO = "run.json"
-SCENARIO_FILE = "scenario.json"
-LOG_FILE = "locust.log"
-# Open-loop sends later than this count as late; more than LATE_WARN_FRACTION late means
-# the user pool could not keep up with the arrival rate.
-LATE_THRESHOLD_S = 0.010
-LATE_WARN_FRACTION = 0.05
 # After the drain time, how long the processes of a stopping run get to flush and exit before they are killed.
 GROUP_GRACE_S = 10.0
-# `analyze` finalises a killed run only when every process finished, or none flushed for this long
-# (live ones flush every second).
-RECOVER_QUIET_S = 5.0
-
-
-def new_run_id() -> str:
-    return f"{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
-
-
-def default_run_dir(scenario_name: str) -> Path:
-    return Path("results") / f"{scenario_name}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
 def locustfile() -> Path:
-    import tokenload.locustfiles
-
-    return Path(tokenload.locustfiles.__file__).parent / "llm.py"
-
-
-def write_run_info(run_dir: Path, run_id: str, scenario: Scenario, channel_public: dict[str, Any]) -> Path:
-    """What the manifest needs from the start of the run; returns the resolved scenario's path."""
-    seg = run_dir / records.SEGMENTS_DIR
-    seg.mkdir(parents=True, exist_ok=True)
-    path = seg / SCENARIO_FILE
-    records.write_json(path, scenario.to_dict())
-    records.write_json(seg / RUN_INFO, {"run_id": run_id, "channel": channel_public, "started_at": time.time()})
-    return path
-
-
-def scenario_layer(scenario: Scenario) -> dict[str, str | None]:
-    """The scenario's `[channel]` table as `channel.resolve()`'s scenario layer (defaults, not flags)."""
-    section = scenario.channel
-    return {"protocol": section.protocol, "base_url": section.base_url,
-            "model": section.models[0] if section.models else None}
-
-
-def resolve_scenario_channel(scenario: Scenario, label: str, flags: ChannelFlags) -> tuple[Scenario, Resolution]:
-    """Resolve the channel with the scenario as a layer; the scenario's model list follows the result.
-
-    A scenario may list several models (requests pick among them); that list
-    stands only while the model comes from the scenario layer. A model set by a
-    flag, the environment or a settings file replaces it, as any layer above
-    the scenario does.
-    """
-    resolution = resolve(**flags, scenario=scenario_layer(scenario), scenario_label=label)
-    if resolution.sources.get("model") != label:
-        scenario = dataclasses.replace(
-            scenario, channel=dataclasses.replace(scenario.channel, models=(resolution.channel.model,)))
-    return scenario, resolution
-
-
-def bind(scenario: Scenario, channel: Channel) -> tuple[Scenario, Channel]:
-    """A scenario and a channel made consistent: the models to send to, the scenario's timeouts."""
-    if not scenario.channel.models:
-        scenario = dataclasses.replace(scenario, channel=dataclasses.replace(scenario.channel, models=(channel.model,)))
-    channel = dataclasses.replace(channel, first_token_timeout_s=scenario.channel.first_token_timeout_s,
-                                  idle_timeout_s=scenario.channel.idle_timeout_s)
-    return scenario, channel
+    """The locustfile Locust runs (`tokenload.locustfiles.llm`), found as a file: this process never imports Locust."""
+    spec = importlib.util.find_spec("tokenload.locustfiles")
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin).parent / "llm.py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,8 +162,8 @@ def plan_run(
     (the resolved scenario as the processes will read it, the prompt source
     with its dataset, one protocol adapter per model) and throws it away.
     """
-    from tokenload.load.prompts import PromptSource
     from tokenload.protocols import adapter_for
+    from tokenload.workload.prompts import PromptSource
 
     if scenario.load.kind == "trace" and (distribution.processes or distribution.master or distribution.worker):
         raise ConfigError("a trace replay runs in one Locust process (every process would send the whole trace); "
@@ -322,7 +272,7 @@ def drain_used(run_dir: Path, scenario: Scenario) -> float:
     A worker machine reads the master's (on the shared run directory); without one, the longest the
     scenario allows.
     """
-    drain = _read_json(run_dir / records.SEGMENTS_DIR / "control.json").get("drain") or {}
+    drain = read_json(run_dir / records.SEGMENTS_DIR / "control.json").get("drain") or {}
     if drain.get("drain_s") is not None:
         return float(drain["drain_s"])
     return scenario.stop.drain_s if scenario.stop.drain_s is not None else max(scenario.stop.drain_min_s, DRAIN_CAP_S)
@@ -341,7 +291,7 @@ def _join_master_run(run_dir: Path, timeout_s: float = 60.0) -> tuple[str, Path]
             raise ConfigError(f"no master run in {run_dir} after {timeout_s:g} s; start the master with the same --out "
                               "first, on a filesystem both machines share")
         time.sleep(0.2)
-    return str(_read_json(seg / RUN_INFO)["run_id"]), seg / SCENARIO_FILE
+    return str(read_json(seg / RUN_INFO)["run_id"]), seg / SCENARIO_FILE
 
 
 def _supervise(proc: subprocess.Popen[bytes], run_dir: Path, on_live: Callable[[dict[str, Any]], None] | None) -> int:
@@ -354,7 +304,7 @@ def _supervise(proc: subprocess.Popen[bytes], run_dir: Path, on_live: Callable[[
                 return proc.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
                 if on_live is not None:
-                    live = _read_json(control).get("live")
+                    live = read_json(control).get("live")
                     if live:
                         on_live(_with_client_lag(live, run_dir))
             except KeyboardInterrupt:
@@ -378,140 +328,3 @@ def _with_client_lag(live: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return {**live, "client_bound": warning}
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-
-
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for name in ("tokenload", "locust", "gevent", "geventhttpclient", "pyarrow"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
-
-
-def _iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat()
-
-
-def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, lingering: list[int] | None = None,
-             recovered: bool = False) -> pa.Table:
-    """Seal the run, merge its segments into requests.parquet and write manifest.json; returns the records.
-
-    `wait_s` > 0 (a master with workers on other machines): first wait that
-    long for every worker to flush its last records. `lingering`: pids of
-    Locust processes that had to be killed. `recovered`: finalised by
-    `tokenload analyze` for a run whose `tokenload run` was killed.
-    """
-    missing = records.wait_for_workers(run_dir, _read_json(run_dir / records.SEGMENTS_DIR / "control.json").get(
-        "workers", []), wait_s) if wait_s else []
-    seg = records.seal(run_dir)
-    info, control = _read_json(seg / RUN_INFO), _read_json(seg / "control.json")
-    scenario = _read_json(seg / SCENARIO_FILE)
-    states = records.worker_states(seg)
-    table = records.merge_segments(run_dir, seg)
-    ended = max((s.get("updated_at", 0.0) for s in states.values()), default=time.time())
-    warnings: list[str] = []
-    finished = [s for s, f in zip(table.column("status").to_pylist(), table.column("in_flight").to_pylist()) if not f]
-    ok_share = finished.count("ok") / len(finished) if finished else 0.0
-    scheduler_lag = lag.summarise({w: s.get("lag", {}) for w, s in states.items()}, ok_share)
-    if scheduler_lag.get("warning"):
-        warnings.append(scheduler_lag["warning"])
-    lateness = _lateness(table, scenario)
-    if lateness.get("warning"):
-        warnings.append(lateness["warning"])
-    # A worker that never marked itself done was killed or crashed: what it flushed (every
-    # second) is kept, the records of its last second and its open streams are lost.
-    unfinished = missing if wait_s else sorted(w for w, s in states.items() if not s.get("done"))
-    if unfinished:
-        last = ", ".join(f"{w} (last flush {_iso(states.get(w, {}).get('updated_at'))})" for w in unfinished)
-        warnings.append(f"workers did not finish (killed or crashed): {last}; records after their last flush "
-                        "are lost (at most about 1 s of each)")
-    # A worker that lost its master (killed, or the network to it cut) stopped early on its own: its
-    # records are all there, but its users were missing from the rest of the run.
-    cut_off = sorted(w for w, s in states.items() if s.get("lost") and w not in unfinished)
-    if cut_off:
-        warnings.append("workers stopped early: " + ", ".join(f"{w} ({states[w]['lost']})" for w in cut_off)
-                        + "; Locust did not replace their users, the records' active_users say how many ran")
-    lost = sorted({*unfinished, *cut_off})
-    if lingering:
-        warnings.append(f"Locust processes {', '.join(map(str, lingering))} did not exit after the drain time and "
-                        "were killed")
-    if locust_rc:
-        warnings.append(f"Locust exited with code {locust_rc}; see {LOG_FILE}")
-    if recovered:
-        warnings.append("this run's `tokenload run` was killed; `tokenload analyze` finalised what its processes "
-                        "had flushed")
-    counts = table.group_by("worker").aggregate([("request_id", "count")]).to_pylist() if len(table) else []
-    manifest = {
-        "run_id": info.get("run_id"),
-        "scenario": scenario,
-        "channel": info.get("channel"),
-        "versions": _versions(),
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},
-        "started_at": info.get("started_at"),
-        "ended_at": ended,
-        "started_at_iso": _iso(info.get("started_at")),
-        "ended_at_iso": _iso(ended),
-        "stop_reason": control.get("stop_reason") or ("interrupted" if locust_rc or recovered else None),
-        "drain": control.get("drain"),
-        "workers_lost": lost,
-        "plan": control.get("plan", []),
-        "steps": control.get("steps", []),
-        "storms": control.get("storms", []),
-        "records": {
-            "total": len(table),
-            "in_flight": int(sum(table.column("in_flight").to_pylist())) if len(table) else 0,
-            "per_worker": {c["worker"]: c["request_id_count"] for c in counts},
-            "written_per_worker": {w: s.get("records") for w, s in states.items()},
-        },
-        "scheduler_lag": scheduler_lag,
-        "open_loop_lateness": lateness,
-        "warnings": warnings,
-    }
-    records.write_json(run_dir / MANIFEST_FILE, manifest)
-    return table
-
-
-def recover(run_dir: Path, quiet_s: float = RECOVER_QUIET_S) -> int | None:
-    """Finalise a run whose `tokenload run` was killed; the number of records recovered, or None.
-
-    None when there is nothing to recover (no segments, or already finalised).
-    A run with a process that has not finished and flushed within the last
-    `quiet_s` seconds may still be running: finalising it would seal it under
-    that process, so that is a `ConfigError`.
-    """
-    seg = records.unfinalised(run_dir)
-    if seg is None or (run_dir / REQUESTS_FILE).exists():
-        return None
-    states = records.worker_states(seg).values()
-    latest = max((s.get("updated_at", 0.0) for s in states), default=0.0)
-    running = not all(s.get("done") for s in states) and time.time() - latest < quiet_s
-    if seg.name == records.SEGMENTS_DIR and running:
-        raise ConfigError(f"{run_dir} is still being written (a Locust process flushed {time.time() - latest:.0f} s "
-                          "ago); wait for the run to end, then analyse it")
-    return len(finalise(run_dir, recovered=True))
-
-
-def _lateness(table: Any, scenario: dict[str, Any]) -> dict[str, Any]:
-    """How late open-loop sends were against their schedule (empty for closed loop)."""
-    if (scenario.get("load") or {}).get("kind") not in OPEN_LOOP_KINDS or not len(table):
-        return {}
-    import numpy as np
-
-    late = np.asarray(table.column("late_s").to_numpy(zero_copy_only=False), dtype=float)
-    late = late[np.isfinite(late)]
-    if not len(late):
-        return {}
-    frac = float((late > LATE_THRESHOLD_S).mean())
-    out: dict[str, Any] = {"p50_s": float(np.percentile(late, 50)), "p99_s": float(np.percentile(late, 99)),
-                           "max_s": float(late.max()), "late_fraction": frac, "threshold_s": LATE_THRESHOLD_S}
-    if frac > LATE_WARN_FRACTION:
-        out["warning"] = (f"the users could not keep up with the arrival rate: {frac:.0%} of sends were more than "
-                          f"{LATE_THRESHOLD_S * 1000:.0f} ms late (p99 {out['p99_s']:.2f} s); raise [load] max_users")
-    return out

@@ -40,7 +40,7 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from tokenload.load import records
 from tokenload.load.control import BUDGET_MESSAGE, RunControl
-from tokenload.load.runner import RUN_INFO, finalise, new_run_id, write_run_info
+from tokenload.load.rundirs import RUN_INFO, finalise, new_run_id, write_run_info
 from tokenload.rundir import MANIFEST_FILE
 
 RUN_MESSAGE = "tokenload_run"
@@ -191,9 +191,6 @@ def lead(environment: Environment) -> Series:
         events.test_stop.add_listener(series.on_test_stop)
         events.quitting.add_listener(series.on_quitting)
         events.quit.add_listener(series.on_quit)
-    from tokenload.load import webui
-
-    webui.install(environment, series)
     return series
 
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from locust import LoadTestShape
 
-from tokenload.load.scenario import OPEN_LOOP_KINDS, Scenario
+from tokenload.load.tokenstats import Snapshot
+from tokenload.workload.scenario import OPEN_LOOP_KINDS, Scenario
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +101,6 @@ class ScenarioShape(LoadTestShape):
 
     def _finished(self) -> int:
         """Requests finished so far in the run (successes and failures), from the run's token stats."""
-        from tokenload.load.control import Snapshot  # control imports this module: import at use
-
         return Snapshot.take(self.runner.environment).requests  # type: ignore[union-attr]  # set while ticking
 
     def tick(self) -> tuple[int, float] | None:

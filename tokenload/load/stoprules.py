@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenload.errors import error_class
-from tokenload.load.scenario import StopSection
+from tokenload.workload.scenario import StopSection
 
 # The breaker needs this many requests in its window before a share means anything.
 STORM_MIN_REQUESTS = 10

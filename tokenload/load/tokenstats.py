@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tokenload.errors import LOAD_KINDS
+from tokenload.errors import LOAD_KINDS, error_class
+from tokenload.load.stoprules import Counts
 
 if TYPE_CHECKING:  # importing Locust patches the interpreter with gevent: only where Locust runs
     from locust.env import Environment
@@ -303,3 +304,39 @@ def current_run(environment: Environment) -> RunStats:
     stats: TokenStats = environment.tokenload_tokens  # type: ignore[attr-defined]
     opts = environment.parsed_options
     return stats.run(str(getattr(opts, "run_id", "") or ""))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Cumulative counters of the current run at one moment (from `tokenstats.current_run`)."""
+
+    counts: Counts
+    ttft: Hist
+    tpot: Hist
+
+    @property
+    def requests(self) -> int:
+        return self.counts.requests
+
+    @property
+    def failures(self) -> int:
+        return self.counts.failures
+
+    @classmethod
+    def take(cls, environment: Environment) -> Snapshot:
+        total = current_run(environment).total()
+        load_failures = sum(n for kind, n in total.kinds.items() if error_class(kind) == "load")
+        counts = Counts(total.requests, total.errors, load_failures, total.input_tokens + total.output_tokens)
+        return cls(counts, Hist(total.hists["ttft"]), Hist(total.hists["tpot"]))
+
+    def since(self, earlier: Snapshot) -> dict[str, Any]:
+        """Counts and TTFT/TPOT percentiles (s) between `earlier` and this snapshot."""
+        counts = self.counts.minus(earlier.counts)
+        out: dict[str, Any] = {"requests": counts.requests, "failures": counts.failures,
+                               "load_failures": counts.load_failures, "load_error_rate": counts.load_error_rate}
+        out["error_rate"] = out["failures"] / out["requests"] if out["requests"] else 0.0
+        for name, now, before in (("ttft", self.ttft, earlier.ttft), ("tpot", self.tpot, earlier.tpot)):
+            diff = Hist(now - before)
+            for pct in (50, 95):
+                out[f"{name}_p{pct}_s"] = diff.percentile(pct)
+        return out

@@ -29,99 +29,33 @@ errors in a row the process's users park: the run is about to stop.
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from itertools import count
 from typing import Any
 
 import gevent
-from gevent.lock import Semaphore
 from greenlet import GreenletExit
 from locust import User, task
 from locust.exception import StopUser
 from locust.user.task import LOCUST_STATE_RUNNING, LOCUST_STATE_STOPPING, LOCUST_STATE_WAITING
 
 from tokenload import errors as ek
+from tokenload.limits import parse_rate_headers
+from tokenload.load.arrivals import PARK_S, Arrivals, TraceArrivals
 from tokenload.load.control import REQUEST_TYPE, LoadState
-from tokenload.load.pacing import parse_rate_headers, pushed_back
-from tokenload.load.prompts import PromptSource, RequestPlan
+from tokenload.load.pacing import pushed_back
 from tokenload.load.records import CANCELLED, SegmentWriter
-from tokenload.load.sessions import Session
 from tokenload.load.tokenstats import CHUNK_TIMES_KEY, RECORD_KEY
-from tokenload.load.traces import TraceArrivals, TraceRow
-from tokenload.load.transport import Transport
 from tokenload.load.warmup import MEASURE, Warmup
 from tokenload.measure import TOKEN_TEXT
 from tokenload.protocols.base import ProtocolAdapter
 from tokenload.record import RequestRecord
 from tokenload.stream import StreamSession
-
-PARK_S = 3600.0
-
-
-class Arrivals:
-    """Open-loop send times for this process: Poisson, evenly spaced or gamma at the current rate.
-
-    The schedule starts at each phase's start on the shape's clock (`LoadState.started_at`),
-    so users that start a little later send the first slots late (and record it) instead
-    of shifting the whole schedule; slots at or after the plan's end are never sent.
-    Gamma gaps have shape `burstiness` and mean 1/rate (vLLM's `--burstiness`): the gaps'
-    coefficient of variation is 1/sqrt(burstiness), 1 being Poisson. With a `ramp` the rate
-    rises within each phase from the previous phase's rate (the first phase from a tenth
-    of its own), linearly or exponentially; each gap is drawn at the rate of its start.
-    """
-
-    def __init__(self, state: LoadState, rng: random.Random, arrival: str = "poisson", burstiness: float = 1.0,
-                 ramp: str = "none", step_s: float = 0.0) -> None:
-        self._state = state
-        self._rng = rng
-        self._arrival = arrival
-        self._burstiness = burstiness
-        self._ramp = ramp
-        self._step_s = step_s
-        self._next: float | None = None
-        self._phase_start: float | None = None
-        self._phase_rate: float | None = None
-        self._ramp_from = 0.0
-        self._lock = Semaphore()
-
-    def wait(self) -> float | None:
-        """Block until the next slot is due (one waiter at a time); its scheduled time, or None after the plan."""
-        with self._lock:
-            state = self._state
-            if state.started_at != self._phase_start:  # a new phase: its schedule starts at its start
-                self._phase_start = state.started_at
-                rate = state.rate or 1.0
-                self._ramp_from = self._phase_rate if self._phase_rate is not None else rate / 10
-                self._phase_rate = rate
-                start = state.started_at or time.time()
-                if self._next is None or self._next > start:
-                    self._next = start
-            due = self._next
-            assert due is not None
-            if state.plan_ends_at and due >= state.plan_ends_at - 0.001:  # (float sums of gaps)
-                return None
-            now = time.time()
-            if due > now:
-                gevent.sleep(due - now)
-            self._next = due + self._gap(self._rate_at(due))
-            return due
-
-    def _rate_at(self, t: float) -> float:
-        rate = self._state.rate or 1.0
-        if self._ramp == "none" or not self._step_s or self._phase_start is None:
-            return rate
-        frac = min(1.0, max(0.0, (t - self._phase_start) / self._step_s))
-        start = self._ramp_from
-        return start + (rate - start) * frac if self._ramp == "linear" else start * (rate / start) ** frac
-
-    def _gap(self, rate: float) -> float:
-        if self._arrival == "constant":
-            return 1.0 / rate
-        if self._arrival == "gamma":
-            return self._rng.gammavariate(self._burstiness, 1.0 / (rate * self._burstiness))
-        return self._rng.expovariate(rate)
+from tokenload.transport.gevent_client import Transport
+from tokenload.workload.prompts import PromptSource, RequestPlan
+from tokenload.workload.sessions import Session
+from tokenload.workload.traces import TraceRow
 
 
 class StreamError(Exception):

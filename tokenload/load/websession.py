@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tokenload.load import records
+from tokenload.load.rundirs import finalise
 from tokenload.rundir import MANIFEST_FILE
 
 DEFAULT_PORT = 8089  # Locust's
@@ -63,8 +64,6 @@ def announce_when_up(address: str, say: Callable[[str], None], timeout_s: float 
 
 def session_runs(first: Path, since: float) -> list[Path]:
     """This session's run directories in start order; runs Locust left unfinalised are finalised here."""
-    from tokenload.load.runner import finalise
-
     pattern = re.compile(re.escape(first.name) + r"(?:-(\d+))?")
     found: list[tuple[int, Path]] = []
     for path in first.parent.glob(f"{first.name}*"):

@@ -96,6 +96,7 @@ Schema (all sections optional except `[load]`):
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 from dataclasses import dataclass, field
@@ -105,7 +106,8 @@ from typing import Any
 from tokenload.channel import PROTOCOLS
 from tokenload.compat import tomllib
 from tokenload.errors import ConfigError
-from tokenload.load.datasets import load_dataset
+from tokenload.workload.datasets import load_dataset
+from tokenload.workload.traces import TIME_UNITS, load_trace, trace_span_s
 
 # The schema part of this docstring is also `tokenload run --help`'s reference.
 SCHEMA_HELP = __doc__[__doc__.index("Schema (all sections"):]
@@ -419,7 +421,6 @@ class LoadSection:
             raise ctx.fail(f"{w} step_warmup_s", f"must be shorter than step_s ({common['step_s']:g}), "
                                                  f"got {common['step_warmup_s']:g}")
         if kind == "trace":
-            from tokenload.load.traces import TIME_UNITS, load_trace, trace_span_s
 
             trace = ctx.text(d, "trace", w)
             if trace is None:
@@ -611,9 +612,9 @@ def packaged(name: str) -> Path:
 
 def packaged_file(name: str) -> Path:
     """The path of a file shipped in tokenload's scenarios folder (scenarios, datasets)."""
-    import tokenload.scenarios
-
-    return Path(tokenload.scenarios.__file__).parent / name
+    spec = importlib.util.find_spec("tokenload.scenarios")  # a data folder: found, not imported
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin).parent / name
 
 
 def load_scenario(path: str | Path) -> Scenario:

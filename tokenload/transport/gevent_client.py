@@ -17,7 +17,7 @@ and the previous version against one simulator (500 streams, 3 cells each) gave
 dominated by the process's fixed idle cost, not tokens.
 
 How it reads: plain-HTTP bodies are read inside the event loop by
-`tokenload.load.reader.HubReader` (one kernel-stamped `recvmsg` per wake-up,
+`tokenload.transport.reader.HubReader` (one kernel-stamped `recvmsg` per wake-up,
 chunked bodies by its compiled core where it was built, the user's greenlet
 woken once per request), and the first response bytes by `_first_read` with
 the same stamp, so body bytes that came with the headers keep their arrival
@@ -65,9 +65,9 @@ from geventhttpclient.response import HTTPConnectionClosed, HTTPSocketPoolRespon
 from tokenload import errors as ek
 from tokenload.channel import Channel
 from tokenload.failures import classify_exception
-from tokenload.load.reader import READ_SIZE, HubReader, recv_stamped, stamp_arrivals
 from tokenload.protocols.base import PreparedRequest
 from tokenload.stream import StreamSession
+from tokenload.transport.reader import READ_SIZE, HubReader, recv_stamped, stamp_arrivals
 
 _perf = time.perf_counter
 # A server that compresses although asked not to: decoded, not failed. wbits 32+15 reads gzip and zlib headers.

@@ -16,10 +16,10 @@ stamp (a platform without it, a clock step) is stamped when it was read.
 
 Only the bytes-to-session path runs in the hub, and nothing in it yields: streams
 with a display callback (user code), HTTPS and compressed bodies keep their
-greenlet's own read loop (`tokenload.load.transport`).
+greenlet's own read loop (`tokenload.transport.gevent_client`).
 
 A chunked body (what streaming servers send) is read by the compiled core,
-`tokenload.load._chunked.ChunkedBody`, where it was built (`pip install` builds
+`tokenload.transport._chunked.ChunkedBody`, where it was built (`pip install` builds
 it on Linux when a C compiler is there, and goes on without it otherwise): the
 same read, stamp, de-chunking and shape count, with no Python code run per
 token. Anything it does not count itself goes to `StreamSession.on_data`, so
@@ -59,7 +59,7 @@ _PLAUSIBLE_S = 60.0
 _chunked: Any = None
 if os.environ.get("TOKENLOAD_PURE_PYTHON") != "1":
     try:
-        from tokenload.load import _chunked  # type: ignore[attr-defined, no-redef]
+        from tokenload.transport import _chunked  # type: ignore[attr-defined, no-redef]
     except ImportError:  # not built here: the pure-Python path reads every body
         pass
     else:

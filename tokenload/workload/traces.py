@@ -23,18 +23,11 @@ import functools
 import io
 import json
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import gevent
-from gevent.lock import Semaphore
+from typing import Any
 
 from tokenload.errors import ConfigError
-
-if TYPE_CHECKING:
-    from tokenload.load.control import LoadState
 
 TIME_KEYS = ("timestamp", "Timestamp", "time", "arrival_time")
 GAP_KEYS = ("interval_s", "inter_arrival_s", "delay_s")
@@ -126,25 +119,3 @@ def trace_span_s(rows: tuple[TraceRow, ...], speed: float) -> float:
     return rows[-1].offset_s / speed + 0.5
 
 
-class TraceArrivals:
-    """Hands out the trace's rows in order at their due times (one waiter at a time), like `Arrivals`."""
-
-    def __init__(self, state: LoadState, rows: tuple[TraceRow, ...], speed: float) -> None:
-        self._state = state
-        self._rows = rows
-        self._speed = speed
-        self._next = 0
-        self._lock = Semaphore()
-
-    def wait_row(self) -> tuple[float, TraceRow] | None:
-        """Block until the next row is due; (its scheduled unix time, the row), or None once all are sent."""
-        with self._lock:
-            if self._next >= len(self._rows):
-                return None
-            row = self._rows[self._next]
-            self._next += 1
-            due = (self._state.started_at or time.time()) + row.offset_s / self._speed
-            now = time.time()
-            if due > now:
-                gevent.sleep(due - now)
-            return due, row

@@ -15,14 +15,14 @@ import random
 from dataclasses import dataclass
 from itertools import count
 
-from tokenload.load.datasets import load_dataset
-from tokenload.load.sampling import Sampler
-from tokenload.load.scenario import Scenario
-from tokenload.load.sessions import Session, Sessions
-from tokenload.load.traces import TraceRow
 from tokenload.protocols.base import Conversation
 from tokenload.record import RequestRecord
 from tokenload.tokens import estimate_tokens, synth_prompt
+from tokenload.workload.datasets import load_dataset
+from tokenload.workload.sampling import Sampler
+from tokenload.workload.scenario import Scenario
+from tokenload.workload.sessions import Session, Sessions
+from tokenload.workload.traces import TraceRow
 
 __all__ = ["Calibration", "PromptSource", "RequestPlan", "Sampler"]
 

@@ -1,4 +1,4 @@
-/* The compiled core of `tokenload.load.reader`: one chunked body read, de-chunked and counted in C.
+/* The compiled core of `tokenload.transport.reader`: one chunked body read, de-chunked and counted in C.
  *
  * `ChunkedBody` is the read watcher's callback for one plain-HTTP, chunked,
  * undisplayed stream: each call is one `recvmsg` with the kernel's arrival stamp
@@ -607,7 +607,7 @@ static PyMethodDef ChunkedBody_methods[] = {
 };
 
 static PyTypeObject ChunkedBodyType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tokenload.load._chunked.ChunkedBody",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tokenload.transport._chunked.ChunkedBody",
     .tp_basicsize = sizeof(ChunkedBody),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = PyDoc_STR("ChunkedBody(fd, session, shapes, blank, done, last)\n--\n\n"

@@ -9,7 +9,7 @@ tokens/s and TTFT, TPOT, ITL and e2e p50 / p95 / p99, plus the error kinds.
 
 Locust's extended tabs hold one table only; the charts over time (TTFT p50/p95,
 TPOT p50/p95, output tokens/s) and the links to each finished run's
-report.html come from a small script (`webui_static/tokenload.js`) that the
+report.html come from a small script (`static/tokenload.js`) that the
 hook adds to Locust's page: it draws them under the table while the tokenload
 tab is open, from `tokenload/stats.json`. `extended_csv_files` puts the token
 statistics CSV next to Locust's own downloads; with `--csv PREFIX`
@@ -31,13 +31,14 @@ from typing import Any
 
 import gevent
 from flask import Blueprint, Response, abort, request, send_file
+from locust import events
 from locust.env import Environment
 
 from tokenload.load.series import REPORT_FILE, Series
 from tokenload.load.tokenstats import METRICS, PERCENTILES, Cell, RunStats, current_run
 
 TAB = "tokenload"
-STATIC_DIR = Path(__file__).parent / "webui_static"
+STATIC_DIR = Path(__file__).parent / "static"
 CSV_SUFFIX = "_tokenload.csv"
 CSV_EVERY_S = 2.0
 _LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E"}
@@ -97,6 +98,14 @@ def stats_payload(environment: Environment, series: Series) -> dict[str, Any]:
     stats = current_run(environment)
     return {"run": series.current.public(), "rows": table_rows(stats), "summary": stats.total().summary(),
             "series": stats.timeline(), "runs": [run.public() for run in series.runs]}
+
+
+@events.init.add_listener
+def _init(environment: Environment, **_: Any) -> None:
+    """After the load plugin's own `init` (the locustfile imports it first): where it leads a series of runs."""
+    series: Series | None = getattr(environment, "tokenload_series", None)
+    if series is not None:
+        install(environment, series)
 
 
 def install(environment: Environment, series: Series) -> None:

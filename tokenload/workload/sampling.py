@@ -6,7 +6,7 @@ import math
 import random
 from itertools import count
 
-from tokenload.load.scenario import Distribution
+from tokenload.workload.scenario import Distribution
 
 
 class Sampler:

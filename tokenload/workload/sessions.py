@@ -17,10 +17,10 @@ from __future__ import annotations
 import random
 from itertools import count
 
-from tokenload.load.sampling import Sampler
-from tokenload.load.scenario import SessionSection
 from tokenload.protocols.base import Conversation
 from tokenload.tokens import synth_prompt
+from tokenload.workload.sampling import Sampler
+from tokenload.workload.scenario import SessionSection
 
 # Seed offset of the shared system prompt, apart from [prompt] shared_prefix_tokens' seed.
 _SYSTEM_SEED = 0x5E55
