@@ -106,6 +106,9 @@ from typing import Any
 from tokenload.channel import PROTOCOLS
 from tokenload.compat import tomllib
 from tokenload.errors import ConfigError
+from tokenload.slo import DEFAULT as DEFAULT_SLO
+from tokenload.slo import METRICS as SLO_METRICS
+from tokenload.slo import Slo
 from tokenload.workload.datasets import load_dataset
 from tokenload.workload.traces import TIME_UNITS, load_trace, trace_span_s
 
@@ -539,6 +542,21 @@ class StopSection:
         )
 
 
+def parse_slo(data: Any, ctx: _Ctx) -> Slo:
+    """`[slo]`: the thresholds it names (none named: the default ones), `target`, `max_error_rate`."""
+    w = "[slo]"
+    d = ctx.table(data, w, tuple(f.name for f in dataclasses.fields(Slo)))
+    named = {f"{m}_s": ctx.number(d, f"{m}_s", w, above=0) for m in SLO_METRICS if f"{m}_s" in d}
+    thresholds = named or {f"{m}_s": getattr(DEFAULT_SLO, f"{m}_s") for m in SLO_METRICS}
+    target = ctx.number(d, "target", w, DEFAULT_SLO.target, above=0)
+    max_error_rate = ctx.number(d, "max_error_rate", w, DEFAULT_SLO.max_error_rate, minimum=0)
+    for key, value in (("target", target), ("max_error_rate", max_error_rate)):
+        if value > 1:
+            raise ctx.fail(f"{w} {key}", f"is a share between 0 and 1, got {value}")
+    return Slo(**{**{f"{m}_s": None for m in SLO_METRICS}, **thresholds}, target=target,
+               max_error_rate=max_error_rate)
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A validated scenario; immutable, JSON round-trippable via `to_dict` / `from_dict`."""
@@ -552,12 +570,13 @@ class Scenario:
     output: OutputSection = field(default_factory=OutputSection)
     stop: StopSection = field(default_factory=StopSection)
     session: SessionSection | None = None
+    slo: Slo = DEFAULT_SLO
 
     @classmethod
     def from_dict(cls, data: Any, source: str, base_dir: Path, default_name: str) -> Scenario:
         ctx = _Ctx(source)
         d = ctx.table(data, "top level", ("name", "description", "seed", "channel", "prompt", "session", "output", "load",
-                                          "stop"))
+                                          "stop", "slo"))
         session = SessionSection.parse(d["session"], ctx) if "session" in d else None
         if session is not None and isinstance(d.get("load"), dict) and d["load"].get("kind") == "trace":
             raise ctx.fail("[session]", "a trace replay sends the trace's own lengths; remove [session]")
@@ -571,6 +590,7 @@ class Scenario:
             output=OutputSection.parse(d.get("output"), ctx),
             load=LoadSection.parse(d.get("load"), ctx, base_dir),
             stop=StopSection.parse(d.get("stop"), ctx),
+            slo=parse_slo(d["slo"], ctx) if "slo" in d else DEFAULT_SLO,
         )
 
     def to_dict(self) -> dict[str, Any]:
