@@ -11,15 +11,17 @@ import glob
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from loadkit import run_command, truth_frame, write_scenario
+from loadkit import free_port, run_command, truth_frame, write_scenario
 
 from tokenload.load import records
 from tokenload.load.rundirs import finalise
@@ -72,12 +74,14 @@ def _states(out: Path) -> list[dict]:
     return found
 
 
-def _start(scenario: Path, base_url: str, out: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
-    """`tokenload run` in the background, once every process has flushed records; returns it and Locust's group."""
+def _start(scenario: Path, base_url: str, out: Path, *extra: str, records: int = 3,
+           preexec_fn: Callable[[], object] | None = None) -> tuple[subprocess.Popen[str], int]:
+    """`tokenload run` in the background, once every process has flushed `records`; returns it and Locust's group."""
     proc = subprocess.Popen(run_command(scenario, base_url, out, *extra), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TERM": "dumb"})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TERM": "dumb"},
+                            preexec_fn=preexec_fn)
     writers = 2 if "--processes" in extra else 1
-    assert _wait_until(lambda: len(_states(out)) == writers and all(s["records"] >= 3 for s in _states(out)), 30)
+    assert _wait_until(lambda: len(_states(out)) == writers and all(s["records"] >= records for s in _states(out)), 30)
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
     assert len(children) == 1, children
     return proc, int(children[0])
@@ -175,6 +179,108 @@ def test_sigkill_of_the_master_stops_its_workers_and_the_run_waits_for_them(tmp_
     assert manifest["workers_lost"] == sorted(df.worker.unique())
     assert any("workers stopped early" in w and "is gone" in w for w in manifest["warnings"])
     assert sorted(p.name for p in out.iterdir()) == ["locust.log", "manifest.json", "requests.parquet"]
+
+
+# ---------------------------------------------------------------- processes left behind (issue 22.7)
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_headless_run_cuts_its_open_streams(tmp_path: Path) -> None:
+    """`kill -9` of `tokenload run`: Locust stops at once and cuts its open streams (kept as `cancelled`
+    records) instead of draining them: before, 4 streams ran on for up to 12.5 s with nobody recording."""
+    scenario = write_scenario(tmp_path, LONG.replace("max_tokens = 60", "max_tokens = 400"))
+    truth_path = tmp_path / "truth.jsonl"
+    out = tmp_path / "run"
+    with launch(["--truth", str(truth_path)]) as sim:
+        proc, pgid = _start(scenario, sim.base_url, out, records=4)  # the first 4 (8 s) streams are done
+        time.sleep(1.0)  # the next 4 are a second into their 8 s
+        killed_at = time.time()
+        proc.kill()
+        proc.communicate(timeout=10)
+        gone_after = _wait_until(lambda: not _group_alive(pgid), 15)
+        time.sleep(1.0)
+        truth = truth_frame(truth_path)
+    assert gone_after is not None and gone_after < 5, gone_after
+    streamed_after_kill = truth.last_token.max() - killed_at
+    assert streamed_after_kill < 3.0, (streamed_after_kill, truth.outcome.value_counts())
+    assert (truth.outcome == "client_closed").sum() == 4, truth.outcome.value_counts()
+    finalise(out)
+    df = pd.read_parquet(out / "requests.parquet")
+    _recorded_everything_the_server_saw(df, truth)
+    assert df.in_flight.sum() == 4 and set(df.status[df.in_flight]) == {"cancelled"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_killed_web_run_leaves_no_locust_behind(tmp_path: Path, how: str) -> None:
+    """`tokenload run --web` killed during its plan: its Locust (web UI included) is gone within 5 s (SIGTERM:
+    after the scenario's 5 s drain) and the port is free. Before, Locust's UI caught the interrupt, stopped the
+    test and stayed up "indefinitely"."""
+    scenario = write_scenario(tmp_path, LONG)
+    out = tmp_path / "run"
+    port = free_port()
+    with launch() as sim:
+        proc, pgid = _start(scenario, sim.base_url, out, "--web", "--web-port", str(port))
+        proc.send_signal(getattr(signal, how))
+        try:
+            gone_after = _wait_until(lambda: not _group_alive(pgid), 15)
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            if _group_alive(pgid):
+                os.killpg(pgid, signal.SIGKILL)
+            if proc.poll() is None:
+                proc.kill()
+    assert gone_after is not None and gone_after < (5 if how == "SIGKILL" else 5 + 5), gone_after
+    with socket.socket() as again:  # the port is free for the next run
+        again.bind(("127.0.0.1", port))
+    if how == "SIGTERM":  # stopped like Ctrl-C: exit 0, the run finalised and marked interrupted
+        assert proc.returncode == 0, stderr
+        assert json.loads((out / "manifest.json").read_text())["stop_reason"] == "interrupted"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_run_started_with_sigint_ignored(tmp_path: Path) -> None:
+    """A run started with `&` from a script inherits SIGINT ignored; Ctrl-C must still stop it (before, it ran
+    its whole 60 s plan through Ctrl-C)."""
+    scenario = write_scenario(tmp_path, LONG)
+    out = tmp_path / "run"
+    with launch() as sim:
+        proc, pgid = _start(scenario, sim.base_url, out,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=10)
+            if _group_alive(pgid):
+                os.killpg(pgid, signal.SIGKILL)
+    assert proc.returncode == 0, stderr
+    assert json.loads((out / "manifest.json").read_text())["stop_reason"] == "interrupted"
+
+
+def test_web_run_on_a_busy_port_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    """The port is checked first: exit 2, one line naming the port and `--web-port`, no run directory, no request.
+    Before, the run started, an orphaned UI's page was announced as its own, and the plan ran headless."""
+    scenario = write_scenario(tmp_path, LONG)
+    out = tmp_path / "run"
+    with socket.socket() as busy, socket.socket() as channel:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        channel.bind(("127.0.0.1", 0))
+        channel.listen()
+        channel.setblocking(False)
+        port = busy.getsockname()[1]
+        result = subprocess.run(run_command(scenario, f"http://127.0.0.1:{channel.getsockname()[1]}", out, "--web",
+                                            "--web-port", str(port)),
+                                check=False, capture_output=True, text=True, timeout=60)
+        with pytest.raises(BlockingIOError):
+            channel.accept()  # nothing connected to the channel
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {port}" in lines[0] and "--web-port" in lines[0], lines
+    assert not out.exists()
 
 
 # ---------------------------------------------------------------- late writers (issue 14.10)

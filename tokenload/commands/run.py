@@ -20,11 +20,16 @@ each value came from. Everything (scenario, dataset, options, --out) is checked
 before Locust starts: a problem is one line and exit code 2.
 
 Records are flushed to RUN_DIR at least once a second, so Ctrl-C or SIGTERM
-keeps them (a second one kills Locust and may lose the last second). Locust
-never outlives this command: killed even with SIGKILL, its Locust processes
-stop within a second or two, and `tokenload analyze RUN_DIR` finalises what
-they flushed. At the end RUN_DIR
-holds requests.parquet (one row per request, SPEC.md columns) and manifest.json;
+keeps them (a second one kills Locust and may lose the last second); Ctrl-C
+works even when this command was started with SIGINT ignored (`&` in a
+script), and with `--web` it quits the UI too. Locust never outlives this
+command: killed even with SIGKILL, its Locust processes (web UI included)
+stop within a second, cutting their open streams (kept as `cancelled`
+records), and `tokenload analyze RUN_DIR` finalises what they flushed.
+`--web` checks its port first: a port in use is one line and exit 2.
+At the end RUN_DIR
+holds requests.parquet (one row per request, columns defined in
+tokenload/record.py) and manifest.json;
 RUN_DIR is printed as the last line of stdout, ready for `tokenload analyze`.
 Errors are listed by kind with the fix. A run whose requests fail on the
 channel's configuration (auth, unknown model, wrong base URL) stops after a

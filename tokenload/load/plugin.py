@@ -125,7 +125,8 @@ def _channel(scenario: Scenario, host: str | None) -> tuple[Scenario, Channel]:
 
 
 def _arm_lifeline(environment: Environment) -> None:
-    """Processes `tokenload run` manages, and forked workers, stop when their parent or master is gone."""
+    """Processes `tokenload run` manages, and forked workers, stop when their parent or master is gone, at
+    once (open streams cut); a managed web UI quits at its interrupt."""
     runner = environment.runner
     worker = runner if isinstance(runner, WorkerRunner) else None
     if worker is not None:
@@ -133,11 +134,30 @@ def _arm_lifeline(environment: Environment) -> None:
         environment.events.test_stop.add_listener(lambda **_: _heartbeat_watch(worker, True))
     forked = worker is not None and bool(getattr(environment.parsed_options, "processes", None))
     parent = lifeline.parent_to_watch(forked) if forked or os.environ.get(MANAGED_ENV) else None
+    if environment.web_ui is not None and os.environ.get(MANAGED_ENV):
+        lifeline.on_interrupt(lambda: _quit_web_ui(environment))
     if parent is None and worker is None:
         return
-    line = lifeline.Lifeline(parent, None if worker is None else lambda: worker.last_heartbeat_timestamp)
+
+    def cut_open_streams() -> None:  # before Locust's stop begins: it reads the drain when it starts
+        environment.stop_timeout = 0
+
+    line = lifeline.Lifeline(parent, None if worker is None else lambda: worker.last_heartbeat_timestamp,
+                             on_lost=cut_open_streams)
     environment.tokenload_lifeline = line  # type: ignore[attr-defined]
     line.arm()
+
+
+def _quit_web_ui(environment: Environment) -> None:
+    """`tokenload run --web` quits at its interrupt: Locust alone keeps its UI up after one during the plan.
+
+    The person (or the dead parent) is leaving: the run is finalised, not analysed.
+    """
+    runs: series.Series | None = getattr(environment, "tokenload_series", None)
+    if runs is not None:
+        runs.on_quitting()
+    if environment.web_ui is not None:
+        gevent.spawn(environment.web_ui.stop)
 
 
 def _heartbeat_watch(worker: WorkerRunner, on: bool) -> None:

@@ -180,6 +180,8 @@ def plan_run(
     else:
         run_dir = Path(out_dir) if out_dir else default_run_dir(scenario.name)
         _check_new_run_dir(run_dir)
+    if web and not distribution.worker:
+        websession.check_port(web_host, web_port)
     return RunPlan(scenario, channel, run_dir, distribution, web, web_host, web_port)
 
 
@@ -298,7 +300,7 @@ def _supervise(proc: subprocess.Popen[bytes], run_dir: Path, on_live: Callable[[
     """Wait for Locust, reporting live numbers; Ctrl-C or SIGTERM stops it gracefully, a second one kills it."""
     control = run_dir / records.SEGMENTS_DIR / "control.json"
     interrupts = 0
-    with lifeline.sigterm_as_interrupt():
+    with lifeline.stop_signals_as_interrupt():
         while True:
             try:
                 return proc.wait(timeout=0.5)

@@ -12,15 +12,18 @@ finalises any that Locust could not (a second Ctrl-C kills it).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import socket
 import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from tokenload.errors import ConfigError
 from tokenload.load import records
 from tokenload.load.rundirs import finalise
 from tokenload.rundir import MANIFEST_FILE
@@ -37,6 +40,29 @@ def web_port(port: int | None) -> int:
 def locust_args(host: str, port: int | None) -> list[str]:
     """Locust's options for a web UI that starts the scenario at once and stays up after the plan (until Ctrl-C)."""
     return ["--web-host", host, "--web-port", str(web_port(port)), "--autostart"]
+
+
+def check_port(host: str, port: int | None) -> None:
+    """A `ConfigError` unless Locust's UI can listen on `host`:`port` now, checked before anything starts.
+
+    Locust finds a busy port only after the run has begun, and an orphaned UI
+    from an earlier run answers on it: its page was announced as this run's
+    while this run went on without a UI. The check binds like Locust's server
+    (SO_REUSEADDR: a port in TIME_WAIT is free, one with a listener is not).
+    """
+    number = web_port(port)
+    bind_host = "" if host == "*" else host
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((bind_host, number))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"--web: port {number} on {host} is already in use (another web UI, perhaps an "
+                                  "earlier run's?); stop that process or choose a free port with --web-port N") from None
+            raise ConfigError(f"--web: cannot listen on {host} port {number} ({exc.strerror}); choose another "
+                              "--web-host or --web-port") from None
 
 
 def url(host: str, port: int | None) -> str:
