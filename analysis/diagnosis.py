@@ -1,4 +1,4 @@
-"""What bounds the latency, and BRIEF.md's advice with the arithmetic filled in.
+"""What bounds the latency, and the usual advice with the arithmetic filled in.
 
 Decision order (the first that applies wins), so a user fixes causes before symptoms:
 1. `errors`: more than the error limit of requests failed; latency is moot.
@@ -37,7 +37,7 @@ def _error_advice(total: int, by_kind: dict[str, int]) -> list[str]:
 
 
 def _ttft_advice(ttft: float, n_in: float, fit: dict[str, Any], slo: Slo) -> list[str]:
-    """BRIEF.md mistake 4: long prompt, large model or load; the fit says how short is short enough."""
+    """Common mistake 4: long prompt, large model or load; the fit says how short is short enough."""
     head = f"TTFT p50 {_g(ttft)} s at low load is above the {_g(slo.ttft_s)} s target"
     if not fit.get("model"):
         return [f"{head}: shorten the prompt, try a smaller model, or send at off-peak times"]
@@ -61,7 +61,7 @@ def _ttft_advice(ttft: float, n_in: float, fit: dict[str, Any], slo: Slo) -> lis
 
 
 def _e2e_advice(ttft: float, tpot: float, n_out: float, slo: Slo) -> list[str]:
-    """BRIEF.md mistakes 5 and 6: decode speed, or simply long outputs."""
+    """Common mistakes 5 and 6: decode speed, or simply long outputs."""
     e2e = ttft + tpot * n_out
     head = (f"at low load TTFT {_g(ttft)} s + TPOT {_g(tpot)} s x {n_out:.0f} tokens = {_g(e2e)} s, "
             f"above the {_g(slo.e2e_s)} s target")
@@ -89,7 +89,7 @@ def diagnose_latency(
     ttft_fit: dict[str, Any],
     breakpoint: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """Return SPEC.md `diagnosis` {bound, share_ttft, advice} plus the numbers it rests on.
+    """Return the contract's `diagnosis` {bound, share_ttft, advice} plus the numbers it rests on.
 
     `low` and `high` hold p50 ttft/tpot/e2e, median output/input tokens and active
     users of the low-load steps and of the highest-load step.

@@ -1,6 +1,6 @@
 """Least-squares fits: latency against token counts.
 
-Two models for TTFT vs input tokens, because BRIEF.md claims prefill grows
+Two models for TTFT vs input tokens, because prefill is claimed to grow
 sub-linearly and the tool must test that rather than assume it: a straight
 line, and `a + b * n**k` fitted by variable projection (for a fixed k the
 model is linear in a and b, so only k needs a 1-D search; no scipy needed).
@@ -185,7 +185,7 @@ def _r(value: float, digits: int = 6) -> float:
 
 
 def ttft_vs_input(n_tokens: np.ndarray, ttft: np.ndarray) -> dict[str, Any]:
-    """SPEC.md `fits.ttft_vs_input`, plus both candidate models and the sub-linear verdict.
+    """The contract's `fits.ttft_vs_input`, plus both candidate models and the sub-linear verdict.
 
     For the power model `slope_s_per_token` is the local slope d(ttft)/dn at the
     median input length, so it stays comparable with the linear slope.
@@ -228,7 +228,7 @@ def ttft_vs_input(n_tokens: np.ndarray, ttft: np.ndarray) -> dict[str, Any]:
 
 
 def linear_dict(fit: LinearFit | None) -> dict[str, Any] | None:
-    """SPEC.md's linear-fit keys plus confidence intervals."""
+    """The contract's linear-fit keys plus confidence intervals."""
     if fit is None:
         return None
     return {

@@ -1,4 +1,4 @@
-"""Load and validate a run directory (SPEC.md "RUN_DIR layout").
+"""Load and validate a run directory (the contract's RUN_DIR layout).
 
 Everything downstream assumes a clean frame: numeric timing columns as float,
 `status` as `ok`/`error`, in-flight streams flagged. This module is the one
@@ -22,7 +22,7 @@ from tokenload.errors import ConfigError
 from tokenload.record import SPEC_COLUMNS
 from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
 
-# SPEC.md's "at least" columns (defined in tokenload.record). All must exist (a missing one is
+# The contract's "at least" columns (defined in tokenload.record). All must exist (a missing one is
 # named in the error), but analysis reads only ANALYSIS_COLUMNS to keep memory low on million-row runs.
 REQUIRED_COLUMNS: tuple[str, ...] = SPEC_COLUMNS
 FLOAT_COLUMNS: tuple[str, ...] = (

@@ -143,7 +143,7 @@ def _meets(rows: pd.DataFrame, slo: Slo, goodput: dict[str, float], cut: float) 
 
 def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
                options: StepOptions = DEFAULT_OPTIONS) -> pd.DataFrame:
-    """One row per step with SPEC.md's `steps[]` columns and the extras (CIs, censoring, windows ...)."""
+    """One row per step with the contract's `steps[]` columns and the extras (CIs, censoring, windows ...)."""
     table = windows.copy()
     table["start"] = table["start"] + (options.warmup_s or 0.0)
     table["duration_s"] = (table["end"] - table["start"]).where(lambda d: d > 0)
@@ -253,7 +253,7 @@ def _step_formula_mape(ok: pd.DataFrame, table: pd.DataFrame) -> pd.Series:
     return err.groupby(ok.loc[err.index, "step"]).mean()
 
 
-# SPEC.md's keys first (load_level/load_unit/censored included), then the extras.
+# The contract's keys first (load_level/load_unit/censored included), then the extras.
 STEP_KEYS: tuple[str, ...] = (
     "step", "load_level", "load_unit", "active_users", "requests", "censored", "errors", "error_rate", "rps",
     "output_tok_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "slo_attainment",
@@ -280,7 +280,7 @@ def step_keys(percentiles: Sequence[float]) -> list[str]:
 
 def steps_records(table: pd.DataFrame, errors_by_kind: pd.DataFrame,
                   percentiles: Sequence[float] = PERCENTILES) -> list[dict[str, Any]]:
-    """`summary.json` `steps[]`: SPEC.md keys first, then extras incl. errors by kind, CIs and bounds."""
+    """`summary.json` `steps[]`: the contract's keys first, then extras incl. errors by kind, CIs and bounds."""
     rows = []
     for index, row in table.iterrows():
         step = cast(int, index)

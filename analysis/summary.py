@@ -101,7 +101,7 @@ def _latency(df: pd.DataFrame, cut: float, percentiles: tuple[float, ...]) -> di
 
 
 def _formula(ok: pd.DataFrame, table: pd.DataFrame) -> dict[str, Any]:
-    """SPEC.md `formula`: both forms with each step's *typical* TTFT and TPOT, a test that can fail.
+    """The contract's `formula`: both forms with each step's *typical* TTFT and TPOT, a test that can fail.
 
     With a request's own TTFT and TPOT the exact form is true by the definition of
     TPOT (its error only checks the records: `identity_mape`, expected ~0). What a
@@ -152,7 +152,7 @@ def _r2(x: np.ndarray, y: np.ndarray) -> float | None:
 
 
 def _e2e_drivers(low: pd.DataFrame) -> dict[str, Any]:
-    """How much of e2e's variance input length and output length explain (BRIEF.md's claim)."""
+    """How much of e2e's variance input length and output length explain (the claim: output length drives it)."""
     y = low["e2e_s"].to_numpy()
     n_in = low["input_tokens"].to_numpy()
     n_out = low["output_tokens"].to_numpy()
@@ -170,7 +170,7 @@ def _e2e_drivers(low: pd.DataFrame) -> dict[str, Any]:
 
 
 def _e2e_fit(low: pd.DataFrame, ttft_p50: float | None, tpot_p50: float | None) -> dict[str, Any]:
-    """SPEC.md `fits.e2e_vs_output`, with the slope set against TPOT and the intercept against TTFT."""
+    """The contract's `fits.e2e_vs_output`, with the slope set against TPOT and the intercept against TTFT."""
     note = spread_note(low["output_tokens"].to_numpy(), "output length", "output-sweep")
     fit = linear_dict(linear_fit(low["output_tokens"].to_numpy(), low["e2e_s"].to_numpy())) if note is None else None
     if fit is None:

@@ -3,7 +3,7 @@
 Tests and the scale benchmark need runs whose truth is known exactly: the
 prefill law `ttft = queue(users) + a + b * n**k`, a TPOT that grows with batch
 size, a capacity past which requests queue (the planted breakpoint) and error
-bursts at chosen concurrencies. The output has every SPEC.md column, so the
+bursts at chosen concurrencies. The output has every contract column, so the
 analysis reads it exactly as it reads a real run.
 """
 

@@ -3,7 +3,7 @@ the simulator fixtures, among them the three longest runs, done side by side.
 
 The raw client exists because the faults under test (RST vs FIN, missing final
 chunk, one byte per chunk, CR-only line ends) are exactly what higher-level
-clients hide. The SSE parser follows WIRE.md's rules independently of the
+clients hide. The SSE parser follows the SSE framing rules independently of the
 simulator's encoder, so a framing bug cannot cancel itself out.
 """
 

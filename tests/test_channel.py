@@ -1,6 +1,6 @@
 """Channel configuration: read the user's existing setup exactly, never leak a secret.
 
-Mistake 7 of BRIEF.md ("the configuration is not read at all") is the one users
+Common mistake 7 ("the configuration is not read at all") is the one users
 cannot see, so resolution order, settings discovery and error messages are
 pinned here. Everything runs on an explicit `env`, `cwd` and `home`, never the
 real environment.

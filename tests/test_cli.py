@@ -1,6 +1,6 @@
-"""The CLI's exit-code contract (SPEC.md): bad input is exit 2 with one clear stderr line, never a traceback.
+"""The CLI's exit-code contract: bad input is exit 2 with one clear stderr line, never a traceback.
 
-Mistake 7 of BRIEF.md (configuration not read) surfaces here: a wrong path, bad
+Common mistake 7 (configuration not read) surfaces here: a wrong path, bad
 JSON or a malformed value must say what and where, in one line, in a real
 subprocess exactly as a user runs it.
 """
@@ -8,6 +8,7 @@ subprocess exactly as a user runs it.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,12 +73,30 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path, args: list[str], env: 
     assert "sk-zz-hidden-value-123456" not in proc.stderr
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cited_but_missing(text: str) -> list[str]:
+    """Documents (`*.md`) a text names that the repository does not have (a user cannot read them)."""
+    return sorted({name for name in re.findall(r"[\w./-]+\.md\b", text) if not (REPO / name).is_file()})
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--help` works and cites no document outside the repository (probe, doctor and analyze cited SPEC.md
+    and BRIEF.md)."""
     with pytest.raises(SystemExit) as info:
         main([command, "--help"])
     assert info.value.code == 0
-    assert f"usage: tokenload {command}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"usage: tokenload {command}" in out
+    assert _cited_but_missing(out) == []
+
+
+def test_docs_cite_no_document_outside_the_repository() -> None:
+    cited = {str(path.relative_to(REPO)): _cited_but_missing(path.read_text(encoding="utf-8"))
+             for path in [*REPO.glob("*.md"), *REPO.glob("docs/*.md"), *REPO.glob("results/*.md")]}
+    assert cited and all(missing == [] for missing in cited.values()), cited
 
 
 def test_probe_help_lists_channel_options(capsys: pytest.CaptureFixture[str]) -> None:

@@ -29,7 +29,7 @@ SECRET = "sk-tokenload-DISTINCTIVE-9f3c2e71"
 
 
 def test_step_ramp_records_and_truth(tmp_path: Path) -> None:
-    """Each step runs its user count; every SPEC column; one record per server request; TTFT/TPOT match truth."""
+    """Each step runs its user count; every contract column; one record per server request; TTFT/TPOT match truth."""
     scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = { dist = "uniform", min = 20, max = 400 }

@@ -2,7 +2,7 @@
 
 This is the check users run by hand after configuring a channel, so what it
 prints is the contract: the answer live, then TTFT/TPOT/total and the formula
-line; `--json` with SPEC.md's names; exit 1 with the error kind and its fix;
+line; `--json` with the record's names; exit 1 with the error kind and its fix;
 and never the key, whatever the server echoes.
 """
 

@@ -21,7 +21,7 @@ from tokenload.load import records as load_records
 from tokenload.record import COLUMNS, SPEC_COLUMNS, RequestRecord, SpecRecord, arrow_schema, column_types
 from tokenload.transport.httpx_client import stream_once
 
-# SPEC.md "Per-request record": changing this list is changing the published contract.
+# The contract's per-request record: changing this list is changing the published contract.
 SPEC = (
     "request_id run_id worker user_id step active_users scheduled_at started_at protocol model status "
     "error_kind http_status ttfb_s ttft_s ttft_text_s tpot_s e2e_s input_tokens input_tokens_source "

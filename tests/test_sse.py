@@ -1,4 +1,4 @@
-"""The shared SSE decoder against every framing rule of WIRE.md, and against random network splits.
+"""The shared SSE decoder against every SSE framing rule, and against random network splits.
 
 Peers fail on exactly these cases (vLLM bench splits on `\\n\\n` only, llmperf
 slices fixed offsets), so each rule has an example test and the whole grammar

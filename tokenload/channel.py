@@ -390,7 +390,7 @@ def resolve(
 
 
 def add_channel_arguments(parser: argparse.ArgumentParser) -> None:
-    """The CHANNEL options, the same on every command (SPEC.md)."""
+    """The CHANNEL options, the same on every command."""
     group = parser.add_argument_group(
         "channel",
         "Resolution order: these flags > environment (ANTHROPIC_BASE_URL, ANTHROPIC_AUTH_TOKEN, "

@@ -2,7 +2,7 @@
 
 Each command module exposes `HELP` (one line), `configure(parser)` and
 `run(args) -> int`, and keeps heavy imports inside `run` so `--help` stays fast.
-This module owns the exit-code contract of SPEC.md: 0 success, 1 the check or
+This module owns the exit-code contract: 0 success, 1 the check or
 run found a failure, 2 bad input (one line on stderr, no traceback).
 """
 

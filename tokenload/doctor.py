@@ -2,18 +2,18 @@
 
 Each check is one function taking the shared `Doctor` context and returning a
 `CheckResult` (name, ok/fail/skip, what it saw, the exact fix). The order is
-BRIEF.md's list adjusted to what each check needs before it can say anything
+the common mistakes' list adjusted to what each check needs before it can say anything
 true:
 
-1. configuration read (BRIEF #7): nothing else means anything until we know
+1. configuration read (mistake #7): nothing else means anything until we know
    what was read, from where;
-2. key hygiene (the offline half of BRIEF #1): whitespace, placeholders,
+2. key hygiene (the offline half of mistake #1): whitespace, placeholders,
    conflicting keys, no key, all without a request;
-3. base URL (BRIEF #2): a 401 from a home page or a 404 from a wrong path
+3. base URL (mistake #2): a 401 from a home page or a 404 from a wrong path
    says nothing about the key, so the URL is settled first;
-4. auth (the online half of BRIEF #1);
-5. model (BRIEF #3);
-6. latency (BRIEF #4, #5, #6): TTFT, TPOT, long outputs;
+4. auth (the online half of mistake #1);
+5. model (mistake #3);
+6. latency (mistakes #4, #5, #6): TTFT, TPOT, long outputs;
 7. streaming end to end: incremental arrival and a clean end;
 8. the rate limits the channel announced (`anthropic-ratelimit-*`, `x-ratelimit-*`),
    as one line: what a load test may send;
@@ -103,7 +103,7 @@ _PROBE_PREFIX = "Count from 1 to 100, one number per word. Ignore the filler tex
 class Limits:
     """Thresholds and budgets; every one is a command-line flag."""
 
-    ttft_s: float = 1.0  # BRIEF.md: above about 1 s reads as "nothing happened"
+    ttft_s: float = 1.0  # above about 1 s reads as "nothing happened"
     tpot_s: float = 0.1  # s/token: 10 tokens/s is slower than people read
     e2e_s: float = 10.0  # total for an answer of `expected_output_tokens`
     expected_output_tokens: int = 256
@@ -306,7 +306,7 @@ def _s(value: float | None) -> str:
 
 
 def check_config(ctx: Doctor) -> CheckResult:
-    """Where each field came from; misspelt, shadowed or absent configuration (BRIEF #7)."""
+    """Where each field came from; misspelt, shadowed or absent configuration (mistake #7)."""
     res = ctx.resolution
     sources = {name: res.sources[name] for name in res.FIELD_LABELS if name in res.sources}
     saw = res.describe()
@@ -395,7 +395,7 @@ def _near_miss_settings(ctx: Doctor) -> list[Path]:
 
 
 def check_key(ctx: Doctor) -> CheckResult:
-    """Whitespace, placeholders, two different keys, or none at all (offline half of BRIEF #1)."""
+    """Whitespace, placeholders, two different keys, or none at all (offline half of mistake #1)."""
     channel, res = ctx.channel, ctx.resolution
     problems: list[str] = []
     fixes: list[str] = []
@@ -429,7 +429,7 @@ def check_key(ctx: Doctor) -> CheckResult:
 
 
 def check_base_url(ctx: Doctor) -> CheckResult:
-    """Reachable, answers like an API (not HTML, not 404), no redirect, https off the local network (BRIEF #2)."""
+    """Reachable, answers like an API (not HTML, not 404), no redirect, https off the local network (mistake #2)."""
     channel = ctx.channel
     url = channel.url
     details: dict[str, Any] = {"url": url}
@@ -486,7 +486,7 @@ def _answers(ctx: Doctor, http: httpx.Client, base: str) -> bool:
 
 
 def check_auth(ctx: Doctor) -> CheckResult:
-    """A one-token request: 401/403 with the server's message and the fix (BRIEF #1)."""
+    """A one-token request: 401/403 with the server's message and the fix (mistake #1)."""
     record = ctx.tiny()
     channel = ctx.channel
     if record["error_kind"] != ek.AUTH:
@@ -520,7 +520,7 @@ def _sent_as(ctx: Doctor) -> str:
 
 
 def check_model(ctx: Doctor) -> CheckResult:
-    """Unknown model id -> the channel's models and the closest match (BRIEF #3)."""
+    """Unknown model id -> the channel's models and the closest match (mistake #3)."""
     record = ctx.tiny()
     model = ctx.channel.model
     if record["error_kind"] != ek.NOT_FOUND_MODEL:
@@ -538,7 +538,7 @@ def check_model(ctx: Doctor) -> CheckResult:
 
 
 def check_latency(ctx: Doctor) -> CheckResult:
-    """TTFT, TPOT and the projected total against the limits; a short prompt to tell prompt from load (BRIEF #4-6)."""
+    """TTFT, TPOT and the projected total against the limits; a short prompt to tell prompt from load (mistakes #4-6)."""
     lim = ctx.limits
     record, _ = ctx.probe()
     ttft, tpot, n = record["ttft_s"], record["tpot_s"], record["output_tokens"]

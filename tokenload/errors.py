@@ -1,4 +1,4 @@
-"""Errors that cross module boundaries, and the error kinds of SPEC.md.
+"""Errors that cross module boundaries, and the contract's error kinds.
 
 `ConfigError` is the one exception the CLI turns into a single stderr line and
 exit code 2: anything the user can fix by changing input (flags, environment,
@@ -23,7 +23,7 @@ class HarnessError(RuntimeError):
     """
 
 
-# SPEC.md `error_kind` values. `client_error` means a bug of ours and must stay
+# The contract's `error_kind` values. `client_error` means a bug of ours and must stay
 # at zero in tests.
 AUTH: Final = "auth"
 NOT_FOUND_MODEL: Final = "not_found_model"
@@ -94,7 +94,7 @@ def error_class(kind: str | None) -> ErrorClass | None:
     return ERROR_CLASSES.get(kind, "load")
 
 
-# The fix a user should try for each kind, in BRIEF.md's words.
+# The fix a user should try for each kind, in the words users know them by.
 FIXES: Final[dict[str, str]] = {
     AUTH: "check the key: it must be the one you created, with no stray space or newline, and not deleted or expired",
     NOT_FOUND_MODEL: "use a model id this channel serves (tokenload doctor lists them where the channel offers /v1/models)",

@@ -2,7 +2,7 @@
 
 A `Timeline` is filled while a response streams in (by `tokenload.stream`); it
 holds raw `time.perf_counter()` stamps and counts, nothing derived. `measure()`
-turns it into SPEC.md's record fields. Keeping derivation pure makes every
+turns it into the record's fields. Keeping derivation pure makes every
 definition testable on a hand-written timeline:
 
 - `ttft_s`: first output token of any kind (text, thinking, tool input) - t0.
@@ -117,7 +117,7 @@ def quantile(ordered: list[float], q: float) -> float:
 
 
 def measure(tl: Timeline, estimated_input_tokens: int | None = None) -> RequestRecord:
-    """SPEC.md's per-request fields from a timeline (no run/user context)."""
+    """The record's per-request fields from a timeline (no run/user context)."""
     if tl.output_tokens is not None:
         output_tokens, output_source = tl.output_tokens, "server"
     else:

@@ -1,11 +1,11 @@
 """The per-request record: every column of requests.parquet, defined once, here.
 
 TO ADD A COLUMN, ADD ONE LINE to `RequestRecord` below (`name: type`, with a
-comment when the name does not say it all); SPEC.md's own columns live in
+comment when the name does not say it all); the contract's own columns live in
 `SpecRecord`. Everything else follows from these two classes:
 
 - the Arrow schema of the segments and of requests.parquet (`arrow_schema()`,
-  used by `tokenload.load.records.SCHEMA`), in this order: SPEC.md's columns
+  used by `tokenload.load.records.SCHEMA`), in this order: the contract's columns
   first, then the extras;
 - `SPEC_COLUMNS`, the columns the analysis requires of a run directory;
 - the type checker's view of every record the load side builds
@@ -36,7 +36,7 @@ Status = Literal["ok", "error", "cancelled"]
 
 
 class SpecRecord(TypedDict, total=False):
-    """SPEC.md's per-request columns, in SPEC order: every run directory has them."""
+    """The contract's per-request columns, in its order: every run directory has them."""
 
     request_id: str
     run_id: str
@@ -69,7 +69,7 @@ class SpecRecord(TypedDict, total=False):
 
 
 class RequestRecord(SpecRecord, total=False):
-    """One request as tokenload records it: SPEC.md's columns, then tokenload's extras."""
+    """One request as tokenload records it: the contract's columns, then tokenload's extras."""
 
     finished_at: float | None
     late_s: float | None  # how late an open-loop send left after its scheduled time

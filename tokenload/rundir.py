@@ -1,4 +1,4 @@
-"""The run directory's file names (SPEC.md): what `tokenload run` writes and `analyze` reads.
+"""The run directory's file names: what `tokenload run` writes and `analyze` reads.
 
 One place for the contract between the load stage and the analysis stage, so
 neither can drift from the other.

@@ -120,7 +120,7 @@ class StreamSession:
         tl.fail(kind, message)
 
     def record(self) -> RequestRecord:
-        """SPEC.md's per-request fields for this exchange (error messages redacted: servers echo keys)."""
+        """The record's per-request fields for this exchange (error messages redacted: servers echo keys)."""
         record = measure(self.timeline, self._estimate)
         if record["error_message"]:
             record["error_message"] = self.adapter.channel.redact(record["error_message"])

@@ -3,7 +3,7 @@
 Reads RUN_DIR/requests.parquet (one row per request, written by `tokenload run`)
 and writes into RUN_DIR:
 
-  summary.json   the numbers scripts read (SPEC.md keys plus extras)
+  summary.json   the numbers scripts read (the published keys plus extras; see the README)
   plots/*.png    TTFT vs input, e2e vs output, latency and throughput vs
                  concurrency, TTFT/TPOT/e2e CDFs, run timeline
   report.html    self-contained report: verdict, charts, tables

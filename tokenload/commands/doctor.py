@@ -2,9 +2,9 @@
 
 One line per check: `ok`, `FAIL` with what it saw and the exact fix, or `skip`
 when an earlier check it depends on failed (a broken channel is not hammered).
-The order follows BRIEF.md's list of mistakes, except that "configuration not
-read" (#7 there) comes first and the base URL (#2) comes before the key is
-tried online (#1), because neither means anything until the earlier one holds:
+The order follows the common mistakes, most frequent first, except that
+"configuration not read" (the last of them) comes first and the base URL (the
+second) comes before the key is tried online (the first), because neither means anything until the earlier one holds:
 
   1 configuration   which source supplied each field; invalid JSON (line, column);
                     misspelt variable names; settings shadowed by the environment

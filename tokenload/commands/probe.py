@@ -2,7 +2,8 @@
 
 The answer streams live to the terminal, then TTFT, TPOT, output tokens, total
 latency and the formula line `TTFT + TPOT x N = predicted vs measured` are
-printed. `--json` prints one JSON object with SPEC.md's field names instead.
+printed. `--json` prints one JSON object with the field names of
+requests.parquet instead.
 Exit 0 when the request succeeded, 1 with the classified error and its fix when
 it did not, 2 when the configuration could not be read.
 """
@@ -24,7 +25,7 @@ DEFAULT_PROMPT = "Count from 1 to 30, one number per word, separated by spaces."
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (default: a short counting task)")
     parser.add_argument("--max-tokens", type=int, default=64, help="maximum output tokens (default 64)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object with SPEC.md field names")
+    parser.add_argument("--json", action="store_true", help="print one JSON object with the field names of requests.parquet")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="seconds to wait for the first token, and between tokens (default 60)")
     add_channel_arguments(parser)

@@ -164,7 +164,7 @@ class Cell:
         return max(0.0, self.last_at - self.first_at) if self.requests else 0.0
 
     def summary(self) -> dict[str, Any]:
-        """Counts, rates and percentiles (seconds) of this cell, SPEC-style names."""
+        """Counts, rates and percentiles (seconds) of this cell, the record's names."""
         span = self.span_s
         out: dict[str, Any] = {
             "requests": self.requests, "errors": self.errors, "users": self.users,

@@ -6,7 +6,7 @@ task sends one request through the protocol adapter over the process's shared
 `Transport`, fires exactly one Locust request (so Locust's request count, RPS
 and failures mean LLM requests) carrying the record in its `context` for the
 token statistics (`tokenstats`: TTFT, TPOT, ITL, e2e, tokens/s), and appends
-the full SPEC.md record to the process's segment writer. Reported percentiles
+the full record to the process's segment writer. Reported percentiles
 come from those records, never from a live histogram.
 
 Open-loop runs take their send times from `Arrivals`: one slot at a time, so a

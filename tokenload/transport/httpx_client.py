@@ -119,7 +119,7 @@ def stream_once(
     on_text: Callable[[str, str], None] | None = None,
     client: httpx.Client | None = None,
 ) -> RequestRecord:
-    """Send one streaming request and return its SPEC.md record (never raises for HTTP trouble)."""
+    """Send one streaming request and return its record (never raises for HTTP trouble)."""
     return stream_exchange(channel, prompt, max_tokens, extra_body=extra_body, on_text=on_text, client=client)[0]
 
 
