@@ -19,7 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tokenload.analysis import caching, plots
 from tokenload.analysis.ratelimits import rate_limits_html
 from tokenload.analysis.records import REQUESTS_FILE, load_run
-from tokenload.analysis.report import figure, h, html_table, page, steps_html, verdict_html, verdict_table
+from tokenload.analysis.report import figure, h, html_table, page, slope_text, steps_html, verdict_html, verdict_table
 from tokenload.analysis.steps import Slo, StepOptions
 from tokenload.analysis.summary import Analysis, summarize
 from tokenload.analysis.windows import level_text
@@ -181,12 +181,13 @@ def _tables(s: dict[str, Any]) -> list[tuple[str, str]]:
                                                  left=2)))
     fit_rows = []
     for name, fit in s["fits"].items():
-        fit_rows.append([name, fit.get("model") or "not fitted", fit.get("slope_s_per_token"), fit.get("intercept_s"),
+        slope = slope_text(fit) if fit.get("slope_s_per_token") is not None else None
+        fit_rows.append([name, fit.get("model") or "not fitted", slope, fit.get("intercept_s"),
                          fit.get("exponent", 1.0), fit.get("r2"), fit.get("n"),
                          " / ".join(f"{v:.4g}" for v in fit.get("slope_ci95") or fit.get("linear", {}).get("slope_ci95", [])),
                          fit.get("note") or fit.get("intercept_check") or ""])
     out.append(("Fits (low-load steps: " + s["fits"]["ttft_vs_input"].get("steps_used_reason", "") + ")",
-                html_table(["fit", "model", "slope s/token", "intercept s", "exponent", "R²", "n",
+                html_table(["fit", "model", "slope", "intercept s", "exponent", "R²", "n",
                             "slope 95% CI (linear)", "note"], fit_rows, left=2)))
     f = s["formula"]
     out.append(("Formula: e2e predicted from each step's typical (median) TTFT and TPOT", html_table(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -42,6 +43,16 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
+
+
+# Legend samples this many font sizes long: at matplotlib's default (2) a dashed line with a marker shows its
+# one gap behind the marker, and the p95 entry looked as solid as the p50 one.
+LEGEND_HANDLE_LENGTH = 4.0
+
+
+def legend(ax: Axes, **options: Any) -> None:
+    """`ax.legend` with samples long enough to show each line's dash style."""
+    ax.legend(handlelength=LEGEND_HANDLE_LENGTH, **options)
 
 
 PLAIN = matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v:g}")
@@ -97,7 +108,7 @@ def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
             ax.text(0.99, 0.02, f"{above} of {total} points lie above the top of this axis (not shown)",
                     transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
                     color="#b00020", bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "#b00020"})
-    ax.legend(loc="upper left", fontsize=8, markerscale=4, framealpha=0.9)
+    legend(ax, loc="upper left", fontsize=8, markerscale=4, framealpha=0.9)
     ax.grid(alpha=0.3)
 
 
@@ -166,7 +177,7 @@ def _ci_band(t: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
-def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], path: Path, title: str) -> Path:
+def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], title: str) -> plt.Figure:
     """Per-concurrency curves: one panel per quantity, one colour per run, breakpoints marked."""
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), squeeze=False)
     for ax, panel in zip(axes[0], panels):
@@ -197,13 +208,18 @@ def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], path: Path,
         ax.set(title=panel.title, ylabel=panel.ylabel)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, framealpha=0.9)
+        legend(ax, fontsize=7, framealpha=0.9)
     fig.suptitle(title)
-    return _save(fig, path)
+    return fig
 
 
 def plot_latency_vs_users(views: Sequence[View], path: Path) -> Path:
     """TTFT, TPOT and e2e p50/p95 per load step, with bootstrap bands."""
+    return _save(latency_figure(views), path)
+
+
+def latency_figure(views: Sequence[View]) -> plt.Figure:
+    """The latency chart as a figure, before it is saved (its legends can be read back)."""
     slo = views[0][1].slo
     panels = [
         Panel("TTFT", "seconds", (("ttft_p50_s", "p50", "-"), ("ttft_p95_s", "p95", "--")), slo=slo.ttft_s,
@@ -213,12 +229,17 @@ def plot_latency_vs_users(views: Sequence[View], path: Path) -> Path:
         Panel("End-to-end", "seconds", (("e2e_p50_s", "p50", "-"), ("e2e_p95_s", "p95", "--")), slo=slo.e2e_s,
               bands=("e2e_p50_s", "e2e_p95_s")),
     ]
-    return _panels_vs_users(views, panels, path, f"Latency percentiles vs load ({load_unit(views)}; "
-                                                 "bands: 95% bootstrap intervals)")
+    return _panels_vs_users(views, panels, f"Latency percentiles vs load ({load_unit(views)}; "
+                                           "bands: 95% bootstrap intervals)")
 
 
 def plot_throughput_vs_users(views: Sequence[View], path: Path) -> Path:
     """Output tokens/s, requests/s (all and within SLO) and error rate per step."""
+    return _save(throughput_figure(views), path)
+
+
+def throughput_figure(views: Sequence[View]) -> plt.Figure:
+    """The throughput chart as a figure, before it is saved (its legends can be read back)."""
     panels = [
         Panel("Output throughput", "tokens / s", (("output_tok_s", "output tokens/s", "-"),)),
         Panel("Total throughput", "tokens / s", (("total_tok_s", "input + output tokens/s", "-"),
@@ -227,15 +248,20 @@ def plot_throughput_vs_users(views: Sequence[View], path: Path) -> Path:
         Panel("Errors", "% of requests", (("error_rate", "all errors", "-"), ("load_error_rate", "load errors", "--")),
               scale=100.0),
     ]
-    return _panels_vs_users(views, panels, path, f"Throughput vs load ({load_unit(views)}; tokens counted in the "
-                                                 "window they were streamed)")
+    return _panels_vs_users(views, panels, f"Throughput vs load ({load_unit(views)}; tokens counted in the "
+                                           "window they were streamed)")
 
 
 def plot_itl(views: Sequence[View], path: Path) -> Path:
     """Inter-token latency per step: the median request's median gap and its p99 gap."""
+    return _save(itl_figure(views), path)
+
+
+def itl_figure(views: Sequence[View]) -> plt.Figure:
+    """The inter-token latency chart as a figure, before it is saved (its legends can be read back)."""
     panels = [Panel("Inter-token latency", "seconds between tokens",
                     (("itl_p50_s", "median gap (median request)", "-"), ("itl_p99_s", "p99 gap (median request)", "--")))]
-    return _panels_vs_users(views, panels, path, f"Inter-token latency vs load ({load_unit(views)})")
+    return _panels_vs_users(views, panels, f"Inter-token latency vs load ({load_unit(views)})")
 
 
 def plot_cdfs(views: Sequence[View], path: Path, metrics: Sequence[str] = ("ttft", "tpot", "e2e")) -> Path:
@@ -262,7 +288,7 @@ def plot_cdfs(views: Sequence[View], path: Path, metrics: Sequence[str] = ("ttft
         ax.set(xlabel=names[metric], ylabel="% of requests at or below", title=f"{metric.upper()} CDF")
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        legend(ax, fontsize=8, loc="lower right")
     return _save(fig, path)
 
 
@@ -293,7 +319,7 @@ def plot_timeline(views: Sequence[View], path: Path, bins: int = 120) -> Path:
     axes[1].bar(edges[:-1], err_counts / width, width=width, align="edge", bottom=ok_counts / width,
                 color=COLORS[3], label="error")
     axes[1].set(ylabel=f"requests / {unit[:-1]}")
-    axes[1].legend(fontsize=8, loc="upper left")
+    legend(axes[1], fontsize=8, loc="upper left")
     ok = _sample(a.ok, MAX_POINTS)
     axes[2].scatter((ok["started_at"] - t0) / per, ok["ttft_s"], s=3, alpha=0.3, color=COLORS[0], rasterized=True,
                     label="TTFT per request")
@@ -301,7 +327,7 @@ def plot_timeline(views: Sequence[View], path: Path, bins: int = 120) -> Path:
     if len(ok) and ok["ttft_s"].max() / max(ok["ttft_s"].min(), 1e-9) > 50:
         _log_axis(axes[2], "y")
     axes[2].set(ylabel="TTFT (s)", xlabel=f"{unit} since the first request")
-    axes[2].legend(fontsize=8, loc="upper left", markerscale=4)
+    legend(axes[2], fontsize=8, loc="upper left", markerscale=4)
     for ax in axes:
         ax.grid(alpha=0.3)
     return _save(fig, path)

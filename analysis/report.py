@@ -32,11 +32,22 @@ ul.advice li{margin:.3em 0} .problems{background:#fff4e5;border:1px solid #f0b40
 
 
 def _fmt(x: Any, unit: str = "", digits: int = 3) -> str:
+    """A value as a reader should see it: never Python's `None`, `True` or 17 digits."""
     if x is None:
         return "n/a"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
     if isinstance(x, float):
         return f"{x:.{digits}g}{unit}"
     return f"{x}{unit}"
+
+
+def slope_text(fit: dict[str, Any]) -> str:
+    """A fit's s/token; a power law's slope changes with the input length, so it says where it was taken."""
+    text = f"{fit['slope_s_per_token']:.3g} s/token"
+    if fit.get("model") == "power" and fit.get("slope_at_input_tokens") is not None:
+        text += f" at {fit['slope_at_input_tokens']:,.0f} input tokens (the curve's slope there)"
+    return text
 
 
 def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
@@ -64,7 +75,7 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         rows.append((metric.upper(), f"{shown}{unit} (n={p.get('n', 0):,}{cut})", None))
     if ttft_fit.get("model"):
         extra = f", exponent {ttft_fit['exponent']:.2f}" if ttft_fit["model"] == "power" else ""
-        rows.append(("TTFT vs input", f"{ttft_fit['model']}: {ttft_fit['slope_s_per_token']:.3g} s/token, "
+        rows.append(("TTFT vs input", f"{ttft_fit['model']}: {slope_text(ttft_fit)}, "
                                       f"intercept {ttft_fit['intercept_s']:.3g} s{extra}, R² {ttft_fit['r2']:.3f} "
                                       f"(n={ttft_fit['n']:,}, steps {_steps(ttft_fit['steps_used'])})", None))
         rows.append(("Prefill sub-linear?", ttft_fit["sublinear"], None))

@@ -236,8 +236,11 @@ def completeness(run: Run, table: pd.DataFrame) -> dict[str, Any]:
     interrupted = stop == "interrupted" or bool(m.get("workers_lost")) or bool(m.get("recovered"))
     truncated = bool(planned and ran < planned)
     notes = []
-    if interrupted:
-        notes.append(f"the run was interrupted ({stop or 'workers lost'})" +
+    if interrupted:  # the cause when there is more to say than "interrupted" (it said "interrupted (interrupted)")
+        cause = ("a Locust worker was lost" if m.get("workers_lost") else
+                 "its records were recovered from the segments" if m.get("recovered") else
+                 None if stop in (None, "interrupted") else str(stop))
+        notes.append("the run was interrupted" + (f" ({cause})" if cause else "") +
                      (f" during step {ran} of {planned}" if planned else ""))
     elif truncated:
         notes.append(f"the run stopped after step {ran} of {planned} ({stop})")

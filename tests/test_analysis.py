@@ -12,6 +12,7 @@ import pytest
 from tokenload.analysis import analyze_run
 from tokenload.analysis.fits import linear_fit, power_fit
 from tokenload.analysis.records import REQUIRED_COLUMNS, load_run, write_run
+from tokenload.analysis.report import verdict_rows
 from tokenload.analysis.synthetic import Law, generate, manifest_for, write_synthetic_run
 from tokenload.cli import main
 from tokenload.errors import ConfigError
@@ -49,11 +50,17 @@ def test_linear_law_recovered_within_2_percent(tmp_path: Path) -> None:
 
 def test_power_law_chosen_and_recovered(tmp_path: Path) -> None:
     law = Law(prefill_k=0.6, prefill_b=0.01, capacity=NO_QUEUE)
-    ttft = summary_of(tmp_path, law, n=20_000)["fits"]["ttft_vs_input"]
+    summary = summary_of(tmp_path, law, n=20_000)
+    ttft = summary["fits"]["ttft_vs_input"]
     assert ttft["model"] == "power"
     assert close(ttft["exponent"], 0.6)
     assert close(ttft["intercept_s"], law.prefill_a)
     assert ttft["sublinear"].startswith("supported")
+    # A curve's s/token is its slope at one input length: the law's derivative there, and the verdict names it.
+    at = ttft["slope_at_input_tokens"]
+    assert close(ttft["slope_s_per_token"], law.prefill_b * law.prefill_k * at ** (law.prefill_k - 1), 0.05)
+    row = next(text for topic, text, _ in verdict_rows(summary) if topic == "TTFT vs input")
+    assert f"s/token at {at:,.0f} input tokens" in row, row
 
 
 def test_fit_helpers_on_exact_data() -> None:
@@ -267,3 +274,13 @@ def test_csv_export_on_demand_has_every_record_and_column(tmp_path: Path) -> Non
     original = pd.read_parquet(run_dir / "requests.parquet")
     assert list(exported.columns) == list(original.columns) and len(exported) == len(original)
     assert np.allclose(exported.ttft_s.to_numpy(), original.ttft_s.to_numpy(), equal_nan=True)
+
+
+def test_report_tables_show_no_raw_python_values() -> None:
+    """A flag reads yes / no and a missing value n/a ("usage fields reported True" reached the report)."""
+    from tokenload.analysis.report import html_table
+
+    table = html_table(["finding", "value"], [["usage fields reported", True], ["cached", False], ["ratio", None],
+                                               ["TTFT p50 (s)", 1.717721234]])
+    assert ">yes<" in table and ">no<" in table and ">n/a<" in table and ">1.718<" in table
+    assert "True" not in table and "False" not in table and "None" not in table

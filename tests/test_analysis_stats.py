@@ -91,6 +91,7 @@ def test_interrupted_run_is_flagged_and_gets_no_clean_verdict(tmp_path: Path) ->
     assert "never broke" not in s["breakpoint_note"] and "not measured" in s["breakpoint_note"]
     rows = [(topic, text) for topic, text, _ in verdict_rows(s)]
     assert rows[0][0] == "Run incomplete" and "interrupted" in rows[0][1] and "step 3 of 6" in rows[0][1]
+    assert complete["note"].startswith("the run was interrupted during step 3 of 6")  # not "interrupted (interrupted)"
     assert "Run incomplete" in (tmp_path / "run" / "report.html").read_text()
 
 

@@ -181,7 +181,7 @@ def test_a_compressed_diurnal_day_is_found_within_one_hour(diurnal_watch: Diurna
 
 def test_window_fits_and_formula_follow_the_rows_law(tmp_path: Path) -> None:
     """TTFT = 0.2 s + 2 ms x input tokens, TPOT 10 ms, 20 tokens: the window's fit and formula errors are known."""
-    from tokenload.history.report import window_rows
+    from tokenload.history.report import WINDOW_HEADERS, verdict_lines, window_rows
     from tokenload.history.views import fold, window_stats
 
     n = np.arange(100, 1100, 10)
@@ -201,11 +201,52 @@ def test_window_fits_and_formula_follow_the_rows_law(tmp_path: Path) -> None:
     assert stats["formula_mape_simple"] == pytest.approx(simple)
     assert stats["requests"] == len(n) and stats["load_error_rate"] == 0.0
     assert stats["ttft_p50_s"] == pytest.approx(float(np.median(ttft)))
-    result = {"metrics": {"ttft": {"peak": {"label": "14:00-15:00", "stats": stats}, "off_peak": None},
-                          "tpot": {"peak": None, "off_peak": None}}}
+    result = {"metrics": {"ttft": {"peak": {"label": "14:00-15:00", "stats": stats, "ratio": 2.0}, "off_peak": None},
+                          "tpot": {"peak": None, "off_peak": None}},
+              "first_at": None, "last_at": None, "requests": len(n), "samples": 1, "period_s": DAY_S, "advice": []}
     [row] = window_rows(result)
     assert row[:3] == ["peak by TTFT", "14:00-15:00", len(n)]
-    assert row[-1] == "linear: 0.2 s + 2 ms/token, R2 1.00" and row[-2] == "0.0%"
+    assert row[-1] == "linear: 0.2 s + 2 ms/token, R2 1.00" and row[-2] == f"{simple:.1f}%"
+    # The N-1 form is exact by definition (TPOT spans the first to the last token): its 0.0% is not shown.
+    line = next(line for line in verdict_lines(CHANNEL, result) if line.startswith("peak window"))
+    assert line.endswith(f"formula TTFT + TPOT x N off by {simple:.1f}%") and "N-1" not in line
+    assert not any("N-1" in header for header in WINDOW_HEADERS)
+
+
+def test_a_power_fit_says_where_its_slope_was_taken() -> None:
+    """A power law's slope differs at every input length: the text names the one it was taken at."""
+    from tokenload.history.report import _fit_text
+
+    fit = {"model": "power", "intercept_s": 0.1, "slope_s_per_token": 0.0012, "r2": 0.98, "exponent": 0.7,
+           "slope_at_input_tokens": 512.0}
+    assert _fit_text(fit) == "power: 0.1 s + 1.2 ms/token at 512 input tokens, R2 0.98, exponent 0.70"
+
+
+@pytest.mark.parametrize("worst", [0.0, 0.3])
+def test_the_error_heatmap_draws_zero_as_zero(worst: float) -> None:
+    """An hour without errors is drawn in the scale's lightest colour, also when no hour had any (matplotlib's
+    own scale for an all-zero grid is -0.1..+0.1, which drew every zero mid-orange)."""
+    import matplotlib.pyplot as plt
+
+    from tokenload.history.report import heatmap_image
+
+    data = np.full((7, 24), np.nan)  # hours without samples stay blank
+    data[2] = data[4] = 0.0
+    data[2, 5] = worst
+    fig, ax = plt.subplots(figsize=(8, 3))
+    image = heatmap_image(fig, ax, data, "load_error_rate")
+    fig.canvas.draw()
+    pixels = np.asarray(fig.canvas.buffer_rgba())[:, :, :3].astype(float) / 255
+
+    def drawn(hour: int, day: int) -> np.ndarray:
+        x, y = ax.transData.transform((hour + 0.5, day + 0.5))
+        return pixels[int(round(pixels.shape[0] - y)), int(round(x))]
+
+    lightest = np.array(image.cmap(0.0)[:3])
+    assert np.abs(drawn(12, 4) - lightest).max() < 0.02, drawn(12, 4)
+    if worst:
+        assert drawn(5, 2).sum() < drawn(12, 4).sum() - 0.5  # an hour with errors stands out
+    plt.close(fig)
 
 
 def test_a_window_too_thin_to_compare_says_so() -> None:

@@ -38,6 +38,19 @@ def _shade(ax: Any, metrics: dict[str, Any]) -> None:
                 ax.axvspan(hour, hour + 1, color=color, alpha=0.12, lw=0)
 
 
+def heatmap_image(fig: Any, ax: Any, data: np.ndarray, key: str) -> Any:
+    """One weekday x hour heatmap with its colour bar. The error rate's scale starts at 0 (at least 0..1%): on
+    matplotlib's own scale an all-zero grid spans -0.1..+0.1 and its zeros were drawn mid-orange."""
+    if key != "load_error_rate":
+        image = ax.imshow(data, aspect="auto", cmap="magma_r", extent=(0, HOURS, 7, 0))
+        fig.colorbar(image, ax=ax, pad=0.01)
+        return image
+    top = float(np.nanmax(data)) if np.isfinite(data).any() else 0.0
+    image = ax.imshow(data, aspect="auto", cmap="Reds", extent=(0, HOURS, 7, 0), vmin=0.0, vmax=max(top, 0.01))
+    fig.colorbar(image, ax=ax, pad=0.01, format=matplotlib.ticker.PercentFormatter(xmax=1.0))
+    return image
+
+
 def plot_heatmaps(result: dict[str, Any], path: Path) -> Path:
     """Hour of day x weekday heatmaps of TTFT p50, TPOT p50 and the load-error rate."""
     fig, axes = plt.subplots(3, 1, figsize=(11, 8.5))
@@ -47,9 +60,7 @@ def plot_heatmaps(result: dict[str, Any], path: Path) -> Path:
         data = np.array([[np.nan if v is None else v for v in row] for row in result["heatmap"][key]], dtype=float)
         if key == "tpot_p50_s":
             data = data * 1000
-        image = ax.imshow(data, aspect="auto", cmap="magma_r" if key != "load_error_rate" else "Reds",
-                          extent=(0, HOURS, 7, 0))
-        fig.colorbar(image, ax=ax, pad=0.01)
+        heatmap_image(fig, ax, data, key)
         ax.set_yticks(np.arange(7) + 0.5, WEEKDAYS)
         ax.set_xticks(range(0, HOURS + 1, 2))
         ax.set_title(title, fontsize=10)
@@ -123,8 +134,10 @@ def _window_line(name: str, key: str, window: dict[str, Any] | None) -> str | No
     stats = window["stats"]
     ci = stats.get(f"{name}_p50_ci95")
     interval = f" [95% {ci[0]:.3g}-{ci[1]:.3g}]" if ci else ""
-    formula = (f"; formula TTFT + TPOT x N off by {_pct(stats['formula_mape_simple'])} (N-1 form "
-               f"{_pct(stats['formula_mape_exact'])})" if stats["formula_mape_simple"] is not None else "")
+    # Only the simple form: TPOT is measured between the first and the last token, so the N-1 form is exact
+    # for every request by definition and its 0.0% said nothing.
+    formula = (f"; formula TTFT + TPOT x N off by {_pct(stats['formula_mape_simple'])}"
+               if stats["formula_mape_simple"] is not None else "")
     return (f"{key.replace('_', '-')} window ({name.upper()}): {window['label']}  {name.upper()} p50 "
             f"{_s(stats[f'{name}_p50_s'])}{interval}, {window['ratio']:.2f}x the other hours, "
             f"{stats['requests']} requests{formula}")
@@ -160,7 +173,10 @@ def verdict_lines(channel: str, result: dict[str, Any]) -> list[str]:
 def _fit_text(fit: dict[str, Any]) -> str:
     if fit.get("model") is None:
         return str(fit.get("note", "no fit"))
-    text = f"{fit['model']}: {fit['intercept_s']:.3g} s + {fit['slope_s_per_token'] * 1000:.3g} ms/token, R2 {fit['r2']:.2f}"
+    slope = f"{fit['slope_s_per_token'] * 1000:.3g} ms/token"
+    if fit["model"] == "power":  # a curve has no one slope: the fit gives it at the median input length
+        slope += f" at {fit['slope_at_input_tokens']:,.0f} input tokens"
+    text = f"{fit['model']}: {fit['intercept_s']:.3g} s + {slope}, R2 {fit['r2']:.2f}"
     return text + (f", exponent {fit['exponent']:.2f}" if fit["model"] == "power" else "")
 
 
@@ -180,13 +196,12 @@ def window_rows(result: dict[str, Any]) -> list[list[Any]]:
             rows.append([f"{key.replace('_', '-')} by {name.upper()}", window["label"], stats["requests"],
                          _s(stats["ttft_p50_s"]), _s(stats["tpot_p50_s"]), _s(stats["e2e_p50_s"]),
                          "-" if stats["load_error_rate"] is None else f"{stats['load_error_rate']:.1%}",
-                         _pct(stats["formula_mape_simple"]), _pct(stats["formula_mape_exact"]),
-                         _fit_text(stats["ttft_vs_input"])])
+                         _pct(stats["formula_mape_simple"]), _fit_text(stats["ttft_vs_input"])])
     return rows
 
 
 WINDOW_HEADERS = ("window", "hours", "requests", "TTFT p50", "TPOT p50", "e2e p50", "error rate",
-                  "formula error (N)", "formula error (N-1)", "TTFT vs input")
+                  "formula error (TTFT + TPOT x N)", "TTFT vs input")
 
 
 def _hours_rows(result: dict[str, Any]) -> list[list[Any]]:
