@@ -130,3 +130,16 @@ def test_settings_error_message_names_the_file_in_json_mode_too(tmp_path: Path) 
     proc = run_cli(tmp_path, "probe", "--json", "--settings", str(bad))
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and str(bad) in proc.stderr
+
+
+def test_demo_help_describes_the_packaged_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    """`demo --help` says what the demo runs (it described an older ramp of 1-16 users)."""
+    from tokenload.workload.scenario import load_scenario
+
+    load = load_scenario("demo").load
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert isinstance(load.users, tuple) and load.kind == "steps"
+    users = ", ".join(str(u) for u in load.users[:-1]) + f" and {load.users[-1]} users"
+    assert users in out and f"held until {load.min_requests} requests finished" in out, out

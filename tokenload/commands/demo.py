@@ -1,11 +1,14 @@
 """See everything tokenload does in about two minutes, with no key and no network.
 
 The demo starts the built-in channel simulator on a free loopback port with its
-`offpeak` profile, runs the packaged `demo` scenario against it (a short ramp
-of 1, 2, 4, 8 and 16 users with prompt and output lengths that vary), analyses
-the run and prints the verdict table. Then it does the same against the
+`offpeak` profile, runs the packaged `demo` scenario against it (a ramp of 2,
+4, 8, 16 and 32 users, each step held until 30 requests finished, 3-30 s;
+prompts of 50-2000 tokens and outputs of 16-96 tokens, so TTFT can be fitted
+against input length and total latency against output length), analyses the
+run and prints the verdict table. Then it does the same against the
 simulator's `peak` profile (other tenants slow every step and take slots) and
 compares the two runs, as you would compare a channel at night and at noon.
+`--duration S` caps each run at S seconds.
 
 Everything lands under one directory (default results/demo-<time>/):
 offpeak/ and peak/ are ordinary run directories (requests.parquet,
