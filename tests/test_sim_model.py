@@ -165,3 +165,16 @@ def test_preamble_at_arrival_comes_before_a_late_first_token() -> None:
 
 def test_peak_load_leaves_fewer_slots() -> None:
     assert effective_slots(load_profile("peak")) < effective_slots(load_profile("offpeak")) == load_profile("offpeak").slots
+
+
+def test_tpot_at_batch_one_is_the_documented_decode_base_s(tmp_path: Path) -> None:
+    """One stream at a time: the truth file's TPOT is `decode_base_s` (it read 0.01895 s for 0.02: an idle
+    replica's first decode step came at the next tick of its old grid, less than a step after the first token)."""
+    profile = load_profile("default")
+    truth_path = tmp_path / "t.jsonl"
+    with serve_in_thread("default", truth_path=truth_path) as sim:
+        for i in range(24):
+            raw_request(sim.base_url, MESSAGES, anthropic_body(f"alone {i}", 8, ignore_eos=True))
+    tpots = sorted((rec["last_token"] - rec["first_token"]) / (rec["output_tokens"] - 1)
+                   for rec in read_truth(truth_path).values())
+    assert len(tpots) == 24 and tpots[len(tpots) // 2] == pytest.approx(profile.decode_base_s, rel=0.025), tpots

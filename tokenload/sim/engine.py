@@ -90,14 +90,14 @@ class Sequence:
 class Replica:
     """One engine instance: a decode batch of at most `slots` sequences."""
 
-    def __init__(self, engine: Engine, index: int, phase_s: float) -> None:
+    def __init__(self, engine: Engine, index: int) -> None:
         self.engine = engine
         self.index = index
         self.occupied = 0
         self.prefilling = 0
         self.prefill_free_at = 0.0
         self.batch: list[Sequence] = []
-        self._due = engine.loop.time() + phase_s
+        self._due = 0.0  # when the current step ends (set when the replica starts stepping)
         self._duration = 0.0
         self._stepping = False
 
@@ -131,16 +131,19 @@ class Replica:
                 return
         self.batch.append(seq)
         if not self._stepping:
+            # An idle replica's first decode step starts with this first token and lasts a whole step, so
+            # TPOT at batch 1 is `decode_base_s`. (On the grid of its last step it came at a random point less
+            # than a step later: TPOT read 0.01895 s for 0.02.)
             self._stepping = True
-            self._schedule(time.monotonic())
+            self._due = time.monotonic()
+            self._schedule(self._due)
 
     def _schedule(self, now: float) -> None:
-        """Next step one duration after the last; from idle (or a step behind), the next tick of its grid.
+        """Next step one duration after the last; a step behind, the next tick of its grid.
 
-        A replica's steps stay on a grid even while idle, the way a running
-        batch's steps do not wait for a newcomer, and the replicas' grids start
-        evenly offset. Without the offsets every replica would step at the same
-        instant and their token writes would queue behind each other.
+        A running batch's steps stay on their grid, the way they do not wait for
+        a newcomer (which joins at the next step). A grid starts at the first
+        token that woke the replica, so replicas do not step in unison.
         """
         self._duration = duration = self.engine.step_time(len(self.batch), self.prefilling > 0)
         due = self._due + duration
@@ -246,8 +249,7 @@ class Engine:
         self.rng = rng
         self.loop = asyncio.get_running_loop()
         self.model_scale = model_scale(profile, model)
-        base_step_s = profile.decode_base_s * self.scale
-        self.replicas = [Replica(self, k, base_step_s * k / profile.replicas) for k in range(profile.replicas)]
+        self.replicas = [Replica(self, k) for k in range(profile.replicas)]
         self.waiting: deque[Sequence] = deque()
         self.cache = PrefixCache(profile.prefix_cache_tokens)
         self.itl_observer = itl_observer or (lambda seconds, count: None)
