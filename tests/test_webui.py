@@ -241,6 +241,35 @@ def test_headless_locust_csv_has_the_token_statistics(tmp_path: Path) -> None:
     assert agg["TTFT 50% (ms)"] / 1000 == pytest.approx(float(np.percentile(df.ttft_s.dropna(), 50)), rel=0.10)
 
 
+@pytest.mark.slow
+def test_plain_locust_says_why_it_stopped_and_rates_span_the_run(tmp_path: Path) -> None:
+    """Plain `locust -f` with a model the channel does not serve: the fail-fast reason is an ERROR line of
+    Locust's log (it reached only manifest.json), its fix names what plain Locust can set (the variable that
+    set the model, not tokenload's `--model`), and PREFIX_tokenload.csv's rates are over the step's wall time
+    (5 failures within milliseconds read 845 req/s)."""
+    scenario = write_scenario(tmp_path, SCENARIO.replace("step_s = 3", "step_s = 30"))
+    prefix = tmp_path / "lc"
+    with launch() as sim:
+        from tokenload.load.runner import locustfile
+
+        result = subprocess.run(
+            [sys.executable, "-m", "locust", "-f", str(locustfile()), "--headless", "--scenario", str(scenario),
+             "--host", sim.base_url, "--run-dir", str(tmp_path / "run"), "--csv", str(prefix)],
+            check=False, capture_output=True, text=True, timeout=90, cwd=tmp_path,
+            env={**os.environ, "ANTHROPIC_MODEL": "claude-sonnet-4"})
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    reason = manifest["stop_reason"]
+    assert reason.startswith("channel misconfigured") and "fix: set ANTHROPIC_MODEL to sim-" in reason, reason
+    assert "--model" not in reason
+    errors = [line for line in result.stderr.splitlines() if "/ERROR/" in line]
+    assert any(line.endswith(reason) for line in errors), result.stderr[-3000:]
+    agg = pd.read_csv(f"{prefix}_tokenload.csv").set_index("Step").loc["Aggregated"]
+    [step] = manifest["steps"]
+    elapsed = step["ended_at"] - step["started_at"]
+    assert agg["Request Count"] == agg["Failure Count"] == len(pd.read_parquet(tmp_path / "run" / "requests.parquet"))
+    assert agg["Requests/s"] == pytest.approx(agg["Request Count"] / elapsed, rel=0.2), (agg["Requests/s"], elapsed)
+
+
 def _chromium_reason() -> str | None:
     try:
         import playwright  # noqa: F401

@@ -161,8 +161,8 @@ class Doctor:
         source = self.resolution.sources.get(name, "default")
         var = ENV_VARS[family(self.channel.protocol)].get(name, "")
         in_settings = re.fullmatch(r"settings (.+) \((\w+)\)", source)
-        if source.startswith("flag"):
-            return f"--{name.replace('_', '-')}"
+        if source.startswith("flag"):  # the flag the source names (plain Locust's base URL is `--host`)
+            return source.split(" ", 1)[1] if " " in source else f"--{name.replace('_', '-')}"
         if in_settings:
             return f"{in_settings.group(2)} in {in_settings.group(1)}"
         return var or f"--{name.replace('_', '-')}"
@@ -737,18 +737,20 @@ def unreadable(error: ConfigError, env: Mapping[str, str]) -> list[CheckResult]:
 CHECK_FOR_KIND: dict[str, str] = {ek.BAD_BASE_URL: "base_url", ek.AUTH: "auth", ek.NOT_FOUND_MODEL: "model"}
 
 
-def explain(channel: Channel, kind: str, timeout_s: float = 5.0) -> CheckResult | None:
+def explain(channel: Channel, kind: str, timeout_s: float = 5.0,
+            sources: Mapping[str, str] | None = None) -> CheckResult | None:
     """Doctor's own check for a configuration error a load run hit: what it sees and the exact fix.
 
-    The run's channel is already resolved, so every field counts as given by flag
-    (`set --base-url to ...`). None when the kind has no check or the check passes
-    now (the channel changed, or the error came from elsewhere).
+    The fix names what set each field (`sources`, as `resolve` gives them); without
+    them every field counts as given by flag (`set --base-url to ...`), as for
+    `tokenload run`. None when the kind has no check or the check passes now (the
+    channel changed, or the error came from elsewhere).
     """
     name = CHECK_FOR_KIND.get(kind)
     if name is None:
         return None
     raw = {f: v for f in SECRET_FIELDS if (v := getattr(channel, f, None))}
-    sources = {f: "flag" for f in Resolution.FIELD_LABELS}
+    sources = dict(sources) if sources else {f: "flag" for f in Resolution.FIELD_LABELS}
     ctx = Doctor(Resolution(channel, sources, [], [], raw), {}, Path.cwd(), Path.home(), Limits(timeout_s=timeout_s))
     check = next(c for c in CHECKS if c.name == name)
     result = _redacted(ctx, check.run(ctx))

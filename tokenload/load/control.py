@@ -35,9 +35,10 @@ process's users (`PAUSE_MESSAGE`) and then probes the channel itself, once every
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ from tokenload.load.shapes import Phase, build_plan
 from tokenload.load.stoprules import Counts, FailFast, Live
 from tokenload.load.tokenstats import Snapshot, current_run
 from tokenload.workload.scenario import Scenario
+
+log = logging.getLogger(__name__)
 
 STEP_MESSAGE = "tokenload_step"
 BUDGET_MESSAGE = "tokenload_budget_spent"
@@ -183,7 +186,8 @@ class RunControl:
     """Master-side (or local) run state: plan, stop rules, step publishing, the breaker, control.json."""
 
     def __init__(self, environment: Environment, scenario: Scenario, run_dir: Path, state: LoadState,
-                 channel: Channel | None = None) -> None:
+                 channel: Channel | None = None, sources: Mapping[str, str] | None = None) -> None:
+        """`sources`: where each channel field came from, for a fix in the user's terms (default: flags)."""
         self.environment = environment
         # The drain in force: a fixed one, or the floor until `finish` derives it (`drain.py`).
         flag = getattr(environment.parsed_options, "stop_timeout", None)
@@ -192,6 +196,7 @@ class RunControl:
         environment.stop_timeout = self.drain.drain_s
         self.scenario = scenario
         self.channel = channel  # for doctor's fix and the breaker's probe
+        self.sources = sources
         self.plan = build_plan(scenario)
         self.state = state
         self.path = run_dir / SEGMENTS_DIR / CONTROL_FILE
@@ -303,6 +308,10 @@ class RunControl:
             storm["outcome"] = "stopped"
         if rule == "misconfigured" and last is not None:
             reason += self._doctor_fix(last["kind"])
+            # Locust's log and console too, not only manifest.json: under plain `locust -f` nothing else says it.
+            log.error("tokenload: stopping the run: %s", reason)
+        else:
+            log.info("tokenload: stopping the run: %s", reason)
         return reason
 
     def _doctor_fix(self, kind: str) -> str:
@@ -311,7 +320,7 @@ class RunControl:
             return "; run `tokenload doctor` with the same channel options"
         from tokenload.doctor import explain
 
-        result = explain(self.channel, kind)
+        result = explain(self.channel, kind, sources=self.sources)
         if result is None:
             return "; run `tokenload doctor` with the same channel options"
         return f"; doctor: {result.saw}; fix: {result.fix or 'see tokenload doctor'}"

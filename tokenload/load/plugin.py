@@ -99,8 +99,8 @@ def _init(environment: Environment, **_: Any) -> None:
     if not opts.run_dir:
         opts.run_dir = str(default_run_dir(scenario.name))
     run_dir = Path(opts.run_dir)
-    bound, channel = _channel(scenario, environment.host)
-    control = RunControl(environment, scenario, run_dir, state, channel)
+    bound, channel, sources = _channel_and_sources(scenario, environment.host)
+    control = RunControl(environment, scenario, run_dir, state, channel, sources)
     environment.tokenload = control  # type: ignore[attr-defined]
     if isinstance(environment.runner, MasterRunner):
         census.start_census(environment, control)
@@ -117,11 +117,22 @@ def _init(environment: Environment, **_: Any) -> None:
 def _channel(scenario: Scenario, host: str | None) -> tuple[Scenario, Channel]:
     """The channel (handed over by `tokenload run`, else resolved like every tokenload command) and the
     scenario bound to it."""
+    scenario, channel, _ = _channel_and_sources(scenario, host)
+    return scenario, channel
+
+
+def _channel_and_sources(scenario: Scenario, host: str | None) -> tuple[Scenario, Channel, dict[str, str] | None]:
+    """`_channel` plus where each field came from under plain Locust (None under `tokenload run`, whose own
+    options set them), so a fix names what the user can change: `--host`, a variable, a settings key."""
     channel = handoff.channel_from_env()
+    sources = None
     if channel is None:
         scenario, resolution = resolve_scenario_channel(scenario, "scenario [channel]", {"base_url": host})
         channel = resolution.channel
-    return bind(scenario, channel)
+        sources = {name: "flag --host" if source == "flag --base-url" else source  # Locust's name for it
+                   for name, source in resolution.sources.items()}
+    scenario, channel = bind(scenario, channel)
+    return scenario, channel, sources
 
 
 def _arm_lifeline(environment: Environment) -> None:

@@ -86,6 +86,7 @@ class Series:
         info = Path(opts.run_dir) / records.SEGMENTS_DIR / RUN_INFO
         self._channel = json.loads(info.read_text(encoding="utf-8")).get("channel")
         self._channel_config = control.channel  # every run's doctor fix and storm probe use it
+        self._channel_sources = control.sources
         self._finalisers: list[gevent.Greenlet] = []
         self._quitting = False
 
@@ -108,7 +109,7 @@ class Series:
         if runner is not None:
             runner.custom_messages.pop(BUDGET_MESSAGE, None)  # the new RunControl registers its own listener
         control = RunControl(env, self.scenario, run_dir, env.tokenload_state,  # type: ignore[attr-defined]
-                             self._channel_config)
+                             self._channel_config, self._channel_sources)
         env.tokenload = control  # type: ignore[attr-defined]
         switch_run(env, run_id, run_dir)
         run = Run(number, run_id, run_dir, control)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,16 +57,35 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+Windows = dict[str, float]  # row name ("step N", "Aggregated") -> wall seconds it covers
+
+
+def windows(environment: Environment) -> Windows:
+    """The wall time each step of the current run lasted (so far, for the running one) and the run's.
+
+    The rates divide by these: over the span of the requests alone a burst of fast
+    failures read hundreds of requests a second. Empty once the run's control is
+    gone (a finalised web-UI run): the rates then fall back to that span.
+    """
+    control = getattr(environment, "tokenload", None)
+    steps = control.steps if control is not None else []
+    now = time.time()
+    out = {f"step {s['step']}": max(0.0, s.get("ended_at", now) - s["started_at"]) for s in steps}
+    if steps:
+        out["Aggregated"] = max(0.0, steps[-1].get("ended_at", now) - steps[0]["started_at"])
+    return out
+
+
 def _named_cells(stats: RunStats) -> list[tuple[str, Cell]]:
     steps = [(f"step {k}", stats.steps[k]) for k in sorted(stats.steps)]
     return [*steps, ("Aggregated", stats.total())]
 
 
-def table_rows(stats: RunStats) -> list[dict[str, Any]]:
-    """The tab's rows: one per load step, then the whole run."""
+def table_rows(stats: RunStats, elapsed: Windows | None = None) -> list[dict[str, Any]]:
+    """The tab's rows: one per load step, then the whole run (rates over `elapsed`: `windows`)."""
     rows = []
     for name, cell in _named_cells(stats):
-        s = cell.summary()
+        s = cell.summary((elapsed or {}).get(name))
         row: dict[str, Any] = {"name": name, "users": s["users"], "requests": s["requests"], "failures": s["errors"],
                                "rps": _rate(s["rps"]), "input_tok_s": _rate(s["input_tok_s"]),
                                "output_tok_s": _rate(s["output_tok_s"]),
@@ -76,15 +96,16 @@ def table_rows(stats: RunStats) -> list[dict[str, Any]]:
     return rows
 
 
-def csv_text(stats: RunStats) -> str:
-    """The token statistics as CSV, Locust-style: one row per step and an Aggregated row, times in ms."""
+def csv_text(stats: RunStats, elapsed: Windows | None = None) -> str:
+    """The token statistics as CSV, Locust-style: one row per step and an Aggregated row, times in ms; rates
+    over `elapsed` (`windows`)."""
     out = io.StringIO()
     writer = csv.writer(out)
     head = ["Step", "Users", "Request Count", "Failure Count", "Requests/s", "Input Tokens/s", "Output Tokens/s",
             *(f"{_LABELS[m]} {p}% (ms)" for m in METRICS for p in PERCENTILES), "Error Kinds"]
     writer.writerow(head)
     for name, cell in _named_cells(stats):
-        s = cell.summary()
+        s = cell.summary((elapsed or {}).get(name))
         times = [None if s[f"{m}_p{p}_s"] is None else round(s[f"{m}_p{p}_s"] * 1000, 2)
                  for m in METRICS for p in PERCENTILES]
         writer.writerow([name, s["users"], s["requests"], s["errors"], *(None if s[k] is None else round(s[k], 3)
@@ -96,7 +117,9 @@ def csv_text(stats: RunStats) -> str:
 def stats_payload(environment: Environment, series: Series) -> dict[str, Any]:
     """What the tab's script draws: the current run's rows and time series, and every run of the session."""
     stats = current_run(environment)
-    return {"run": series.current.public(), "rows": table_rows(stats), "summary": stats.total().summary(),
+    elapsed = windows(environment)
+    return {"run": series.current.public(), "rows": table_rows(stats, elapsed),
+            "summary": stats.total().summary(elapsed.get("Aggregated")),
             "series": stats.timeline(), "runs": [run.public() for run in series.runs]}
 
 
@@ -120,7 +143,7 @@ def install(environment: Environment, series: Series) -> None:
 
 def _write_csv_forever(environment: Environment, path: Path) -> None:
     def write(**_: Any) -> None:
-        path.write_text(csv_text(current_run(environment)), encoding="utf-8")
+        path.write_text(csv_text(current_run(environment), windows(environment)), encoding="utf-8")
 
     def loop() -> None:
         while True:
@@ -174,7 +197,7 @@ def _routes(page: Blueprint, environment: Environment, series: Series,
     @auth
     def stats_csv() -> Response:
         run = series.current
-        return Response(csv_text(current_run(environment)), mimetype="text/csv", headers={
+        return Response(csv_text(current_run(environment), windows(environment)), mimetype="text/csv", headers={
             "Content-Disposition": f"attachment;filename=tokenload_{run.run_id}_tokens.csv"})
 
     @page.route("/runs/<int:number>/report.html")
