@@ -158,15 +158,23 @@ def _e2e_drivers(low: pd.DataFrame) -> dict[str, Any]:
     n_out = low["output_tokens"].to_numpy()
     r_in, r_out = _r2(n_in, y), _r2(n_out, y)
     out: dict[str, Any] = {"r2_input": r_in, "r2_output": r_out, "r2_both": _r2(np.column_stack([n_in, n_out]), y)}
-    if spread_note(n_out, "output length", "output-sweep") and spread_note(n_in, "input length", "prompt-sweep"):
+    flat_out = spread_note(n_out, "output length", "output-sweep")
+    if flat_out and spread_note(n_in, "input length", "prompt-sweep"):
         out["verdict"] = "neither input nor output length varied enough in this run to tell"
     elif r_in is None or r_out is None:
         out["verdict"] = "too few successful requests (or no variation in length) to tell"
+    elif flat_out:  # a length that did not vary explains nothing, which says nothing about it ("output -0%")
+        out["verdict"] = f"cannot tell: {flat_out}; input length explains {_share(r_in)} of e2e variance"
     elif r_out > r_in:
-        out["verdict"] = f"supported: output length explains {100 * r_out:.0f}% of e2e variance, input {100 * r_in:.0f}%"
+        out["verdict"] = f"supported: output length explains {_share(r_out)} of e2e variance, input {_share(r_in)}"
     else:
-        out["verdict"] = f"not supported here: input length explains {100 * r_in:.0f}% of e2e variance, output {100 * r_out:.0f}%"
+        out["verdict"] = f"not supported here: input length explains {_share(r_in)} of e2e variance, output {_share(r_out)}"
     return out
+
+
+def _share(r2: float) -> str:
+    """R² as a share of variance explained; a least-squares R² a hair below 0 is 0% (not "-0%")."""
+    return f"{100 * max(r2, 0.0):.0f}%"
 
 
 def _e2e_fit(low: pd.DataFrame, ttft_p50: float | None, tpot_p50: float | None) -> dict[str, Any]:

@@ -284,3 +284,11 @@ def test_report_tables_show_no_raw_python_values() -> None:
                                                ["TTFT p50 (s)", 1.717721234]])
     assert ">yes<" in table and ">no<" in table and ">n/a<" in table and ">1.718<" in table
     assert "True" not in table and "False" not in table and "None" not in table
+
+
+def test_an_output_length_that_did_not_vary_is_not_judged(tmp_path: Path) -> None:
+    """Fixed output length: the verdict says it cannot tell (it said "not supported here: ... output -0%")."""
+    s = summary_of(tmp_path, Law(output_tokens=(40, 40), capacity=NO_QUEUE), n=3000)
+    verdict = s["e2e_drivers"]["verdict"]
+    assert verdict.startswith("cannot tell: output length barely varies (40-40 tokens"), verdict
+    assert "-0%" not in verdict and "input length explains" in verdict
