@@ -23,7 +23,7 @@ import pytest
 
 from loadkit import free_port, run_command, truth_frame, write_scenario
 
-from tokenload.load import records
+from tokenload.load import records, websession
 from tokenload.load.rundirs import finalise
 from tokenload.sim import launch
 
@@ -185,14 +185,18 @@ def test_sigkill_of_the_master_stops_its_workers_and_the_run_waits_for_them(tmp_
 
 
 @pytest.mark.slow
-def test_sigkill_of_a_headless_run_cuts_its_open_streams(tmp_path: Path) -> None:
+@pytest.mark.parametrize("processes", [1, 2])
+def test_sigkill_of_a_headless_run_cuts_its_open_streams(tmp_path: Path, processes: int) -> None:
     """`kill -9` of `tokenload run`: Locust stops at once and cuts its open streams (kept as `cancelled`
-    records) instead of draining them: before, 4 streams ran on for up to 12.5 s with nobody recording."""
+    records) instead of draining them: before, 4 streams ran on for up to 12.5 s with nobody recording
+    (with `--processes 2` the master told its workers to quit, and they drained)."""
     scenario = write_scenario(tmp_path, LONG.replace("max_tokens = 60", "max_tokens = 400"))
     truth_path = tmp_path / "truth.jsonl"
     out = tmp_path / "run"
+    extra = ("--processes", "2") if processes == 2 else ()
     with launch(["--truth", str(truth_path)]) as sim:
-        proc, pgid = _start(scenario, sim.base_url, out, records=4)  # the first 4 (8 s) streams are done
+        # the first 4 (8 s) streams are done
+        proc, pgid = _start(scenario, sim.base_url, out, *extra, records=4 // processes)
         time.sleep(1.0)  # the next 4 are a second into their 8 s
         killed_at = time.time()
         proc.kill()
@@ -231,8 +235,7 @@ def test_a_killed_web_run_leaves_no_locust_behind(tmp_path: Path, how: str) -> N
             if proc.poll() is None:
                 proc.kill()
     assert gone_after is not None and gone_after < (5 if how == "SIGKILL" else 5 + 5), gone_after
-    with socket.socket() as again:  # the port is free for the next run
-        again.bind(("127.0.0.1", port))
+    websession.check_port("127.0.0.1", port)  # free for the next run (a TIME_WAIT left by the UI is no listener)
     if how == "SIGTERM":  # stopped like Ctrl-C: exit 0, the run finalised and marked interrupted
         assert proc.returncode == 0, stderr
         assert json.loads((out / "manifest.json").read_text())["stop_reason"] == "interrupted"

@@ -24,7 +24,7 @@ keeps them (a second one kills Locust and may lose the last second); Ctrl-C
 works even when this command was started with SIGINT ignored (`&` in a
 script), and with `--web` it quits the UI too. Locust never outlives this
 command: killed even with SIGKILL, its Locust processes (web UI included)
-stop within a second, cutting their open streams (kept as `cancelled`
+stop within a second or two, cutting their open streams (kept as `cancelled`
 records), and `tokenload analyze RUN_DIR` finalises what they flushed.
 `--web` checks its port first: a port in use is one line and exit 2.
 At the end RUN_DIR

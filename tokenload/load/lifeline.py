@@ -22,9 +22,9 @@ Locust master left its forked workers sending for ~58 s, until Locust's own
   master's heartbeats (one a second): none for `MASTER_LOST_S` means the master
   is gone (killed, or the network to it cut).
 - A process that lost its parent or master stops at once instead of draining
-  (the `on_lost` callback cuts the drain to 0 before Locust's Ctrl-C): nobody is
-  waiting for a drain, and the open streams are cut and kept as records of what
-  they got. (A drain let a killed run's open streams run to their end: up to
+  (the `on_lost` callback cuts the drain to 0 before Locust's Ctrl-C; a master
+  tells its workers the same ahead of its stop): nobody is waiting for a drain,
+  and the open streams are cut and kept as records of what they got. (A drain let a killed run's open streams run to their end: up to
   12.5 s of load nobody recorded.)
 - Locust's web UI survives a Ctrl-C that comes while the plan runs: Locust
   stops the test and leaves the UI up "indefinitely" (no `--autoquit`), so a

@@ -47,7 +47,7 @@ from tokenload.channel import Channel
 from tokenload.load import census, handoff, lifeline, records, series, tokenstats
 from tokenload.load.arrivals import Arrivals, TraceArrivals
 from tokenload.load.control import LoadState, RunControl, install_step_listener
-from tokenload.load.drain import DRAIN_GRACE_S
+from tokenload.load.drain import DRAIN_GRACE_S, DRAIN_MESSAGE
 from tokenload.load.handoff import bind, resolve_scenario_channel
 from tokenload.load.lag import LagProbe
 from tokenload.load.rundirs import default_run_dir, finalise, new_run_id, write_run_info
@@ -156,7 +156,17 @@ def _arm_lifeline(environment: Environment) -> None:
     line = lifeline.Lifeline(parent, None if worker is None else lambda: worker.last_heartbeat_timestamp,
                              on_lost=cut_open_streams)
     environment.tokenload_lifeline = line  # type: ignore[attr-defined]
+    if isinstance(runner, MasterRunner):
+        environment.events.test_stopping.add_listener(lambda **_: _workers_cut_if_lost(runner, line))
     line.arm()
+
+
+def _workers_cut_if_lost(master: MasterRunner, line: lifeline.Lifeline) -> None:
+    """A master whose parent is gone stops: its workers cut their streams too (no drain), told ahead of the
+    stop or quit on the same socket. Otherwise they drain with the value the master sent earlier while the
+    master waits for them, and a killed `tokenload run --processes 2` loaded the channel 4 s longer."""
+    if line.reason is not None:
+        master.send_message(DRAIN_MESSAGE, {"drain_s": 0.0})
 
 
 def _quit_web_ui(environment: Environment) -> None:
