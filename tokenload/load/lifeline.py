@@ -24,8 +24,9 @@ Locust master left its forked workers sending for ~58 s, until Locust's own
 - A process that lost its parent or master stops at once instead of draining
   (the `on_lost` callback cuts the drain to 0 before Locust's Ctrl-C; a master
   tells its workers the same ahead of its stop): nobody is waiting for a drain,
-  and the open streams are cut and kept as records of what they got. (A drain let a killed run's open streams run to their end: up to
-  12.5 s of load nobody recorded.)
+  and the open streams are cut and kept as records of what they got. (A drain
+  let a killed run's open streams run to their end: up to 12.5 s of load
+  nobody recorded.)
 - Locust's web UI survives a Ctrl-C that comes while the plan runs: Locust
   stops the test and leaves the UI up "indefinitely" (no `--autoquit`), so a
   killed `tokenload run --web` left an orphan holding the port. A managed
