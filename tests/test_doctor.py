@@ -393,7 +393,7 @@ def test_slow_prefill_for_a_long_prompt_points_at_the_prompt(tmp_path: Path) -> 
 def test_high_tpot_suggests_a_smaller_model(tmp_path: Path) -> None:
     with serve_in_thread("fast", api_key=KEY, decode_base_s=0.06) as handle:  # sim-30b: about 2.5x, 0.15 s/token
         latency = run_doctor(tmp_path, base_url=handle.base_url, auth_token=KEY, model="sim-30b",
-                             limits=Limits(prompt_tokens=50, probe_tokens=4))["latency"]
+                             limits=Limits(tpot_s=0.1, prompt_tokens=50, probe_tokens=4))["latency"]
     assert latency.status == FAIL and "TPOT above 0.1 s/token" in latency.saw
     assert "a smaller model (this channel serves sim-7b) may meet the need" in (latency.fix or "")
 

@@ -185,7 +185,7 @@ drain_s = 3
                                 timeout=60)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert manifest["stop_reason"].startswith("breakpoint: step 2 (8 users) load error rate"), manifest["stop_reason"]
+    assert manifest["stop_reason"].startswith("auto-stop: step 2 (8 users) load error rate"), manifest["stop_reason"]
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     # The 16- and 32-user steps never ran.
     assert df.active_users.max() == 8 and df.error_kind.eq("rate_limited").any()

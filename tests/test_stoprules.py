@@ -75,13 +75,13 @@ def test_breakpoint_counts_load_errors_only() -> None:
     assert stoprules.breakpoint_errors(live(**at)) is None
     ended = {**ended, "load_failures": 2, "load_error_rate": 2 / 3}
     assert stoprules.breakpoint_errors(live(**{**at, "ended_step": ended})) == \
-        "breakpoint: step 1 (1 users) load error rate 0.67 > 0.1"
+        "auto-stop: step 1 (1 users) load error rate 0.67 > 0.1 ([stop] breakpoint_error_rate)"
 
 
 def test_breakpoint_ttft_names_the_load_level_in_its_unit() -> None:
     ended = {"step": 3, "users": 64, "rate": 8.0, "requests": 30, "load_error_rate": 0.0, "ttft_p95_s": 2.5}
     reason = stoprules.breakpoint_ttft(live(ended_step=ended, stop=stop(breakpoint_ttft_p95_s=1.0)))
-    assert reason == "breakpoint: step 3 (8 req/s) TTFT p95 2.50 s > 1 s"
+    assert reason == "auto-stop: step 3 (8 req/s) TTFT p95 2.50 s > 1 s ([stop] breakpoint_ttft_p95_s)"
     assert stoprules.breakpoint_ttft(live(ended_step=ended)) is None  # off by default
 
 

@@ -64,6 +64,7 @@ from tokenload.failures import body_message, classify_exception, classify_http, 
 from tokenload.measure import Timeline
 from tokenload.protocols.base import Conversation
 from tokenload.record import RequestRecord
+from tokenload.slo import DEFAULT as DEFAULT_SLO
 from tokenload.tokens import synth_prompt
 from tokenload.transport.httpx_client import stream_exchange
 
@@ -103,9 +104,10 @@ _PROBE_PREFIX = "Count from 1 to 100, one number per word. Ignore the filler tex
 class Limits:
     """Thresholds and budgets; every one is a command-line flag."""
 
-    ttft_s: float = 1.0  # BRIEF.md: above about 1 s reads as "nothing happened"
-    tpot_s: float = 0.1  # s/token: 10 tokens/s is slower than people read
-    e2e_s: float = 10.0  # total for an answer of `expected_output_tokens`
+    # The SLO's thresholds (`tokenload.slo.DEFAULT`, as on every command); None: not checked.
+    ttft_s: float | None = DEFAULT_SLO.ttft_s
+    tpot_s: float | None = DEFAULT_SLO.tpot_s
+    e2e_s: float | None = DEFAULT_SLO.e2e_s  # total for an answer of `expected_output_tokens`
     expected_output_tokens: int = 256
     burst_s: float = 0.010  # every token inside this window = one buffered burst
     timeout_s: float = 20.0  # connect, first token and stall timeout of every request
@@ -554,7 +556,7 @@ def check_latency(ctx: Doctor) -> CheckResult:
     from_cache = f" ({cached} of them from the server's prompt cache)" if cached else ""
     parts = [f"TTFT {_s(ttft)} with a {record['input_tokens']}-token prompt{from_cache}"]
     problems, fixes = [], []
-    if ttft > lim.ttft_s:
+    if lim.ttft_s is not None and ttft > lim.ttft_s:
         short = stream_exchange(ctx.channel, f"{fresh_nonce()} {_SHORT_PROMPT}", 1)[0]["ttft_s"]
         details["ttft_short_prompt_s"] = short
         parts.append(f"{_s(short)} with a short prompt")
@@ -566,18 +568,21 @@ def check_latency(ctx: Doctor) -> CheckResult:
                          "or compare at off-peak times (tokenload run at both, then tokenload compare)")
     if tpot is not None:
         parts.append(f"TPOT {tpot:.4f} s/token over {n} tokens")
-        if tpot > lim.tpot_s:
+        if lim.tpot_s is not None and tpot > lim.tpot_s:
             problems.append(f"TPOT above {lim.tpot_s:g} s/token")
             fixes.append("decode speed is set by model size and the channel's hardware: a smaller model"
                          f"{_smaller_models(ctx)} may meet the need")
-    if tpot is not None and not problems:
+    if tpot is not None and lim.e2e_s is not None and not problems:
         total = ttft + tpot * lim.expected_output_tokens
         details["projected_e2e_s"] = total
         parts.append(f"{lim.expected_output_tokens} tokens would take {total:.1f} s")
         if total > lim.e2e_s:
             cap = max(1, int((lim.e2e_s - ttft) / tpot))
-            problems.append(f"total above {lim.e2e_s:g} s although TTFT and TPOT are normal: the output is long")
+            normal = "TTFT and TPOT are" if lim.tpot_s is not None else "TTFT is"
+            problems.append(f"total above {lim.e2e_s:g} s although {normal} normal: the output is long")
             fixes.append(f"cap max tokens at about {cap} (TTFT + TPOT x {cap} = {lim.e2e_s:g} s)")
+            if lim.tpot_s is None:  # TPOT is not judged on its own: a faster model is the other way
+                fixes.append(f"or a lower TPOT: a smaller model{_smaller_models(ctx)} decodes faster")
     saw = ", ".join(parts)
     if problems:
         return CheckResult("latency", "latency", FAIL, f"{'; '.join(problems)}: {saw}", "; ".join(fixes), details)

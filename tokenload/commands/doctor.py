@@ -17,7 +17,8 @@ tried online (#1), because neither means anything until the earlier one holds:
   5 model           unknown model id: the channel's models and the closest match
   6 latency         TTFT > --slo-ttft (then a short-prompt probe: prompt length or load?),
                     TPOT > --slo-tpot (a smaller model), TTFT + TPOT x --expected-output-tokens
-                    > --slo-e2e (cap max tokens)
+                    > --slo-e2e (cap max tokens); the same SLO flags and defaults as run
+                    and analyze (TPOT is not checked unless --slo-tpot is given)
   7 streaming       tokens arrive incrementally (not one burst from a buffering proxy)
                     and the stream ends with its final event
   8 rate limits     the limits the channel announced on the latency probe (values only);
@@ -39,6 +40,7 @@ import sys
 from pathlib import Path
 
 from tokenload.channel import add_channel_arguments, channel_flags
+from tokenload.commands.slo_flags import add_slo_arguments, slo_from_args
 
 HELP = ("check the seven common channel mistakes in order, then rate limits and prompt caching: ok, or FAIL "
         "with what was seen and the fix")
@@ -46,18 +48,16 @@ HELP = ("check the seven common channel mistakes in order, then rate limits and 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the checks as a JSON list of objects")
-    parser.add_argument("--slo-ttft", type=float, default=1.0, metavar="S", help="TTFT limit in seconds (default 1.0)")
-    parser.add_argument("--slo-tpot", type=float, default=0.1, metavar="S", help="TPOT limit in s/token (default 0.1)")
-    parser.add_argument("--slo-e2e", type=float, default=10.0, metavar="S",
-                        help="limit for the total of an answer of --expected-output-tokens (default 10)")
     parser.add_argument("--expected-output-tokens", type=int, default=256, metavar="N",
-                        help="typical answer length of your application (default 256)")
+                        help="typical answer length of your application: --slo-e2e bounds an answer this long "
+                             "(default 256)")
     parser.add_argument("--prompt-tokens", type=int, default=1000, metavar="N",
                         help="prompt length of the latency probe (default 1000)")
     parser.add_argument("--burst-ms", type=float, default=10.0, metavar="MS",
                         help="all tokens within this window after a wait = a buffering proxy (default 10)")
     parser.add_argument("--timeout", type=float, default=20.0, metavar="S",
                         help="seconds to wait for a connection, a response or the next token (default 20)")
+    add_slo_arguments(parser)
     add_channel_arguments(parser)
 
 
@@ -68,13 +68,14 @@ def run(args: argparse.Namespace) -> int:
     from tokenload.doctor import FAIL, OK, Limits, diagnose_channel
     from tokenload.errors import ConfigError
 
-    for flag in ("slo_ttft", "slo_tpot", "slo_e2e", "burst_ms", "timeout"):
+    for flag in ("burst_ms", "timeout"):
         if getattr(args, flag) <= 0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     for flag in ("expected_output_tokens", "prompt_tokens"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    limits = Limits(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot, e2e_s=args.slo_e2e,
+    slo = slo_from_args(args)
+    limits = Limits(ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s,
                     expected_output_tokens=args.expected_output_tokens, burst_s=args.burst_ms / 1000,
                     timeout_s=args.timeout, prompt_tokens=args.prompt_tokens)
     results, channel = diagnose_channel(flags=channel_flags(args), env=os.environ, cwd=Path.cwd(), home=Path.home(), limits=limits)

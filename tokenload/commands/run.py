@@ -17,7 +17,9 @@ they are all printed, the last one last.
 The scenario's [channel] values are defaults: the CHANNEL flags, the
 environment and settings.json win over them, and the channel line says where
 each value came from. Everything (scenario, dataset, options, --out) is checked
-before Locust starts: a problem is one line and exit code 2.
+before Locust starts: a problem is one line and exit code 2. The --slo-*
+flags override the scenario's [slo] table before the run, so manifest.json's
+resolved scenario carries the SLO that `tokenload analyze` then judges by.
 
 Records are flushed to RUN_DIR at least once a second, so Ctrl-C or SIGTERM
 keeps them (a second one kills Locust and may lose the last second). Locust
@@ -58,6 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenload.channel import add_channel_arguments
+from tokenload.commands.slo_flags import add_slo_arguments, slo_from_args
 from tokenload.workload.scenario import SCHEMA_HELP
 
 if TYPE_CHECKING:
@@ -83,6 +86,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="--web: interface the UI listens on (default 127.0.0.1)")
     parser.add_argument("--web-port", type=int, metavar="N",
                         help="--web: the UI's port (default $LOCUST_WEB_PORT, else 8089)")
+    add_slo_arguments(parser)
     dist = parser.add_argument_group("distributed across machines")
     dist.add_argument("--master", action="store_true", help="run as Locust master")
     dist.add_argument("--expect-workers", type=int, default=1, metavar="N", help="master: workers to wait for (default 1)")
@@ -126,6 +130,8 @@ def _live_reporter(err: Console, show: Callable[[str], None]) -> Callable[[dict]
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from rich.console import Console
 
     from tokenload.channel import channel_flags
@@ -138,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
                                  master_host=args.master_host, master_port=args.master_port,
                                  master_bind_host=args.master_bind_host, expect_workers=args.expect_workers)
     scenario = load_scenario(args.scenario)
+    scenario = dataclasses.replace(scenario, slo=slo_from_args(args, scenario.slo))
     scenario, resolution = resolve_scenario_channel(scenario, f"scenario {scenario.name} [channel]",
                                                     channel_flags(args))
     plan = plan_run(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
@@ -235,6 +242,11 @@ def _print_summary(err: Console, path: Path) -> bool:
         err.print(f"stopped: {manifest['stop_reason']}", markup=False, soft_wrap=True)
     for warning in manifest.get("warnings", []):
         err.print(f"[bold red]WARNING:[/] {warning}")
-    if done.empty:
+    seen = df.ttft_s.dropna().to_numpy()
+    if done.empty and len(seen):  # a channel slower than the run: first tokens came, no answer finished
+        err.print(f"[bold red]no request finished[/]: {len(seen)} TTFT(s) recorded (p50 {np.median(seen):.3f} s, "
+                  f"max {seen.max():.3f} s) on requests still open or cut mid-stream; the channel is slower than "
+                  "the run: lengthen the steps or the run, or lower [output] max_tokens", soft_wrap=True)
+    elif done.empty:
         err.print("[bold red]no request succeeded[/]: nothing was measured")
     return done.empty or bool(manifest.get("workers_lost"))

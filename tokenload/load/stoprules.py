@@ -141,7 +141,7 @@ def breakpoint_errors(live: Live) -> str | None:
     step, limit = live.ended_step, live.stop.breakpoint_error_rate
     if not limit or step is None or not step["requests"] or step["load_error_rate"] <= limit:
         return None
-    return f"breakpoint: {_at(step)} load error rate {step['load_error_rate']:.2f} > {limit:g}"
+    return f"auto-stop: {_at(step)} load error rate {step['load_error_rate']:.2f} > {limit:g} ([stop] breakpoint_error_rate)"
 
 
 def breakpoint_ttft(live: Live) -> str | None:
@@ -149,7 +149,7 @@ def breakpoint_ttft(live: Live) -> str | None:
     p95 = None if step is None else step.get("ttft_p95_s")
     if not limit or step is None or p95 is None or p95 <= limit:
         return None
-    return f"breakpoint: {_at(step)} TTFT p95 {p95:.2f} s > {limit:g} s"
+    return f"auto-stop: {_at(step)} TTFT p95 {p95:.2f} s > {limit:g} s ([stop] breakpoint_ttft_p95_s)"
 
 
 def storm_unresolved(live: Live) -> str | None:
