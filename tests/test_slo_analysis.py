@@ -176,3 +176,30 @@ def test_a_bad_slo_flag_is_one_line_and_exit_2(argv: list[str], capsys: pytest.C
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("tokenload: error:") and argv[-2] in err
+
+
+def test_compare_judges_every_run_by_the_baselines_slo_with_the_flags(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    law = Law(capacity=NO_QUEUE, users=(1, 2, 4))
+    dirs = []
+    for name, slo in (("base", {"ttft_s": 0.1}), ("other", {"ttft_s": 50.0})):
+        df = generate(law, n=1500)
+        manifest = manifest_for(law, df)
+        manifest["scenario"]["slo"] = slo
+        dirs.append(str(write_run(tmp_path / name, df, manifest)))
+    out = tmp_path / "cmp"
+    assert main(["compare", *dirs, "--out", str(out), "--quiet"]) == 0
+    c = json.loads((out / "comparison.json").read_text())
+    assert c["slo"]["ttft_s"] == 0.1 and c["slo"]["e2e_s"] is None
+    assert all(r["breakpoint"]["below_range"] for r in c["runs"])  # the other run's own 50 s bound is not used
+    assert main(["compare", *dirs, "--out", str(out), "--quiet", "--slo-ttft", "5", "--slo-e2e", "10"]) == 0
+    c = json.loads((out / "comparison.json").read_text())
+    assert (c["slo"]["ttft_s"], c["slo"]["e2e_s"]) == (5.0, 10.0)
+    assert all(r["breakpoint"] is None and r["slo_attainment"] == 1.0 for r in c["runs"])
+    capsys.readouterr()
+
+
+def test_flags_that_leave_no_threshold_are_refused(capsys: pytest.CaptureFixture) -> None:
+    assert main(["doctor", "--slo-ttft", "off", "--slo-e2e", "off"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "turned off every threshold" in err

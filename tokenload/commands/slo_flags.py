@@ -14,6 +14,7 @@ import dataclasses
 import math
 from typing import Any
 
+from tokenload.errors import ConfigError
 from tokenload.slo import DEFAULT, Slo
 
 # (flag, Slo field, metavar, what it bounds)
@@ -77,5 +78,13 @@ def apply_overrides(slo: Slo, overrides: dict[str, Any]) -> Slo:
 
 
 def slo_from_args(args: argparse.Namespace, base: Slo = DEFAULT) -> Slo:
-    """`base` (a scenario's `[slo]`, else the default) with the flags applied."""
-    return apply_overrides(base, slo_overrides(args))
+    """`base` (a scenario's `[slo]`, else the default) with the flags applied.
+
+    An SLO the flags left without any threshold is refused: a scenario's `[slo]`
+    table that names none means the defaults, so the run could not record it.
+    """
+    slo = apply_overrides(base, slo_overrides(args))
+    if not slo.thresholds:
+        raise ConfigError("the --slo-* flags turned off every threshold: keep at least one of --slo-ttft, "
+                          "--slo-tpot, --slo-itl, --slo-e2e")
+    return slo
