@@ -20,12 +20,11 @@ from tokenload.analysis import caching, plots
 from tokenload.analysis.ratelimits import rate_limits_html
 from tokenload.analysis.records import REQUESTS_FILE, load_run
 from tokenload.analysis.report import figure, h, html_table, page, steps_html, verdict_html, verdict_table
+from tokenload.analysis.search import search_summary
 from tokenload.analysis.steps import StepOptions
 from tokenload.analysis.summary import Analysis, summarize
 from tokenload.analysis.windows import level_text
 from tokenload.errors import ConfigError, error_class
-from tokenload.slo import DEFAULT as DEFAULT_SLO
-from tokenload.slo import METRICS as SLO_METRICS
 from tokenload.slo import Slo
 
 # Runs with at least this many rows show a progress bar.
@@ -90,12 +89,8 @@ def analyze_run(run_dir: str | Path, slo: Slo | None = None, *, slo_overrides: M
 def scenario_slo(manifest: dict[str, Any]) -> Slo:
     """The SLO the run was planned with: its resolved scenario's `[slo]` (runs without one: the default)."""
     table = (manifest.get("scenario") or {}).get("slo")
-    if not isinstance(table, dict):
-        return DEFAULT_SLO
-    try:  # the resolved scenario leaves out thresholds that are not part of the SLO
-        return Slo(**{f"{m}_s": table.get(f"{m}_s") for m in SLO_METRICS},
-                   target=table.get("target", DEFAULT_SLO.target),
-                   max_error_rate=table.get("max_error_rate", DEFAULT_SLO.max_error_rate))
+    try:
+        return Slo.from_dict(table if isinstance(table, dict) else None)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"manifest.json's scenario [slo] is not valid ({exc}): give the SLO with the --slo-* "
                           "flags") from None
@@ -127,6 +122,8 @@ def analyze(run_dir: str | Path, slo: Slo | None = None, low_load_users: int | N
         if options.warmup_s is None:
             options = dataclasses.replace(options, warmup_s=scenario_warmup(run.manifest))
         analysis = summarize(run, slo, low_load_users, options)
+        # The probes are recounted against the SLO the run decided them by, whatever the flags say.
+        analysis.summary["search"] = search_summary(run, scenario_slo(run.manifest))
         if write:
             advance("writing summary.json")
             (path / "summary.json").write_text(json.dumps(analysis.summary, indent=2, default=str) + "\n",
@@ -153,6 +150,11 @@ def write_report(analysis: Analysis, out_dir: Path, advance: Callable[[str], Non
     if s["problems"]:
         sections.append(("What is missing", "<div class='problems'><ul>" +
                          "".join(f"<li>{h(p)}</li>" for p in s["problems"]) + "</ul></div>"))
+    if s.get("search"):
+        target = plots.plot_capacity([(s["run"]["label"], s["search"])], out_dir / "plots" / "capacity.png")
+        figures.insert(0, figure(target, "The breakpoint search: each probe's SLO attainment (95% interval) and "
+                                         "goodput, numbered in the order the probes ran; shaded: where the boundary "
+                                         "lies; dash-dot: the SLO target."))
     if figures:
         sections.append(("Charts", "".join(figures)))
     if caching.report_rows(s):
