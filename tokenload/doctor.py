@@ -15,16 +15,23 @@ true:
 5. model (BRIEF #3);
 6. latency (BRIEF #4, #5, #6): TTFT, TPOT, long outputs;
 7. streaming end to end: incremental arrival and a clean end;
-8. the rate limits the channel announced (`anthropic-ratelimit-*`, `x-ratelimit-*`),
-   as one line: what a load test may send;
-9. prompt caching: does the second of two identical long-prefix requests read
+8. channel fidelity (informational): does the channel honour max_tokens, report
+   the stop reason and usage truthfully, send headers before the first token and
+   serve the model named? A relay can get each wrong;
+9. the rate limits the channel announced (`anthropic-ratelimit-*`, `x-ratelimit-*`),
+   as one line: what a load test may send; a 429 says when to retry;
+10. prompt caching: does the second of two identical long-prefix requests read
    the prefix from the channel's cache (a relay may strip it)?
 
 Checks that need an earlier one are skipped with the reason when it failed, so
-a broken channel gets at most a handful of cheap requests. All network access
-goes through `Doctor`, which caches the two real requests (a one-token request
-for auth and model, the latency probe reused by the streaming check). Every
-string a result carries is redacted against every key doctor has seen.
+a broken channel gets at most a handful of cheap requests. An `ok` means a
+request succeeded (or the model list names the model); a failure that proves
+nothing either way (a 5xx, a 429, a timeout) is `unverified`, said with the
+status and the message, and with who can fix it when the channel is a relay
+whose backend is down. All network access goes through `Doctor`, which caches
+the two real requests (a one-token request for auth and model, the latency
+probe reused by the streaming, fidelity and rate-limit checks). Every string a
+result carries is redacted against every key doctor has seen.
 """
 
 from __future__ import annotations
@@ -1101,6 +1108,26 @@ def explain(channel: Channel, kind: str, timeout_s: float = 5.0) -> CheckResult 
     check = next(c for c in CHECKS if c.name == name)
     result = _redacted(ctx, check.run(ctx))
     return result if result.status == FAIL else None
+
+
+def explain_failure(resolution: Resolution, env: Mapping[str, str], record: RequestRecord, timeline: Timeline,
+                    timeout_s: float) -> tuple[str, str | None]:
+    """(what a failed request means, the fix) in doctor's words, for `probe`.
+
+    A configuration error gets the check that explains it (the exact base URL,
+    "no key was given" and which variable to set, the served models); anything
+    else gets the story doctor tells for a request that proved nothing (a relay
+    whose backend is down, a 429 and its wait, a refused connection or a
+    timeout, without an HTTP status that never came).
+    """
+    ctx = Doctor(resolution, env, Path.cwd(), Path.home(), Limits(timeout_s=timeout_s))
+    name = CHECK_FOR_KIND.get(record["error_kind"] or "")
+    if name is not None:
+        result = _redacted(ctx, next(c for c in CHECKS if c.name == name).run(ctx))
+        if result.status == FAIL:
+            return result.saw, result.fix
+    story, fix = failure_story(ctx, record, timeline)
+    return ctx.redact(story), ctx.redact(fix) if fix else None
 
 
 def diagnose_channel(
