@@ -568,6 +568,7 @@ def test_auth_and_model_are_never_ok_unless_a_request_succeeded(fake_server: Any
         assert results[name].saw.startswith("could not verify: ") and said in results[name].saw
     assert results["base_url"].status == OK  # the relay itself answered
     assert [results[n].status for n in ("latency", "streaming", "fidelity", "caching")] == [SKIP] * 4
+    assert results["rate_limits"].status == "unverified"  # no answer announced any limit: nothing to call ok
     assert "retry later" not in (results["auth"].fix or "")
     if key is None:
         assert "(no key was sent)" in results["auth"].saw and "ANTHROPIC_AUTH_TOKEN" in (results["auth"].fix or "")
@@ -705,7 +706,7 @@ def _caching_calls(fake_server: Any) -> list[int]:
 
 def _llama_context(limit: int) -> Any:
     def refuse(received: Received) -> Script:
-        size = len(received.body) // 4
+        size = len(received.body) // 5  # about 5 characters per token in tokenload's synthetic prompts
         if size > limit:
             return json_script(400, {"error": {"code": 400, "type": "exceed_context_size_error", "n_ctx": limit,
                                                "n_prompt_tokens": size, "message":
@@ -763,3 +764,19 @@ def test_no_closest_match_is_invented(sim: str, tmp_path: Path) -> None:
     assert model.status == FAIL and model.details["closest"] is None
     assert "closest" not in (model.fix or "")
     assert model.fix == "set --model to one of the models this channel serves: sim-7b, sim-30b (none is close to the one given)"
+
+
+def test_backend_down_costs_one_request_and_reads_on_one_line(fake_server: Any, tmp_path: Path) -> None:
+    """The model list names the model (so the model line is ok), but nothing else is sent to a dead backend."""
+    message = ("litellm.InternalServerError: OpenAIException - Cannot connect to host 127.0.0.1:18180\n\n"
+               "LiteLLM: model group 'claude-x' failed with the error above. " + "x" * 400)
+    down = json_script(500, {"error": {"message": message, "type": None, "param": None, "code": "500"}})
+    models = json_script(200, {"object": "list", "data": [{"id": "claude-x"}]})
+    fake_server.route(relay(down, models=models))
+    results = run_doctor(tmp_path, base_url=fake_server.url, auth_token=KEY, model="claude-x", limits=RELAY)
+    assert results["model"].status == OK and "in the channel's model list" in results["model"].saw
+    assert [results[n].status for n in ("latency", "streaming", "fidelity", "caching")] == [SKIP] * 4
+    sent = [r for r in fake_server.requests if r.method == "POST" and r.body != b"{}"]
+    assert len(sent) == 1
+    auth = results["auth"].saw
+    assert "the relay answers but its backend does not" in auth and "\n" not in auth and len(auth) < 400

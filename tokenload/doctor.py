@@ -115,6 +115,10 @@ STREAM_KINDS = frozenset({ek.DISCONNECTED, ek.MALFORMED_STREAM, ek.TIMEOUT_STALL
 _SHORT_PROMPT = "Say hi."
 # Without usage fields: a repeat TTFT at most this fraction of the first counts as a cache hit.
 CACHE_TTFT_GAIN = 0.7
+# ...and by at least this much (s): between two millisecond answers the difference is noise.
+CACHE_TTFT_MIN_GAIN_S = 0.05
+# A failed request's message is shown up to this length (relays pass on whole tracebacks).
+MESSAGE_CHARS = 300
 # Headers held until the first token: judged only when TTFT is long enough to tell (s), and counted when
 # the headers came within this share of TTFT before the first token.
 HEADER_HOLD_MIN_TTFT_S = 0.1
@@ -438,8 +442,11 @@ def accepted(record: RequestRecord) -> bool:
 
 
 def _said(record: RequestRecord) -> str:
-    """`HTTP 500: message`, or the message alone when no HTTP answer came (refused, timed out)."""
-    message = record["error_message"] or record["error_kind"] or "no answer"
+    """`HTTP 500: message`, or the message alone when no HTTP answer came (refused, timed out); a relay's
+    multi-line message on one line, cut at `MESSAGE_CHARS`."""
+    message = " ".join((record["error_message"] or record["error_kind"] or "no answer").split())
+    if len(message) > MESSAGE_CHARS:
+        message = message[:MESSAGE_CHARS - 1] + "…"
     status = record["http_status"]
     if status is None:
         return message
@@ -472,8 +479,8 @@ def failure_story(ctx: Doctor, record: RequestRecord, timeline: Timeline | None 
                 "check that the channel is up (and whatever is behind it), or raise --timeout")
     if kind == ek.RATE_LIMITED:
         wait = refusal_wait(timeline.response_headers if timeline else None, time.time())
-        when = f"; it asks to retry in {wait[0]:.0f} s ({wait[1]})" if wait else "; it did not say when to retry"
-        return (f"the channel's rate limit is used up ({said}){when}",
+        when = f"it asks to retry in {wait[0]:.0f} s ({wait[1]})" if wait else "it did not say when to retry"
+        return (f"the channel's rate limit is used up, {when} ({said})",
                 f"wait {wait[0]:.0f} s, then run doctor again" if wait else "wait a minute, then run doctor again")
     if kind == ek.TIMEOUT_FIRST_TOKEN:
         return said, ("the channel (or the backend behind a relay) opened the answer but sent no token: it is stuck or "
@@ -489,14 +496,13 @@ def failure_story(ctx: Doctor, record: RequestRecord, timeline: Timeline | None 
 
 
 def unverified(ctx: Doctor, name: str, title: str, exchange: tuple[RequestRecord, Timeline], *,
-               blocking: bool = True, informational: bool = False) -> CheckResult:
+               blocking: bool = True) -> CheckResult:
     """The "could not verify" line for a check whose request failed in a way that proves nothing."""
     record, timeline = exchange
     story, fix = failure_story(ctx, record, timeline)
     details = {"http_status": record["http_status"], "error_kind": record["error_kind"],
                "relay_backend_down": story.startswith("the relay answers but its backend does not")}
-    return CheckResult(name, title, UNVERIFIED, f"could not verify: {story}", fix, details, blocking=blocking,
-                       informational=informational)
+    return CheckResult(name, title, UNVERIFIED, f"could not verify: {story}", fix, details, blocking=blocking)
 
 
 # --- the checks ------------------------------------------------------------------------
@@ -878,20 +884,24 @@ def check_rate_limits(ctx: Doctor) -> CheckResult:
         when = f"retry in {wait[0]:.0f} s ({wait[1]})" if wait else "the channel did not say when to retry"
         fix = (f"wait {wait[0]:.0f} s before sending again" if wait else "wait a minute before sending again") + \
             f"; for a load test, {lower}"
-        return CheckResult("rate_limits", "rate limits", FAIL, f"{saw}: {when}", fix, details, blocking=False,
-                           informational=True)
+        return CheckResult("rate_limits", "rate limits", FAIL, f"the rate limit is used up: {when}; {saw}", fix,
+                           details, blocking=False)
 
     if record["error_kind"] == ek.RATE_LIMITED or record["http_status"] == 429:
-        saw = f"the rate limit is used up: the channel refused with {_said(record)}"
+        saw = f"the channel refused with {_said(record)}"
         return used_up(saw + (f"; {allows}" if allows else ""), refusal_wait(headers, now))
     wait = info.server_wait()
     if wait is not None:
-        return used_up(f"{allows or 'the channel'}: a limit is used up",
+        return used_up(allows or "the channel announced no limits",
                        (wait, "retry-after" if info.retry_after_s is not None else "the limit's reset header"))
+    if not parts and not accepted(record):
+        return CheckResult("rate_limits", "rate limits", UNVERIFIED,
+                           f"could not verify: the request failed ({_said(record)}) and announced no limits",
+                           details=details, blocking=False)
     if not parts:
         return CheckResult("rate_limits", "rate limits", OK, "the channel sent no rate-limit headers", details=details,
-                           blocking=False, informational=True)
-    return CheckResult("rate_limits", "rate limits", OK, allows, details=details, blocking=False, informational=True)
+                           blocking=False)
+    return CheckResult("rate_limits", "rate limits", OK, allows, details=details, blocking=False)
 
 
 def check_fidelity(ctx: Doctor) -> CheckResult:
@@ -909,7 +919,7 @@ def check_fidelity(ctx: Doctor) -> CheckResult:
     lim = ctx.limits
     if record["status"] != "ok":
         return CheckResult("fidelity", "channel fidelity", SKIP, "the latency probe failed (see latency)",
-                           blocking=False, informational=True)
+                           blocking=False)
     asked, streamed, counted = lim.probe_tokens, record["chunks"], record["output_tokens"]
     from_server = record["output_tokens_source"] == "server"
     got = max(streamed, counted if from_server else 0)
@@ -944,13 +954,13 @@ def check_fidelity(ctx: Doctor) -> CheckResult:
         fixes.append("ask the channel's operator which model really serves this id")
     if found:
         return CheckResult("fidelity", "channel fidelity", FAIL, "; ".join(found), "; ".join(fixes), details,
-                           blocking=False, informational=True)
+                           blocking=False)
     usage = "usage agrees with the stream" if from_server else "no usage reported"
     headers = (f"headers before the first token (TTFB {_s(ttfb)}, TTFT {_s(ttft)})" if judged_headers
                else f"TTFT {_s(ttft)} too short to tell whether headers wait for the first token")
     return CheckResult("fidelity", "channel fidelity", OK,
                        f"max_tokens {asked} honoured ({got} tokens, stop reason {stop}), {usage}, {headers}",
-                       details=details, blocking=False, informational=True)
+                       details=details, blocking=False)
 
 
 def _same_model(served: str, asked: str) -> bool:
@@ -983,7 +993,7 @@ def check_caching(ctx: Doctor) -> CheckResult:
     def skipped(saw: str, exchange: tuple[RequestRecord, Timeline] | None = None) -> CheckResult:
         story, fix = failure_story(ctx, *exchange) if exchange else ("", None)
         return CheckResult("caching", "prompt caching", UNVERIFIED, f"could not verify: {saw}{story}", fix,
-                           details=details, blocking=False, informational=True)
+                           details=details, blocking=False)
 
     tokens = lim.cache_prefix_tokens
     details: dict[str, Any] = {"prefix_tokens_sent": tokens}
@@ -1020,16 +1030,22 @@ def check_caching(ctx: Doctor) -> CheckResult:
 
     def result(status: str, saw: str) -> CheckResult:
         return CheckResult("caching", "prompt caching", status, saw + fitted, fix if status != OK else None, details,
-                           blocking=False, informational=True)
+                           blocking=False)
 
+    ttft1, ttft2 = first["ttft_s"], second["ttft_s"]
+    faster = (ttft1 is not None and ttft2 is not None and ttft2 <= CACHE_TTFT_GAIN * ttft1
+              and ttft1 - ttft2 >= CACHE_TTFT_MIN_GAIN_S)
     if read is not None:
         if read >= CACHE_HIT_SHARE * size:
             return result(OK, f"the repeat request read {read:,} of {size:,} input tokens from the cache ({timing})")
+        if faster:
+            return result(OK, f"the repeat's TTFT fell from {_s(ttft1)} to {_s(ttft2)}, so the prefix was probably "
+                              f"read from a cache, although the usage reports {read:,} cached tokens (a relay may pass "
+                              "on zeros)")
         trivial = f" (only {read:,}: a token or so every request reports, not a cache hit)" if read else ""
         return result(FAIL, f"an identical {size:,}-token prefix sent twice: the second read {read:,} tokens from the "
                             f"cache{trivial} ({timing})")
-    ttft1, ttft2 = first["ttft_s"], second["ttft_s"]
-    if ttft1 is not None and ttft2 is not None and ttft2 <= CACHE_TTFT_GAIN * ttft1:
+    if faster:
         return result(OK, f"no cache usage reported, but the repeat's TTFT fell from {_s(ttft1)} to {_s(ttft2)}")
     return result(FAIL, f"no cache usage reported and the repeat of a {size:,}-token prefix was not faster "
                         f"(TTFT {_s(ttft2)} vs {_s(ttft1)})")
@@ -1041,6 +1057,10 @@ class Check:
     title: str
     run: Callable[[Doctor], CheckResult]
     requires: tuple[str, ...] = ()
+    # sends requests of its own: only worth it once the one-token request was accepted
+    sends: bool = False
+    # describes the channel rather than a mistake the user can fix (see CheckResult)
+    informational: bool = False
 
 
 CHECKS: tuple[Check, ...] = (
@@ -1049,11 +1069,11 @@ CHECKS: tuple[Check, ...] = (
     Check("base_url", "base URL", check_base_url, ("config",)),
     Check("auth", "auth", check_auth, ("base_url",)),
     Check("model", "model", check_model, ("auth",)),
-    Check("latency", "latency", check_latency, ("model",)),
-    Check("streaming", "streaming", check_streaming, ("model",)),
-    Check("fidelity", "channel fidelity", check_fidelity, ("model",)),
-    Check("rate_limits", "rate limits", check_rate_limits, ("auth",)),
-    Check("caching", "prompt caching", check_caching, ("model",)),
+    Check("latency", "latency", check_latency, ("model",), sends=True),
+    Check("streaming", "streaming", check_streaming, ("model",), sends=True),
+    Check("fidelity", "channel fidelity", check_fidelity, ("model",), sends=True, informational=True),
+    Check("rate_limits", "rate limits", check_rate_limits, ("auth",), informational=True),
+    Check("caching", "prompt caching", check_caching, ("model",), sends=True, informational=True),
 )
 
 
@@ -1062,14 +1082,17 @@ def run_checks(ctx: Doctor) -> list[CheckResult]:
     results: dict[str, CheckResult] = {}
     for check in CHECKS:
         blocker = next((results[r] for r in check.requires if results[r].blocks), None)
-        if blocker is not None and blocker.status == UNVERIFIED:
+        if blocker is None and check.sends and not accepted(ctx.tiny()):
+            result = CheckResult(check.name, check.title, SKIP,
+                                 "needs a request that succeeds first (the one-token request failed: see auth)")
+        elif blocker is not None and blocker.status == UNVERIFIED:
             result = CheckResult(check.name, check.title, SKIP,
                                  f"needs a request that succeeds first (the {blocker.title} check could not verify)")
         elif blocker is not None:
             result = CheckResult(check.name, check.title, SKIP, f"needs the {blocker.title} check to pass first")
         else:
             result = check.run(ctx)
-        results[check.name] = _redacted(ctx, result)
+        results[check.name] = _redacted(ctx, replace(result, informational=check.informational))
     return list(results.values())
 
 
