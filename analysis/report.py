@@ -17,7 +17,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from tokenload.analysis import caching
+from tokenload.analysis import caching, fidelity
 from tokenload.analysis.windows import level_text
 
 CSS = """
@@ -105,6 +105,7 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     if diag["advice"]:
         rows.append(("First fix", diag["advice"][0], None))
     rows += caching.verdict_rows(summary)
+    rows += fidelity.verdict_rows(summary)
     for problem in summary.get("problems", []):
         rows.append(("Missing", problem, False))
     return rows

@@ -16,6 +16,7 @@ import pandas as pd
 from tokenload.analysis.breakpoint import find_breakpoint
 from tokenload.analysis.caching import caching_summary
 from tokenload.analysis.diagnosis import diagnose_latency
+from tokenload.analysis.fidelity import fidelity_summary
 from tokenload.analysis.fits import (
     MIN_FIT_POINTS,
     linear_dict,
@@ -337,6 +338,7 @@ def summarize(run: Run, slo: Slo = Slo(), low_load_users: int | None = None,
         "breakpoint_undecided": bp.get("undecided", []),
         "diagnosis": diagnosis,
         "caching": caching_summary(df),
+        "fidelity": fidelity_summary(df),
         "rate_limits": rate_limits(run.run_dir, run.ended_at),
         "problems": problems,
     }

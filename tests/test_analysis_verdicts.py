@@ -105,3 +105,39 @@ def test_planned_ttft_uses_the_median_for_steady_lengths_and_the_line_for_varyin
     assert np.allclose(predicted[:20], 0.6)  # the step's median
     assert np.allclose(predicted[20:40], ttft[20:40])  # each request at its own length
     assert unjudged == [3] and np.isnan(predicted[40:]).all()  # no prediction where the formula cannot be judged
+
+
+# ----- channel fidelity ------------------------------------------------------------------------------
+
+
+def test_a_relay_that_ignores_max_tokens_and_holds_headers_is_named_in_the_verdict(tmp_path: Path) -> None:
+    law = Law(capacity=NO_QUEUE, users=(1, 2))
+    df = generate(law, n=200, seed=4)
+    df["max_tokens"] = 8
+    df["chunks"] = df["output_tokens"] = 16  # asked 8, got 16 (LiteLLM's Anthropic route)
+    df["ttfb_s"] = df["ttft_s"]  # no headers until the first token
+    df["output_tokens_source"] = "server"
+    summary = _summary(tmp_path, law, df)
+    f = summary["fidelity"]
+    ok = int((df["status"] == "ok").sum())
+    assert f["max_tokens_exceeded"] == ok and f["headers_held"] == f["headers_judged"] > 0
+    row = next(text for label, text, _ in verdict_rows(summary) if label == "Channel fidelity")
+    assert f"the channel ignores max_tokens: {ok} of {ok} answers" in row and "a relay buffers the response start" in row
+
+
+def test_a_faithful_channel_gets_no_fidelity_row(tmp_path: Path) -> None:
+    law = Law(capacity=NO_QUEUE, users=(1, 2))
+    df = generate(law, n=200, seed=4)
+    df.loc[df.index[:5], "output_tokens"] = df.loc[df.index[:5], "chunks"] + 3  # several tokens in a delta: normal
+    summary = _summary(tmp_path, law, df)
+    assert summary["fidelity"]["findings"] == []
+    assert not [label for label, _, _ in verdict_rows(summary) if label == "Channel fidelity"]
+
+
+def test_usage_below_the_streamed_deltas_is_a_finding(tmp_path: Path) -> None:
+    law = Law(capacity=NO_QUEUE, users=(1, 2))
+    df = generate(law, n=200, seed=4)
+    df.loc[df.index[:7], "output_tokens"] = df.loc[df.index[:7], "chunks"] - 2
+    f = _summary(tmp_path, law, df)["fidelity"]
+    assert f["usage_below_deltas"] == int((df.loc[df.index[:7], "status"] == "ok").sum()) > 0
+    assert any("usage undercounts" in finding for finding in f["findings"])

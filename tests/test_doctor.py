@@ -753,9 +753,10 @@ def test_one_cached_token_per_request_is_not_caching(fake_server: Any, tmp_path:
                                                                b'"total_tokens"')) for d, b in script.writes])
 
     fake_server.route(one_cached)
-    caching = run_doctor(tmp_path, base_url=fake_server.url + "/v1", api_key=KEY, protocol="openai-chat",
-                         limits=RELAY)["caching"]
+    results = run_doctor(tmp_path, base_url=fake_server.url + "/v1", api_key=KEY, protocol="openai-chat", limits=RELAY)
+    caching = results["caching"]
     assert caching.status == FAIL and "not a cache hit" in caching.saw, caching.saw
+    assert results["latency"].status == OK and "prompt cache" not in results["latency"].saw
 
 
 def test_no_closest_match_is_invented(sim: str, tmp_path: Path) -> None:

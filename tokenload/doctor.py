@@ -123,6 +123,8 @@ MESSAGE_CHARS = 300
 # the headers came within this share of TTFT before the first token.
 HEADER_HOLD_MIN_TTFT_S = 0.1
 HEADER_HOLD_SHARE = 0.1
+# The latency line names cached prompt tokens from this share of the prompt on.
+CACHE_NOTE_SHARE = 0.05
 # With usage fields: the repeat must read at least this share of its input from the cache to count as a hit.
 CACHE_HIT_SHARE = 0.5
 # A prefix refused as too long is resent at this share of the context limit the refusal named (room for the
@@ -793,7 +795,9 @@ def check_latency(ctx: Doctor) -> CheckResult:
         if error_class(kind) in ("config", "input"):
             return CheckResult("latency", "latency", FAIL, saw, ek.FIXES[kind], details)
         return unverified(ctx, "latency", "latency", ctx.probe())
-    from_cache = f" ({cached} of them from the server's prompt cache)" if cached else ""
+    # a token or so "cached" on every request (llama.cpp's shared first token) is no cache read worth naming
+    meaningful = cached is not None and cached >= CACHE_NOTE_SHARE * (record["input_tokens"] or 0) and cached > 1
+    from_cache = f" ({cached} of them from the server's prompt cache)" if meaningful else ""
     parts = [f"TTFT {_s(ttft)} with a {record['input_tokens']}-token prompt{from_cache}"]
     problems, fixes = [], []
     if ttft > lim.ttft_s:
