@@ -649,7 +649,11 @@ def test_anthropic_reset_header_on_a_429(fake_server: Any, tmp_path: Path) -> No
 
 
 def _fidelity(fake_server: Any, tmp_path: Path, script: Script, model: str = "claude-x") -> CheckResult:
-    fake_server.route(relay(script))
+    """Doctor's fidelity line when the latency probe (max_tokens 8) is answered with `script` and the one-token
+    request with one token, as asked."""
+    answer = relay(script)
+    one = stream_script("anthropic", ["OK"], stop_reason="max_tokens", model=model)
+    fake_server.route(lambda r: one if r.body != b"{}" and r.json().get("max_tokens") == 1 else answer(r))
     return run_doctor(tmp_path, base_url=fake_server.url, auth_token=KEY, model=model, limits=RELAY)["fidelity"]
 
 
@@ -682,7 +686,9 @@ def test_exit_1_only_for_what_the_user_can_fix_unless_strict(fake_server: Any, t
     args = ("--base-url", fake_server.url, "--model", "claude-x", "--timeout", "2")
     relaxed = cli(tmp_path, *args, env={"ANTHROPIC_AUTH_TOKEN": KEY})
     assert relaxed.returncode == 0, relaxed.stdout + relaxed.stderr
-    assert "note channel fidelity: it ignores max_tokens" in relaxed.stdout
+    # LiteLLM's Anthropic route answers max_tokens below 16 with 16 tokens: the one-token request shows it too
+    assert "note channel fidelity: it ignores max_tokens: asked for 32, got 40 tokens; asked for 1, got 40" \
+        in relaxed.stdout
     assert cli(tmp_path, *args, "--strict", env={"ANTHROPIC_AUTH_TOKEN": KEY}).returncode == 1
     fake_server.route(relay(NO_DB))
     unproved = cli(tmp_path, *args, env={"ANTHROPIC_AUTH_TOKEN": KEY})

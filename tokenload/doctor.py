@@ -935,10 +935,15 @@ def check_fidelity(ctx: Doctor) -> CheckResult:
                                "served_models": ctx.served_models}
     found: list[str] = []
     fixes: list[str] = []
-    if got > asked:
-        found.append(f"it ignores max_tokens: asked for {asked}, got {got} tokens")
+    tiny = ctx.tiny()
+    tiny_got = max(tiny["chunks"], tiny["output_tokens"] if tiny["output_tokens_source"] == "server" else 0)
+    details["one_token_request_got"] = tiny_got
+    if got > asked or tiny_got > 1:
+        said = (f"asked for {asked}, got {got} tokens" if got > asked else "") + \
+            ("; " if got > asked and tiny_got > 1 else "") + (f"asked for 1, got {tiny_got}" if tiny_got > 1 else "")
+        found.append(f"it ignores max_tokens: {said}")
         fixes.append("expect longer (and costlier) answers than you cap; ask the relay's operator to pass max_tokens on")
-    elif got == asked and stop in NATURAL_STOPS - {"completed"}:  # Responses servers say completed for both
+    if got == asked and stop in NATURAL_STOPS - {"completed"}:  # Responses servers say completed for both
         found.append(f"it misreports the stop reason: {stop} (a natural end) at exactly max_tokens ({asked})")
         fixes.append("do not trust the stop reason through this channel to tell a cut answer from a finished one")
     eos = counted == streamed + 1 and stop in NATURAL_STOPS  # an end-of-sequence token counted, never streamed
