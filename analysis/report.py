@@ -17,7 +17,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from tokenload.analysis import caching
+from tokenload.analysis import caching, fidelity
 from tokenload.analysis.breakpoint import breakpoint_text
 from tokenload.analysis.windows import level_text
 
@@ -87,10 +87,16 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         where = formula.get("typical_values_break_at")
         tail = (f"; with typical TTFT/TPOT it misses by > {100 * formula['typical_values_tolerance']:.0f}% "
                 f"from {where}" if where else "")
-        rows.append(("Formula TTFT + TPOT × N", f"with each step's median TTFT and TPOT it predicts e2e within "
+        if formula.get("not_judged_steps"):
+            tail += (f"; steps {_steps(formula['not_judged_steps'])} not judged (prompt lengths vary, too few requests "
+                     "to predict TTFT from them)")
+        rows.append(("Formula TTFT + TPOT × N", "with each step's median TPOT and typical TTFT (at each request's own "
+                                                "input length where lengths vary within a step) it predicts e2e within "
                                                 f"{100 * formula['mape_simple']:.1f}% on average "
                                                 f"({100 * formula['mape_exact']:.1f}% with N − 1){tail}",
                      formula["holds"]))
+    elif formula.get("note"):
+        rows.append(("Formula TTFT + TPOT × N", formula["note"], None))
     rows.append(("Output length drives e2e?", summary["e2e_drivers"]["verdict"], None))
     if bp:
         note = f" ({summary['breakpoint_note']})" if summary.get("breakpoint_note") else ""
@@ -106,6 +112,7 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     if diag["advice"]:
         rows.append(("First fix", diag["advice"][0], None))
     rows += caching.verdict_rows(summary)
+    rows += fidelity.verdict_rows(summary)
     for problem in summary.get("problems", []):
         rows.append(("Missing", problem, False))
     return rows

@@ -23,7 +23,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from tokenload.analysis.fits import grouped_linear
+from tokenload.analysis.fits import grouped_linear, planned_ttft
 from tokenload.analysis.stats import Quantile, bootstrap_ci, km_quantiles, wilson_interval
 from tokenload.analysis.windows import by_time
 from tokenload.errors import error_class
@@ -235,14 +235,16 @@ def _share(meets: np.ndarray, known: np.ndarray, steps: pd.Series) -> pd.Series:
 
 
 def _step_formula_mape(ok: pd.DataFrame, table: pd.DataFrame) -> pd.Series:
-    """MAPE of e2e predicted from the step's *typical* TTFT and TPOT (exact N - 1 form).
+    """MAPE of e2e predicted from the step's *typical* TTFT and TPOT (exact N - 1 form); TTFT from each request's
+    own input length where lengths vary within the step (`planned_ttft`), NaN where that cannot be fitted.
 
     Per request the exact form is an identity of the definitions; what users do
     is plan with typical values, and that stops working once TPOT or queueing
     varies a lot inside a step, which is what this number shows.
     """
     steps = ok["step"].to_numpy()
-    ttft = table["ttft_p50_s"].reindex(steps).to_numpy()
+    ttft, _ = planned_ttft(steps, ok["input_tokens"].to_numpy(dtype=float, na_value=np.nan), ok["ttft_s"].to_numpy(),
+                           table["ttft_p50_s"].to_dict())
     tpot = table["tpot_p50_s"].reindex(steps).to_numpy()
     predicted = ttft + tpot * np.maximum(ok["output_tokens"].to_numpy() - 1, 0)
     measured = ok["e2e_s"].to_numpy()

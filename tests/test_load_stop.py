@@ -82,7 +82,8 @@ step_s = 30
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["stop_reason"].startswith("channel misconfigured: "), manifest["stop_reason"]
     assert "with not_found_model" in manifest["stop_reason"]
-    assert "fix: set --model to sim-7b (the closest match)" in manifest["stop_reason"]  # doctor's own fix
+    # doctor's own fix; "no-such-model" is like no served id, so none is offered as the closest match
+    assert "fix: set --model to one of the models this channel serves: sim-7b, sim-30b" in manifest["stop_reason"]
 
 
 def test_token_budget_overshoots_by_at_most_the_requests_in_flight(tmp_path: Path) -> None:
