@@ -10,6 +10,7 @@ read by probe's client (`stream_once`) and, where the load path differs, by a re
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +188,50 @@ drain_s = 2
     assert summary["run"]["truncated"] == int(df.truncated.sum()) > 0
     assert any(topic == "Answers cut short" and str(len(df[df.truncated])) in finding
                for topic, finding, _ in verdict_rows(summary))
+
+
+# ---------------------------------------------------------------------------------- storm breaker
+
+UPSTREAM_DOWN = {"error": {"message": "litellm.InternalServerError: InternalServerError: OpenAIException - "
+                                      "Connection error. Received Model Group=claude-sonnet-4-5",
+                           "type": None, "param": None, "code": "500"}}
+
+
+@pytest.mark.slow
+def test_a_backend_dying_under_4_users_trips_the_storm_breaker(fake_server: FakeServer, tmp_path: Path) -> None:
+    """The relay answers, its backend is gone: each request fails slowly (2 s, then a 500 naming the lost
+    upstream connection), so 4 users end about 6 requests per 3 s window, under the old fixed 10. The
+    breaker pauses every user within its window, its probe fails too, and the run stops saying why."""
+    posts = itertools.count(1)
+
+    def relay(received: Received) -> Script:
+        if received.method == "POST" and next(posts) <= 8:
+            return stream_script("anthropic", TOKENS, 0.0, 0.01)
+        return Script(status=500, headers=(("content-type", "application/json"),), headers_delay_s=2.0,
+                      writes=[(0.0, json.dumps(UPSTREAM_DOWN).encode())], framing="length")
+
+    fake_server.route(relay)
+    scenario = write_scenario(tmp_path, """
+[prompt]
+tokens = 16
+[output]
+max_tokens = 4
+[load]
+kind = "constant"
+users = 4
+step_s = 30
+[stop]
+drain_s = 1
+storm_s = 3
+storm_probes = 1
+""")
+    result = run_cli(scenario, fake_server.url, tmp_path / "run", "--protocol", "anthropic", "--api-key", KEY)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert manifest["storms"], (manifest["stop_reason"], result.stderr[-1500:])
+    storm = manifest["storms"][0]
+    failing_since = df[df.status == "error"].started_at.min()
+    # the failures started; within one window (plus a failure's 2 s and the breaker's tick) every user paused
+    assert storm["paused_at"] - failing_since <= 3 + 2 + 2, storm
+    assert (df.started_at > storm["paused_at"] + 0.5).sum() == 0  # nothing sent while paused
+    assert storm["outcome"] == "stopped" and manifest["stop_reason"].startswith(f"error storm: {storm['detail']}")
