@@ -62,6 +62,10 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                               if slo.get("not_judged") else ""),
          None if slo["attainment"] is None else slo["attainment"] >= slo["target"]),
     ]
+    if run.get("truncated"):
+        rows.append(("Answers cut short", f"{run['truncated']:,} answer(s) ended for length below the max_tokens "
+                                          "asked: the server cut them (a full context slot); shorten the prompts "
+                                          "or give the server a longer context", False))
     for metric, unit in (("ttft", " s"), ("tpot", " s/token"), ("e2e", " s")):
         p = lat[metric]
         shown = " · ".join(f"{k} {'≥ ' if k in p.get('bounds', []) else ''}{_fmt(v)}" for k, v in p.items()

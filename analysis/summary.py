@@ -340,6 +340,8 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
             "started_at": run.started_at, "ended_at": run.ended_at, "duration_s": _r(duration),
             "requests": int(len(df)), "ok": int(len(ok)), "errors": int(df["status"].eq("error").sum()),
             "in_flight": int(df["in_flight"].sum()),
+            # answers the server cut for length below the max_tokens asked (its context was full)
+            "truncated": int(df["truncated"].fillna(False).astype(bool).sum()) if "truncated" in df else 0,
             "models": sorted(str(m) for m in df["model"].dropna().unique()),
             "channel": run.manifest.get("channel"), "scenario": (run.manifest.get("scenario") or {}).get("name"),
             "scheduler_lag": run.manifest.get("scheduler_lag"),

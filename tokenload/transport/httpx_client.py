@@ -143,7 +143,7 @@ def stream_exchange(
     http = client or httpx.Client(timeout=timeouts(channel), follow_redirects=False)
     t0 = time.perf_counter()
     estimate = estimate_tokens(prompt) if isinstance(prompt, str) else prompt.estimated_tokens()
-    session = StreamSession(adapter, t0, estimated_input_tokens=estimate, on_text=on_text)
+    session = StreamSession(adapter, t0, estimated_input_tokens=estimate, max_tokens=max_tokens, on_text=on_text)
     tl = session.timeline
 
     def sending(t0: float, connect_s: float) -> None:
