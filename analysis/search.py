@@ -9,8 +9,8 @@ verdicts stay the ones the run acted on. Probes of earlier runs that a
 `--resume` continued keep the numbers their run recorded.
 
 The answer: `capacity` (the highest passing level below every failing one),
-`first_failing`, `interval` ([capacity, first_failing]: the boundary lies
-there), `binding` (the SLO term the first failing level missed most), `shape`
+`first_failing` (decided), `interval` ([capacity, the lowest level that failed
+or stayed undecided below the target]: the boundary lies there), `binding` (the SLO term the first failing level missed most), `shape`
 ("cliff" or "gradual"), the probes in order, and the tokens and time spent.
 """
 
@@ -90,12 +90,13 @@ def search_summary(run: Run, slo: Slo) -> dict[str, Any] | None:
             details[p.level] = _binding_detail(rows, p.binding, slo)
         probes.append(entry)
     capacity, first_failing = search.capacity, search.first_failing
+    upper = search.bounds()[1]  # the lowest level failing for steering: a decided fail or an undecided one below target
     tokens = sum(p.tokens for p in search.probes)
     duration = sum(p.duration_s for p in search.probes)
     out: dict[str, Any] = {
         "over": over, "unit": _unit(over),
         "capacity": _level(capacity, over), "first_failing": _level(first_failing, over),
-        "interval": [_level(capacity if capacity is not None else 0.0, over), _level(first_failing, over)],
+        "interval": [_level(capacity if capacity is not None else 0.0, over), _level(upper, over)],
         "binding": None, "shape": search.shape(), "probes": probes, "tokens": tokens,
         "duration_s": round(duration, 3), "range": [_level(search.min_level, over), _level(search.max_level, over)],
         "below_range": capacity is None and first_failing is not None and first_failing <= search.min_level,
@@ -140,10 +141,10 @@ def verdict_text(s: dict[str, Any]) -> str:
     elif ff is None:
         head = (f"capacity at least {cap} {unit}: every level up to the range's top passed"
                 if s["above_range"] else f"capacity at least {cap} {unit}: no level failed before the search ended")
-        parts = []
+        parts = [] if s["interval"][1] is None else [f"boundary in [{cap}, {s['interval'][1]}]"]
     else:
         head = f"capacity {cap} {unit}"
-        parts = [f"{ff} fails: {s.get('binding_detail') or s['binding']}", f"boundary in [{cap}, {ff}]"]
+        parts = [f"{ff} fails: {s.get('binding_detail') or s['binding']}", f"boundary in [{cap}, {s['interval'][1]}]"]
     if s["disagreements"]:
         parts.append(f"trials disagreed at {', '.join(map(str, s['disagreements']))}")
     if s["undecided"]:
