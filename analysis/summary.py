@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tokenload.analysis import server
 from tokenload.analysis.breakpoint import find_breakpoint
 from tokenload.analysis.caching import caching_summary
 from tokenload.analysis.diagnosis import diagnose_latency
@@ -328,4 +329,5 @@ def summarize(run: Run, slo: Slo = Slo(), low_load_users: int | None = None,
     }
     if complete["note"]:
         problems.append(complete["note"])
+    server.attach(summary, run, table)
     return Analysis(run=run, slo=slo, table=table, ok=ok, low_steps=low_steps, summary=summary, options=options)

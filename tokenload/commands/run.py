@@ -83,6 +83,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="--web: interface the UI listens on (default 127.0.0.1)")
     parser.add_argument("--web-port", type=int, metavar="N",
                         help="--web: the UI's port (default $LOCUST_WEB_PORT, else 8089)")
+    parser.add_argument("--server-metrics", action="append", metavar="URL",
+                        help="the inference server's Prometheus metrics address, sampled every second during the "
+                             "run into server_metrics.parquet (repeatable; replaces [server] metrics_url); without "
+                             "it the base URL's origin + /metrics is tried once (see docs/server-metrics.md)")
     dist = parser.add_argument_group("distributed across machines")
     dist.add_argument("--master", action="store_true", help="run as Locust master")
     dist.add_argument("--expect-workers", type=int, default=1, metavar="N", help="master: workers to wait for (default 1)")
@@ -137,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     distribution = ProcessLayout(processes=ProcessLayout.process_count(args.processes), master=args.master, worker=args.worker,
                                  master_host=args.master_host, master_port=args.master_port,
                                  master_bind_host=args.master_bind_host, expect_workers=args.expect_workers)
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(args.scenario).with_server_metrics(args.server_metrics)
     scenario, resolution = resolve_scenario_channel(scenario, f"scenario {scenario.name} [channel]",
                                                     channel_flags(args))
     plan = plan_run(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
@@ -231,6 +235,11 @@ def _print_summary(err: Console, path: Path) -> bool:
         status = "" if first.http_status != first.http_status else f" HTTP {int(first.http_status)}"
         err.print(f"  {len(group)} x {kind}{status}: {first.error_message}", markup=False, soft_wrap=True)
         err.print(f"    fix: {FIXES.get(str(kind), '')}", markup=False, soft_wrap=True)
+    server = manifest.get("server_metrics") or {}
+    if server:
+        err.print(f"server metrics: {', '.join(server['sources'])} ({', '.join(server.get('servers') or []) or 'no known names'}; "
+                  f"{server.get('scrapes', 0)} scrapes)" if server.get("sources") else server.get("note"),
+                  markup=False, soft_wrap=True)
     if manifest.get("stop_reason"):
         err.print(f"stopped: {manifest['stop_reason']}", markup=False, soft_wrap=True)
     for warning in manifest.get("warnings", []):

@@ -49,7 +49,8 @@ from tokenload.load.rundirs import (
     read_json,
     write_run_info,
 )
-from tokenload.rundir import REQUESTS_FILE
+from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
+from tokenload.servermetrics import scrape as server_metrics
 from tokenload.workload.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -229,6 +230,9 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
     the drain time and a grace period is killed and named in the manifest.
     """
     scenario, channel, run_dir, distribution = plan.scenario, plan.channel, plan.run_dir, plan.distribution
+    # One scraper per run, in this process (never in a Locust one); a worker or a web session has none.
+    sources = None if distribution.worker or plan.web else server_metrics.resolve(
+        scenario.server.metrics_url, channel.base_url, scenario.server.interval_s, scenario.server.discover)
     if distribution.worker:
         run_id, scenario_path = _join_master_run(run_dir)
         log_name = f"locust-worker-{socket.gethostname()}-{os.getpid()}.log"
@@ -248,12 +252,14 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
     env = {**os.environ, **handoff.channel_to_env(channel), **lifeline.parent_env(), "TOKENLOAD_MANAGED": "1",
            "PYTHONUNBUFFERED": "1"}
     lifeline.adopt_orphans()
+    sampler = server_metrics.Sampler(sources, run_dir).start() if sources is not None else None
     with open(run_dir / log_name, "ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
         rc = _supervise(proc, run_dir, on_live)
         drain_s = drain_used(run_dir, scenario)
         lingering = lifeline.wait_group(proc.pid, drain_s + GROUP_GRACE_S)
+    server = sampler.stop() if sampler is not None else None
     if distribution.worker:
         return run_dir
     if plan.web:  # each start was a run of its own, finalised by the Locust master at its stop
@@ -261,6 +267,8 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
     else:
         finalise(run_dir, wait_s=drain_s + GROUP_GRACE_S if distribution.master else 0.0, locust_rc=rc,
                  lingering=lingering)
+        if server is not None:
+            records.write_json(run_dir / MANIFEST_FILE, {**read_json(run_dir / MANIFEST_FILE), "server_metrics": server})
     if rc != 0:
         raise HarnessError(f"Locust exited with code {rc}; see {run_dir / LOG_FILE}")
     return run_dir

@@ -1,0 +1,281 @@
+"""Server metrics: the vocabulary, the per-window numbers, scraping over loopback HTTP, and a whole run
+against an independent 4-slot server whose truth is known (tests/slotserver.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from slotserver import SlotServer
+
+from fakeserver import FakeServer, body_script
+from loadkit import run_cli, write_scenario
+
+from tokenload.errors import ConfigError
+from tokenload.rundir import MANIFEST_FILE, SERVER_METRICS_FILE
+from tokenload.servermetrics import scrape, series
+from tokenload.servermetrics.vocabulary import NAMES, TERMS, lookup, servers
+from tokenload.workload.scenario import Scenario
+
+# Exposition texts in each server's own shape (names, label sets, counter/histogram forms as they publish them).
+VLLM = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.42
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 1200.0
+vllm:prompt_tokens_created{engine="0",model_name="m"} 1.7e9
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_bucket{engine="0",le="0.5",model_name="m"} 4.0
+vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 5.0
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 5.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 1.5
+"""
+SGLANG = """# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m"} 6.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m"} 1.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m"} 0.28
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{model_name="m"} 7.557572e+06
+"""
+LLAMACPP = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 440
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 960
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 4
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 3
+# TYPE llamacpp:kv_cache_usage_ratio gauge
+llamacpp:kv_cache_usage_ratio 0.5
+"""
+TGI = """# TYPE tgi_queue_size gauge
+tgi_queue_size 5
+# TYPE tgi_batch_current_size gauge
+tgi_batch_current_size 8
+# TYPE tgi_request_queue_duration histogram
+tgi_request_queue_duration_bucket{le="0.1"} 2
+tgi_request_queue_duration_bucket{le="+Inf"} 3
+tgi_request_queue_duration_sum 0.4
+tgi_request_queue_duration_count 3
+# TYPE tgi_request_input_length histogram
+tgi_request_input_length_bucket{le="+Inf"} 3
+tgi_request_input_length_sum 300
+tgi_request_input_length_count 3
+"""
+
+
+def _terms(text: str) -> dict[str, float]:
+    """term -> value of the non-histogram samples of one exposition text."""
+    out: dict[str, float] = {}
+    for name, _, value in scrape.parse(text):
+        hit = lookup(name)
+        if hit and hit[1] == "value":
+            out[hit[0]] = value
+    return out
+
+
+def test_each_servers_names_map_onto_one_vocabulary() -> None:
+    assert _terms(VLLM) == {"running": 3.0, "waiting": 2.0, "kv_cache_usage": 0.42, "prompt_tokens": 1200.0}
+    assert _terms(SGLANG) == {"running": 6.0, "waiting": 1.0, "kv_cache_usage": 0.28, "generation_tokens": 7.557572e6}
+    assert _terms(LLAMACPP) == {"running": 4, "waiting": 3, "kv_cache_usage": 0.5, "prompt_tokens": 440,
+                                "generation_tokens": 960}
+    assert _terms(TGI) == {"running": 8, "waiting": 5, "prompt_tokens": 300}
+    # histogram parts map, the _sum and the _created timestamps do not; unknown families are not interpreted
+    assert lookup("vllm:request_queue_time_seconds_bucket") == ("queue_time", "bucket")
+    assert lookup("vllm:request_queue_time_seconds_sum") is None
+    assert lookup("vllm:prompt_tokens_created") is None and lookup("python_gc_objects_collected_total") is None
+    assert lookup("vllm:gpu_cache_usage_perc") == ("kv_cache_usage", "value")
+    assert all(term in TERMS for term, _ in NAMES.values())
+    assert servers({n for n, _, _ in scrape.parse(VLLM + TGI)}) == ["TGI", "vLLM"]
+
+
+def test_the_docs_table_lists_every_mapped_name() -> None:
+    doc = (Path(__file__).parent.parent / "docs" / "server-metrics.md").read_text(encoding="utf-8")
+    missing = [name for name in NAMES if f"`{name}`" not in doc]
+    assert not missing, f"docs/server-metrics.md does not list {missing}"
+
+
+def test_histogram_quantile_interpolates_like_prometheus() -> None:
+    bounds = np.array([0.1, 0.5, 1.0, np.inf])
+    # 10 observations: 2 <= 0.1, 6 in (0.1, 0.5], 2 in (0.5, 1.0]
+    assert series.quantile(bounds, np.array([2.0, 8.0, 10.0, 10.0]), 0.5) == pytest.approx((0.1 + 0.4 * 0.5, 10))
+    assert series.quantile(bounds, np.array([0.0, 0.0, 0.0, 4.0]), 0.5) == (1.0, 4)  # in +Inf: the last finite bound
+    assert series.quantile(bounds, np.zeros(4), 0.5) is None
+
+
+def _frame(rows: list[tuple[float, str, str, float]]) -> pd.DataFrame:
+    raw = pd.DataFrame(rows, columns=["time", "name", "labels", "value"]).assign(source="s")
+    return series.mapped(raw)
+
+
+def test_windows_take_gauge_means_counter_deltas_and_bucket_deltas() -> None:
+    rows = []
+    for t in range(10):  # running 1 for t < 5 then 3; a counter +10/s reset to 0 at t = 6; a histogram growing
+        rows.append((float(t), "vllm:num_requests_running", '{"model_name":"a"}', 1.0 if t < 5 else 3.0))
+        rows.append((float(t), "vllm:num_requests_running", '{"model_name":"b"}', 1.0))
+        rows.append((float(t), "vllm:generation_tokens_total", "{}", 10.0 * t if t < 6 else 10.0 * (t - 6)))
+        rows.append((float(t), "vllm:request_queue_time_seconds_bucket", '{"le":"0.1"}', float(t)))
+        rows.append((float(t), "vllm:request_queue_time_seconds_bucket", '{"le":"1"}', 3.0 * t))
+        rows.append((float(t), "vllm:request_queue_time_seconds_bucket", '{"le":"+Inf"}', 3.0 * t))
+    df = _frame(rows)
+    assert series.window_gauge(df, "running", 0, 5) == (2.0, 2.0, 5)  # two models' series add up
+    assert series.window_gauge(df, "running", 5, 10) == (4.0, 4.0, 5)
+    assert series.window_gauge(df, "running", 20, 30) is None
+    assert series.window_rate(df, "generation_tokens", 0, 4) == pytest.approx(10.0)
+    assert series.window_rate(df, "generation_tokens", 4, 8) == pytest.approx(20 / 4)  # 40 -> 50, reset, 0 -> 20
+    # from t=2 to t=8: 6 more <= 0.1, 12 more in (0.1, 1]: the median (rank 9) sits 3/12 into (0.1, 1]
+    assert series.window_quantile(df, "queue_time", 2, 8, 0.5) == pytest.approx((0.1 + 0.9 * 3 / 12, 18))
+
+
+def test_origin_metrics_are_found_and_a_relays_404_is_a_note(fake_server: FakeServer) -> None:
+    fake_server.route(lambda r: body_script(200, VLLM.encode(), "text/plain; version=0.0.4")
+                      if r.path == "/metrics" else body_script(404, b"nope"))
+    found = scrape.resolve([], fake_server.url + "/api/v1", interval_s=0.5)
+    assert found.urls == [fake_server.url + "/metrics"] and found.found == ["vLLM"] and found.note is None
+    assert fake_server.requests[-1].path == "/metrics" and "authorization" not in fake_server.requests[-1].headers
+    fake_server.route(lambda r: body_script(404, b"not found", "text/plain"))
+    missing = scrape.resolve([], fake_server.url + "/api")
+    assert missing.urls == [] and missing.note == f"no server metrics: {fake_server.url}/metrics answered HTTP 404"
+    fake_server.route(lambda r: body_script(200, b"<html><body>relay dashboard</body></html>"))
+    assert "HTML page" in str(scrape.resolve([], fake_server.url).note)
+    assert scrape.resolve([], fake_server.url, discover=False).urls == []
+
+
+def test_a_given_url_that_is_no_metrics_is_refused_before_the_run(fake_server: FakeServer) -> None:
+    fake_server.route(lambda r: body_script(401, b'{"error":"unauthorized"}', "application/json"))
+    with pytest.raises(ConfigError, match=r"server metrics: .*/metrics answered HTTP 401; give the server's"):
+        scrape.resolve([f"http://user:secret@127.0.0.1:{fake_server.port}/metrics?key=s3"], "http://x")
+    try:
+        scrape.resolve([f"http://user:secret@127.0.0.1:{fake_server.port}/metrics?key=s3"], "http://x")
+    except ConfigError as exc:
+        assert "secret" not in str(exc) and "s3" not in str(exc)
+
+
+def test_the_sampler_writes_every_sample_with_its_time(fake_server: FakeServer, tmp_path: Path) -> None:
+    count = {"n": 0}
+
+    def answer(r: object) -> object:
+        count["n"] += 1
+        return body_script(200, LLAMACPP.replace("requests_processing 4", f"requests_processing {count['n'] % 5}")
+                           .encode(), "text/plain")
+
+    fake_server.route(answer)  # type: ignore[arg-type]
+    sources = scrape.resolve([fake_server.url + "/metrics"], "http://unused", interval_s=0.2)
+    before = time.time()
+    sampler = scrape.Sampler(sources, tmp_path).start()
+    time.sleep(1.1)
+    entry = sampler.stop()
+    df = series.load(tmp_path / SERVER_METRICS_FILE)
+    assert df is not None and list(df.columns) == ["time", "source", "name", "labels", "value"]
+    scrapes = df["time"].nunique()
+    assert 4 <= scrapes <= 7 and entry["scrapes"] == scrapes and entry["failed_scrapes"] == 0
+    assert entry["servers"] == ["llama.cpp"] and entry["samples"] == len(df) == 5 * scrapes
+    assert before <= df["time"].min() and df["time"].max() <= time.time()
+    running = df[df["name"] == "llamacpp:requests_processing"]["value"].tolist()
+    assert running == [float((i + 2) % 5) for i in range(scrapes)]  # resolve's check was scrape 1
+
+
+def test_a_failing_source_is_asked_less_often(fake_server: FakeServer, tmp_path: Path) -> None:
+    fake_server.route(lambda r: body_script(200, VLLM.encode(), "text/plain"))
+    sampler = scrape.Sampler(scrape.resolve([fake_server.url + "/metrics"], "http://x", interval_s=0.1), tmp_path)
+    fake_server.route(lambda r: body_script(503, b"down", "text/plain"))
+    sampler.start()
+    time.sleep(1.5)
+    entry = sampler.stop()
+    # 3 failures at 0.1 s, then waits of 0.2, 0.4, 0.8 s: about 6 scrapes in 1.5 s instead of 15
+    assert 4 <= entry["failed_scrapes"] <= 8 and entry["last_problem"].endswith("answered HTTP 503")
+
+
+def test_the_server_section_is_checked_like_every_other() -> None:
+    base = {"load": {"kind": "constant", "users": 1, "step_s": 1}}
+    parsed = Scenario.from_dict({**base, "server": {"metrics_url": ["http://h:8000/metrics"], "interval_s": 2}},
+                                "s.toml", Path("."), "s")
+    assert parsed.server.metrics_url == ("http://h:8000/metrics",) and parsed.server.interval_s == 2
+    again = Scenario.from_dict(json.loads(json.dumps(parsed.to_dict())), "resolved", Path("."), "s")
+    assert again.server == parsed.server
+    for bad, message in (({"metrics": "x"}, r"s.toml: \[server\] metrics: unknown key; allowed keys: metrics_url"),
+                         ({"metrics_url": ["gpu:8000"]}, r"\[server\] metrics_url: expected an http\(s\) URL"),
+                         ({"interval_s": 0}, r"\[server\] interval_s: must be at least 0.1")):
+        with pytest.raises(ConfigError, match=message):
+            Scenario.from_dict({**base, "server": bad}, "s.toml", Path("."), "s")
+    assert parsed.with_server_metrics(["http://other/metrics"]).server.metrics_url == ("http://other/metrics",)
+    with pytest.raises(ConfigError, match="command line: --server-metrics metrics_url: expected an http"):
+        parsed.with_server_metrics(["file:///etc/passwd"])
+
+
+@pytest.fixture
+def slot_server() -> Iterator[SlotServer]:
+    fake = FakeServer()
+    yield SlotServer(fake, slots=4)
+    fake.close()
+
+
+@pytest.mark.slow
+def test_a_four_slot_server_explains_the_breakpoint(slot_server: SlotServer, tmp_path: Path) -> None:
+    scenario = write_scenario(tmp_path, """
+[load]
+kind = "steps"
+users = [2, 4, 8]
+step_s = 4
+step_warmup_s = 0.5
+[output]
+max_tokens = 8
+[stop]
+drain_s = 3
+[server]
+interval_s = 0.25
+""")
+    out = tmp_path / "run"
+    done = run_cli(scenario, slot_server.url, out, "--protocol", "anthropic", model="slot-4", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"server metrics: {slot_server.url}/metrics (vLLM;" in done.stderr
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert manifest["server_metrics"]["sources"] == [slot_server.url + "/metrics"]
+    analyzed = run_cli_analyze(out)
+    steps = {s["load_level"]: s for s in analyzed["steps"]}
+    assert sorted(steps) == [2, 4, 8]
+    for users, step in steps.items():
+        server = step["server"]
+        assert set(server) == {"running_mean", "waiting_mean", "queue_time_p50_s", "server_ttft_p50_s",
+                               "client_minus_server_ttft_p50_s"}
+        # what the server's schedule really held over the step's window (`start` is after its warm-up)
+        running, waiting = slot_server.mean_state(step["start"], step["end"])
+        assert abs(server["running_mean"] - running) <= 0.3 and abs(server["waiting_mean"] - waiting) <= 0.3, \
+            (users, server, running, waiting)
+        # the issue's check, where the load generator held its users (a starved 2-core machine can pause them)
+        if step["achieved_concurrency"] >= users - 0.25:
+            assert abs(server["running_mean"] - min(users, 4)) <= 0.5, (users, server)
+            assert abs(server["waiting_mean"] - max(users - 4, 0)) <= 1, (users, server)
+        # nothing sits between client and server: the difference is within the server's TTFT bucket's width
+        # (0.04-0.06 s at 2 and 4 users; 0.25-0.5 s at 8, where a request waits about 0.26 s)
+        assert abs(server["client_minus_server_ttft_p50_s"]) <= (0.02 if users <= 4 else 0.25), (users, server)
+    # one service takes 0.05 + 7 x 0.03 = 0.26 s: at 8 users a request waits about one service time
+    assert 0.15 <= steps[8]["server"]["queue_time_p50_s"] <= 0.4 and steps[2]["server"]["queue_time_p50_s"] < 0.01
+    bp = analyzed["breakpoint"]
+    assert bp is not None and bp["load_level"] == 8, analyzed["breakpoint_rules"]
+    assert re.search(r"server side: at 8 users 4 requests ran and (3\.[5-9]|4|4\.[0-4]) waited: every batch slot was "
+                     r"busy, TTFT grew by the queue time", bp["detail"]), bp["detail"]
+    assert analyzed["diagnosis"]["advice"][0] == bp["server_cause"]
+    assert (out / "plots" / "server_gauges.png").stat().st_size > 10_000
+    report = (out / "report.html").read_text()
+    assert "<h2>Server side</h2>" in report and f"Scraped from {slot_server.url}/metrics (vLLM)" in report
+    assert "scraped from its Prometheus metrics" in report  # the gauges panel's caption
+
+
+def run_cli_analyze(run_dir: Path) -> dict:
+    from tokenload.analysis.pipeline import analyze_run
+
+    return analyze_run(run_dir)
