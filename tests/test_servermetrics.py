@@ -212,7 +212,7 @@ def test_the_server_section_is_checked_like_every_other() -> None:
         with pytest.raises(ConfigError, match=message):
             Scenario.from_dict({**base, "server": bad}, "s.toml", Path("."), "s")
     assert parsed.with_server_metrics(["http://other/metrics"]).server.metrics_url == ("http://other/metrics",)
-    with pytest.raises(ConfigError, match="command line: --server-metrics metrics_url: expected an http"):
+    with pytest.raises(ConfigError, match="tokenload run: --server-metrics: expected an http"):
         parsed.with_server_metrics(["file:///etc/passwd"])
 
 
@@ -279,3 +279,76 @@ def run_cli_analyze(run_dir: Path) -> dict:
     from tokenload.analysis.pipeline import analyze_run
 
     return analyze_run(run_dir)
+
+
+def _truth_range(truth: list[dict], lo: float, hi: float) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(min, max) of running and of waiting by the truth file over [lo, hi] (a scrape's send..receive)."""
+    spans = [((r["admitted"] - r["queue_s"], r["admitted"]), (r["admitted"], r["last_token"])) for r in truth]
+    points = {lo, hi} | {t for pair in spans for span in pair for t in span if lo <= t <= hi}
+    running = [sum(a <= t < b for _, (a, b) in spans) for t in points]
+    waiting = [sum(a <= t < b for (a, b), _ in spans) for t in points]
+    return (min(running), max(running)), (min(waiting), max(waiting))
+
+
+def test_the_simulators_gauges_agree_with_its_truth_file(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from simfixtures import anthropic_body, raw_request
+
+    from tokenload.sim import serve_in_thread
+
+    with serve_in_thread("fast", truth_path=tmp_path / "t.jsonl", slots=2, decode_base_s=0.02) as sim:
+        origin = sim.base_url.rsplit("/api", 1)[0]
+        found = scrape.resolve([], sim.base_url)  # found at the root, as a vLLM server's would be
+        assert found.urls == [origin + "/metrics"] and found.found == ["vLLM"]
+        seen: list[tuple[float, float, float, float]] = []
+        with ThreadPoolExecutor(6) as pool, scrape.client() as http:
+            sent = [pool.submit(raw_request, sim.base_url, "/v1/messages", anthropic_body(f"q{i}", 20))
+                    for i in range(6)]
+            while not all(f.done() for f in sent):
+                before = time.time()
+                rows: dict[str, float] = {}
+                for name, _, value in scrape.scrape(http, found.urls[0]):  # one series per model: add them
+                    rows[name] = rows.get(name, 0.0) + value
+                seen.append((before, time.time(), rows["vllm:num_requests_running"],
+                             rows["vllm:num_requests_waiting"]))
+                time.sleep(0.03)
+        assert all(f.result().status == 200 for f in sent)
+    truth = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert len(truth) == 6 and all(r["admitted"] is not None for r in truth)
+    assert len(seen) >= 10 and max(s[2] for s in seen) == 2 and max(s[3] for s in seen) >= 3
+    for lo, hi, running, waiting in seen:
+        (r_min, r_max), (w_min, w_max) = _truth_range(truth, lo, hi)
+        assert r_min <= running <= r_max and w_min <= waiting <= w_max, (lo, hi, running, waiting)
+
+
+def test_bad_server_metrics_flags_stop_the_run_before_it_starts(fake_server: FakeServer, tmp_path: Path) -> None:
+    scenario = write_scenario(tmp_path, '[load]\nkind = "constant"\nusers = 1\nstep_s = 1\n')
+    fake_server.route(lambda r: body_script(404, b"no such page", "text/plain"))
+    for flag, message in (("gpu-host:8000", "tokenload: error: tokenload run: --server-metrics: expected an http(s) "
+                                            "URL such as http://host:8000/metrics, got 'gpu-host:8000'"),
+                          (fake_server.url + "/metrics", f"tokenload: error: server metrics: {fake_server.url}/metrics "
+                                                        "answered HTTP 404; give the server's Prometheus /metrics")):
+        out = tmp_path / "never"
+        done = run_cli(scenario, fake_server.url, out, "--protocol", "anthropic", "--server-metrics", flag, timeout=60)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert message in done.stderr and not out.exists()
+    assert all(r.path == "/metrics" for r in fake_server.requests)  # nothing but the one check was sent
+
+
+@pytest.mark.slow
+def test_a_relay_without_metrics_says_so_once(fake_server: FakeServer, tmp_path: Path) -> None:
+    from fakeserver import stream_script
+
+    fake_server.route(lambda r: body_script(404, b"not found", "text/plain") if r.path == "/metrics"
+                      else stream_script("anthropic", ["a ", "b"], 0.01, 0.01))
+    scenario = write_scenario(tmp_path, '[load]\nkind = "constant"\nusers = 1\nstep_s = 1\n[stop]\ndrain_s = 1\n')
+    out = tmp_path / "run"
+    done = run_cli(scenario, fake_server.url + "/api", out, "--protocol", "anthropic", timeout=90)
+    assert done.returncode == 0, done.stderr[-2000:]
+    note = f"no server metrics: {fake_server.url}/metrics answered HTTP 404"
+    assert json.loads((out / MANIFEST_FILE).read_text())["server_metrics"] == {"sources": [], "note": note}
+    assert done.stderr.count(note) == 1 and not (out / SERVER_METRICS_FILE).exists()
+    assert sum(r.path == "/metrics" for r in fake_server.requests) == 1
+    summary = run_cli_analyze(out)
+    assert summary["server_metrics"] == {"note": note} and all("server" not in s for s in summary["steps"])

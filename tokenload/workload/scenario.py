@@ -572,20 +572,23 @@ class ServerSection:
     discover: bool = True
 
     @classmethod
-    def parse(cls, data: Any, ctx: _Ctx, where: str = "[server]") -> ServerSection:
-        d = ctx.table(data, where, tuple(f.name for f in dataclasses.fields(cls)))
+    def parse(cls, data: Any, ctx: _Ctx) -> ServerSection:
+        w = "[server]"
+        d = ctx.table(data, w, tuple(f.name for f in dataclasses.fields(cls)))
         urls: Any = d.get("metrics_url", [])
         urls = [urls] if isinstance(urls, str) else urls
         if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
-            raise ctx.fail(f"{where} metrics_url", f"expected a list of URLs, got {_show(urls)}")
-        for url in urls:
-            parts = urlsplit(url.strip())
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ctx.fail(f"{where} metrics_url", f"expected an http(s) URL such as "
-                                                       f"http://host:8000/metrics, got {_show(url)}")
-        return cls(metrics_url=tuple(u.strip() for u in urls),
-                   interval_s=ctx.number(d, "interval_s", where, 1.0, minimum=0.1),
-                   discover=ctx.flag(d, "discover", where, True))
+            raise ctx.fail(f"{w} metrics_url", f"expected a list of URLs, got {_show(urls)}")
+        return cls(metrics_url=tuple(cls.url(u, ctx, f"{w} metrics_url") for u in urls),
+                   interval_s=ctx.number(d, "interval_s", w, 1.0, minimum=0.1),
+                   discover=ctx.flag(d, "discover", w, True))
+
+    @staticmethod
+    def url(value: str, ctx: _Ctx, where: str) -> str:
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ctx.fail(where, f"expected an http(s) URL such as http://host:8000/metrics, got {_show(value)}")
+        return value.strip()
 
 
 @dataclass(frozen=True)
@@ -648,8 +651,8 @@ class Scenario:
         """`tokenload run --server-metrics URL ...`: these URLs instead of the scenario's (validated alike)."""
         if not urls:
             return self
-        server = ServerSection.parse({"metrics_url": urls}, _Ctx("command line"), "--server-metrics")
-        return dataclasses.replace(self, server=dataclasses.replace(self.server, metrics_url=server.metrics_url))
+        given = tuple(ServerSection.url(u, _Ctx("tokenload run"), "--server-metrics") for u in urls)
+        return dataclasses.replace(self, server=dataclasses.replace(self.server, metrics_url=given))
 
     def with_overrides(self, *, users: int | None = None, duration_s: float | None = None) -> Scenario:
         """Apply `tokenload run --users/--duration` (validated like the file's own values)."""
