@@ -13,6 +13,7 @@ is added between the client and the server: a relay, a gateway, the network).
 
 from __future__ import annotations
 
+from math import inf
 from typing import Any
 
 import pandas as pd
@@ -58,8 +59,10 @@ def _step(df: pd.DataFrame, start: float, end: float, client_ttft: float | None)
                       ("prefill_time", "prefill_time_p50_s"), ("decode_time", "decode_time_p50_s")):
         quantile = series.window_quantile(df, term, start, end, 0.5)
         if quantile is not None:
-            (keys if key in STEP_KEYS else more)[key] = _r(quantile[0])
-            more[f"{term}_n"] = quantile[1]
+            (keys if key in STEP_KEYS else more)[key] = _r(quantile.value)
+            more[f"{term}_n"] = quantile.n
+            # the estimate is only as fine as the server's buckets: the one it lies in says how fine
+            more[f"{term}_p50_bucket_s"] = [_r(quantile.lower), None if quantile.upper == inf else quantile.upper]
     if keys.get("server_ttft_p50_s") is not None and client_ttft is not None:
         keys["client_minus_server_ttft_p50_s"] = _r(client_ttft - keys["server_ttft_p50_s"])
     for term in ("prompt_tokens", "generation_tokens", "preemptions"):

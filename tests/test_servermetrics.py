@@ -111,8 +111,9 @@ def test_the_docs_table_lists_every_mapped_name() -> None:
 def test_histogram_quantile_interpolates_like_prometheus() -> None:
     bounds = np.array([0.1, 0.5, 1.0, np.inf])
     # 10 observations: 2 <= 0.1, 6 in (0.1, 0.5], 2 in (0.5, 1.0]
-    assert series.quantile(bounds, np.array([2.0, 8.0, 10.0, 10.0]), 0.5) == pytest.approx((0.1 + 0.4 * 0.5, 10))
-    assert series.quantile(bounds, np.array([0.0, 0.0, 0.0, 4.0]), 0.5) == (1.0, 4)  # in +Inf: the last finite bound
+    assert series.quantile(bounds, np.array([2.0, 8.0, 10.0, 10.0]), 0.5) == pytest.approx((0.1 + 0.4 * 0.5, 10, 0.1, 0.5))
+    # in +Inf: the last finite bound, a lower bound
+    assert series.quantile(bounds, np.array([0.0, 0.0, 0.0, 4.0]), 0.5) == (1.0, 4, 1.0, np.inf)
     assert series.quantile(bounds, np.zeros(4), 0.5) is None
 
 
@@ -137,7 +138,7 @@ def test_windows_take_gauge_means_counter_deltas_and_bucket_deltas() -> None:
     assert series.window_rate(df, "generation_tokens", 0, 4) == pytest.approx(10.0)
     assert series.window_rate(df, "generation_tokens", 4, 8) == pytest.approx(20 / 4)  # 40 -> 50, reset, 0 -> 20
     # from t=2 to t=8: 6 more <= 0.1, 12 more in (0.1, 1]: the median (rank 9) sits 3/12 into (0.1, 1]
-    assert series.window_quantile(df, "queue_time", 2, 8, 0.5) == pytest.approx((0.1 + 0.9 * 3 / 12, 18))
+    assert series.window_quantile(df, "queue_time", 2, 8, 0.5) == pytest.approx((0.1 + 0.9 * 3 / 12, 18, 0.1, 1.0))
 
 
 def test_origin_metrics_are_found_and_a_relays_404_is_a_note(fake_server: FakeServer) -> None:
@@ -264,6 +265,9 @@ interval_s = 0.25
         assert abs(server["client_minus_server_ttft_p50_s"]) <= (0.02 if users <= 4 else 0.25), (users, server)
     # one service takes 0.05 + 7 x 0.03 = 0.26 s: at 8 users a request waits about one service time
     assert 0.15 <= steps[8]["server"]["queue_time_p50_s"] <= 0.4 and steps[2]["server"]["queue_time_p50_s"] < 0.01
+    more = {d["step"]: d for d in analyzed["server_metrics"]["steps"]}
+    assert more[steps[8]["step"]]["server_ttft_p50_bucket_s"] == [0.25, 0.5]  # where the true p50 (~0.31 s) lies
+    assert more[steps[2]["step"]]["server_ttft_p50_bucket_s"] == [0.04, 0.06]
     bp = analyzed["breakpoint"]
     assert bp is not None and bp["load_level"] == 8, analyzed["breakpoint_rules"]
     assert re.search(r"server side: at 8 users 4 requests ran and (3\.[5-9]|4|4\.[0-4]) waited: every batch slot was "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -98,8 +99,17 @@ def window_rate(df: pd.DataFrame, term: str, start: float, end: float) -> float 
     return float(_deltas(rows, start, end, ["series"]).sum()) / (end - start)
 
 
-def window_quantile(df: pd.DataFrame, term: str, start: float, end: float, q: float) -> tuple[float, int] | None:
-    """(the q-quantile of a histogram's observations made in [start, end), how many); None when none were."""
+class Quantile(NamedTuple):
+    """A percentile from histogram buckets: the estimate, how many observations, and the bucket it lies in."""
+
+    value: float
+    n: int
+    lower: float
+    upper: float
+
+
+def window_quantile(df: pd.DataFrame, term: str, start: float, end: float, q: float) -> Quantile | None:
+    """The q-quantile of a histogram's observations made in [start, end); None when none were."""
     rows = df[(df["term"] == term) & (df["part"] == "bucket")]
     if rows.empty:
         return None
@@ -109,7 +119,7 @@ def window_quantile(df: pd.DataFrame, term: str, start: float, end: float, q: fl
     return quantile(per_bound.index.to_numpy(dtype=float), per_bound.to_numpy(dtype=float), q)
 
 
-def quantile(bounds: np.ndarray, cumulative: np.ndarray, q: float) -> tuple[float, int] | None:
+def quantile(bounds: np.ndarray, cumulative: np.ndarray, q: float) -> Quantile | None:
     """Prometheus's `histogram_quantile` on cumulative bucket counts with upper `bounds` (the last may be +Inf)."""
     total = float(cumulative[-1])
     if total <= 0:
@@ -117,11 +127,10 @@ def quantile(bounds: np.ndarray, cumulative: np.ndarray, q: float) -> tuple[floa
     rank = q * total
     i = int(np.searchsorted(cumulative, rank, side="left"))
     i = min(i, len(bounds) - 1)
-    if math.isinf(bounds[i]):
-        finite = bounds[np.isfinite(bounds)]
-        return (float(finite[-1]) if len(finite) else math.nan), int(total)
     lower = 0.0 if i == 0 else float(bounds[i - 1])
+    if math.isinf(bounds[i]):
+        return Quantile(lower if i else math.nan, int(total), lower, math.inf)
     below = 0.0 if i == 0 else float(cumulative[i - 1])
     inside = float(cumulative[i]) - below
     share = (rank - below) / inside if inside > 0 else 1.0
-    return lower + (float(bounds[i]) - lower) * share, int(total)
+    return Quantile(lower + (float(bounds[i]) - lower) * share, int(total), lower, float(bounds[i]))
