@@ -95,7 +95,10 @@ def _cause(steps: list[dict[str, Any]], details: dict[int, dict[str, Any]], at: 
     c_at, c_low = at.get("ttft_p50_s"), low.get("ttft_p50_s")
     if (s_at is not None and s_low is not None and c_at is not None and c_low is not None
             and at["step"] != low["step"] and c_low > 0 and s_low > 0):
-        if c_at >= CLIENT_GREW * c_low and s_at <= SERVER_FLAT * s_low and c_at - s_at >= OUTSIDE_SHARE * c_at:
+        # the server's p50 is at most its bucket's upper bound: the gap must hold against that, not the estimate
+        upper = (more.get("server_ttft_p50_bucket_s") or [None, None])[1]
+        if (c_at >= CLIENT_GREW * c_low and s_at <= SERVER_FLAT * s_low and upper is not None
+                and c_at - upper >= OUTSIDE_SHARE * c_at):
             return {"kind": "between", "step": at["step"],
                     "text": f"the server's own TTFT stayed at {s_at:.2g} s while the client's grew to {c_at:.2g} s "
                             f"at {load}: the time is added between you and the server (a relay, gateway or the "

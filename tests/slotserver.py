@@ -6,7 +6,8 @@ scripted Anthropic stream whose first token comes after the wait plus a fixed
 prefill, and publishes `vllm:num_requests_running` / `vllm:num_requests_waiting`
 and queue-time / TTFT histograms computed from that same schedule at scrape
 time. Tests thus know the server's truth exactly: min(users, slots) running and
-max(users - slots, 0) waiting under a closed loop.
+max(users - slots, 0) waiting under a closed loop. With `relay_slots`, a relay in
+front queues what exceeds its connections before the server sees it.
 """
 
 from __future__ import annotations
@@ -36,10 +37,16 @@ class SlotServer:
     prefill_s: float = 0.05
     tokens: int = 8
     per_token_s: float = 0.03
+    # A relay in front with this many connections to the server (0: none): requests beyond them wait in the
+    # relay, a time the server's own metrics never see.
+    relay_slots: int = 0
+    # KV-cache share each running request holds (0: no `vllm:kv_cache_usage_perc` published)
+    kv_per_request: float = 0.0
     jobs: list[Job] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._free_at = [0.0] * self.slots
+        self._relay_free_at = [0.0] * self.relay_slots
         self._lock = threading.Lock()
         self.fake.route(self.answer)
 
@@ -52,12 +59,18 @@ class SlotServer:
             return body_script(200, self.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
         now = time.time()
         with self._lock:
+            arrival, link = now, -1
+            if self.relay_slots:
+                link = min(range(self.relay_slots), key=self._relay_free_at.__getitem__)
+                arrival = max(now, self._relay_free_at[link])
             slot = min(range(self.slots), key=self._free_at.__getitem__)
-            start = max(now, self._free_at[slot])
+            start = max(arrival, self._free_at[slot])
             first = start + self.prefill_s
             end = first + (self.tokens - 1) * self.per_token_s
             self._free_at[slot] = end
-            self.jobs.append(Job(now, start, end, first))
+            if link >= 0:
+                self._relay_free_at[link] = end
+            self.jobs.append(Job(arrival, start, end, first))
         return Script(writes=anthropic_stream(["tok "] * self.tokens, first - now, self.per_token_s,
                                               output_tokens=self.tokens))
 
@@ -88,6 +101,9 @@ class SlotServer:
                  "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
                  "# TYPE vllm:num_requests_waiting gauge",
                  f'vllm:num_requests_waiting{{model_name="slot-4"}} {waiting}']
+        if self.kv_per_request:
+            lines += ["# TYPE vllm:kv_cache_usage_perc gauge",
+                      f'vllm:kv_cache_usage_perc{{model_name="slot-4"}} {running * self.kv_per_request}']
         for name, values in (("vllm:request_queue_time_seconds", [j.start - j.arrival for j in seen]),
                              ("vllm:time_to_first_token_seconds", [j.first_token - j.arrival for j in seen])):
             lines += [f"# HELP {name} histogram", f"# TYPE {name} histogram"]

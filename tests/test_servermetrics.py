@@ -356,3 +356,56 @@ def test_a_relay_without_metrics_says_so_once(fake_server: FakeServer, tmp_path:
     assert sum(r.path == "/metrics" for r in fake_server.requests) == 1
     summary = run_cli_analyze(out)
     assert summary["server_metrics"] == {"note": note} and all("server" not in s for s in summary["steps"])
+
+
+def _two_step_run(tmp_path: Path, server: SlotServer, users: str) -> dict:
+    """A short closed-loop run of two steps against `server`, analysed."""
+    scenario = write_scenario(tmp_path, f"""
+[load]
+kind = "steps"
+users = {users}
+step_s = 4
+step_warmup_s = 0.5
+[output]
+max_tokens = 8
+[stop]
+drain_s = 3
+[server]
+interval_s = 0.25
+""")
+    out = tmp_path / "run"
+    done = run_cli(scenario, server.url, out, "--protocol", "anthropic", model="slot-4", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return run_cli_analyze(out)
+
+
+@pytest.mark.slow
+def test_time_added_in_front_of_the_server_is_named(tmp_path: Path) -> None:
+    """A relay with 2 connections in front of a 16-slot server: at 8 users the client's TTFT grows, the server's not."""
+    fake = FakeServer()
+    try:
+        analyzed = _two_step_run(tmp_path, SlotServer(fake, slots=16, relay_slots=2), "[1, 8]")
+    finally:
+        fake.close()
+    low, high = sorted(analyzed["steps"], key=lambda s: s["load_level"])
+    assert high["server"]["waiting_mean"] < 0.3 and high["server"]["running_mean"] <= 2.3  # the server never queued
+    assert high["server"]["server_ttft_p50_s"] < 0.1 and high["ttft_p50_s"] > 0.5  # ~3 services of 0.26 s in the relay
+    assert high["server"]["client_minus_server_ttft_p50_s"] > 0.4
+    cause = analyzed["server_metrics"]["cause"]
+    assert cause["kind"] == "between" and cause["text"].startswith("the server's own TTFT stayed at 0.05 s while the "
+                                                                   "client's grew to ")
+    assert "the time is added between you and the server" in analyzed["diagnosis"]["advice"][0]
+
+
+@pytest.mark.slow
+def test_a_full_kv_cache_is_named_before_the_queue(tmp_path: Path) -> None:
+    fake = FakeServer()
+    try:
+        analyzed = _two_step_run(tmp_path, SlotServer(fake, slots=4, kv_per_request=0.245), "[2, 8]")
+    finally:
+        fake.close()
+    low, high = sorted(analyzed["steps"], key=lambda s: s["load_level"])
+    assert abs(low["server"]["kv_cache_usage_mean"] - 0.49) <= 0.1 and high["server"]["kv_cache_usage_mean"] > 0.85
+    assert analyzed["server_metrics"]["cause"]["text"] == ("at 8 users the KV cache reached 98%: new requests had to "
+                                                          "wait for cache space: shorter prompts or outputs, or fewer "
+                                                          "users, fit it")
