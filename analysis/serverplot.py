@@ -72,3 +72,30 @@ def report_section(summary: dict[str, Any]) -> tuple[str, str]:
     rows = [[level_text(s["load_level"], s["load_unit"]), s.get("ttft_p50_s"),
              *((s.get("server") or {}).get(c) for c in shown)] for s in summary["steps"]]
     return "Server side", head + html_table(["load", "client ttft_p50_s", *shown], rows, left=1)
+
+
+def side_by_side(base: dict[str, Any], step_base: int, other: dict[str, Any], step: int) -> dict[str, Any] | None:
+    """`compare`: one matched load level's `steps[].server` of both runs; None when neither run has one."""
+    def server(summary: dict[str, Any], index: int) -> dict[str, Any]:
+        return next((s.get("server") or {} for s in summary["steps"] if s["step"] == index), {})
+
+    pair = {"baseline": server(base, step_base), "run": server(other, step)}
+    return pair if pair["baseline"] or pair["run"] else None
+
+
+def compare_section(comparison: dict[str, Any]) -> tuple[str, str] | None:
+    """`compare`'s "Server side" table: both runs' server numbers per matched load level, and each run's cause."""
+    levels = [x for x in comparison["levels"] if x.get("server")]
+    if not levels:
+        return None
+    columns = ("running_mean", "waiting_mean", "kv_cache_usage_mean", "queue_time_p50_s", "server_ttft_p50_s",
+               "client_minus_server_ttft_p50_s")
+    shown = [c for c in columns if any(c in x["server"]["baseline"] or c in x["server"]["run"] for x in levels)]
+    rows = []
+    for x in levels:
+        for side, name in (("baseline", comparison["baseline"]), ("run", x["label"])):
+            rows.append([name, x["load"], *(x["server"][side].get(c) for c in shown)])
+    causes = "".join(f"<li>{h(r['label'])}: {h(r['server_cause'] or 'no server-side cause found')}</li>"
+                     for r in comparison["runs"] if "server_cause" in r)
+    return "Server side, matched by load level", html_table(["run", "load", *shown], rows, left=2) + (
+        f"<ul class='advice'>{causes}</ul>" if causes else "")

@@ -277,6 +277,14 @@ interval_s = 0.25
     report = (out / "report.html").read_text()
     assert "<h2>Server side</h2>" in report and f"Scraped from {slot_server.url}/metrics (vLLM)" in report
     assert "scraped from its Prometheus metrics" in report  # the gauges panel's caption
+    # compare puts both runs' server views side by side (here the run against itself)
+    from tokenload.analysis.compare import compare_runs
+
+    comparison = compare_runs([out, out], labels=["a", "b"], out_dir=tmp_path / "cmp")
+    by_load = {x["load_level"]: x["server"] for x in comparison["levels"]}
+    assert by_load[8]["baseline"] == by_load[8]["run"] == steps[8]["server"]
+    assert [r["server_cause"] for r in comparison["runs"]] == [bp["server_cause"]] * 2
+    assert "Server side, matched by load level" in (tmp_path / "cmp" / "comparison.html").read_text()
 
 
 def run_cli_analyze(run_dir: Path) -> dict:
