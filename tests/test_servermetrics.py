@@ -178,6 +178,8 @@ def test_the_sampler_writes_every_sample_with_its_time(fake_server: FakeServer, 
     before = time.time()
     sampler = scrape.Sampler(sources, tmp_path).start()
     time.sleep(1.1)
+    latest = sampler.latest()  # what the live line shows
+    assert latest["waiting"] == 3 and latest["kv_cache_usage"] == 0.5 and latest["running"] in range(5)
     entry = sampler.stop()
     df = series.load(tmp_path / SERVER_METRICS_FILE)
     assert df is not None and list(df.columns) == ["time", "source", "name", "labels", "value"]
@@ -417,3 +419,12 @@ def test_a_full_kv_cache_is_named_before_the_queue(tmp_path: Path) -> None:
     assert analyzed["server_metrics"]["cause"]["text"] == ("at 8 users the KV cache reached 98%: new requests had to "
                                                           "wait for cache space: shorter prompts or outputs, or fewer "
                                                           "users, fit it")
+
+
+def test_the_live_line_shows_the_servers_gauges() -> None:
+    from tokenload.commands.run import live_line
+
+    live = {"step": 3, "users": 8, "target_users": 8, "step_rps": 3.2, "requests": 40, "errors": 0, "elapsed_s": 12}
+    assert " · 0 errors · 12 s" in live_line(live)
+    shown = live_line({**live, "server": {"running": 4.0, "waiting": 4.0, "kv_cache_usage": 0.98}})
+    assert " · 0 errors · server KV 98% 4 running 4 waiting · 12 s" in shown

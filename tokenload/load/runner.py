@@ -256,7 +256,8 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
     with open(run_dir / log_name, "ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
-        rc = _supervise(proc, run_dir, on_live)
+        live = on_live if sampler is None or on_live is None else _with_server(on_live, sampler)
+        rc = _supervise(proc, run_dir, live)
         drain_s = drain_used(run_dir, scenario)
         lingering = lifeline.wait_group(proc.pid, drain_s + GROUP_GRACE_S)
     server = sampler.stop() if sampler is not None else None
@@ -321,6 +322,12 @@ def _supervise(proc: subprocess.Popen[bytes], run_dir: Path, on_live: Callable[[
                     os.killpg(proc.pid, signal.SIGINT if interrupts == 1 else signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+def _with_server(on_live: Callable[[dict[str, Any]], None],
+                 sampler: server_metrics.Sampler) -> Callable[[dict[str, Any]], None]:
+    """The live numbers plus `server`: the server's gauges in the scraper's last scrape."""
+    return lambda live: on_live({**live, "server": sampler.latest()})
 
 
 def _with_client_lag(live: dict[str, Any], run_dir: Path) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tokenload.errors import ConfigError
 from tokenload.rundir import SERVER_METRICS_FILE
-from tokenload.servermetrics.vocabulary import servers
+from tokenload.servermetrics.vocabulary import TERMS, lookup, servers
 
 # A scrape that takes longer than this is abandoned (the next tick tries again).
 SCRAPE_TIMEOUT_S = 2.0
@@ -84,6 +84,16 @@ def scrape(client: httpx.Client, url: str) -> list[Row]:
     return rows
 
 
+def gauges(rows: list[Row]) -> dict[str, float]:
+    """The vocabulary's gauges in one scrape: term -> value (several series added or averaged as TERMS says)."""
+    found: dict[str, list[float]] = {}
+    for name, _, value in rows:
+        hit = lookup(name)
+        if hit is not None and TERMS[hit[0]].kind == "gauge":
+            found.setdefault(hit[0], []).append(value)
+    return {term: sum(v) if TERMS[term].how == "sum" else sum(v) / len(v) for term, v in found.items()}
+
+
 def client() -> httpx.Client:
     return httpx.Client(timeout=SCRAPE_TIMEOUT_S, follow_redirects=False, trust_env=False)
 
@@ -133,6 +143,7 @@ class Sampler:
         self._source: list[str] = []
         self._rows: list[Row] = []
         self.scrapes = 0
+        self._latest: dict[str, dict[str, float]] = {}  # source -> gauge term -> its value in the last scrape
         self.failures: dict[str, int] = {}
         self.last_problem: str | None = None
 
@@ -160,6 +171,7 @@ class Sampler:
                         rows = []
                     else:
                         failed_in_row[url] = 0
+                        self._latest[url] = gauges(rows)
                     at = (sent + time.time()) / 2  # the server answered somewhere in between
                     self.scrapes += 1
                     self._rows += rows
@@ -169,6 +181,15 @@ class Sampler:
                     wait = interval if extra < 0 else min(BACKOFF_MAX_S, interval * 2 ** (extra + 1))
                     due[url] = max(due[url] + wait, time.monotonic() + interval / 10)
                 self._stop.wait(max(0.0, min(due.values()) - time.monotonic()))
+
+    def latest(self) -> dict[str, float]:
+        """The gauges of each source's last good scrape, combined (for the live line)."""
+        per_source = list(self._latest.values())
+        out: dict[str, float] = {}
+        for term in {t for g in per_source for t in g}:
+            values = [g[term] for g in per_source if term in g]
+            out[term] = sum(values) if TERMS[term].how == "sum" else sum(values) / len(values)
+        return out
 
     def stop(self) -> dict[str, Any]:
         """Stop sampling, write the samples, and return what the manifest records about them."""
