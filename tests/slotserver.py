@@ -40,6 +40,8 @@ class SlotServer:
     # A relay in front with this many connections to the server (0: none): requests beyond them wait in the
     # relay, a time the server's own metrics never see.
     relay_slots: int = 0
+    # A relay in front that adds this long before the server sees a request (its TTFT and queue never show it).
+    relay_delay_s: float = 0.0
     # KV-cache share each running request holds (0: no `vllm:kv_cache_usage_perc` published)
     kv_per_request: float = 0.0
     jobs: list[Job] = field(default_factory=list)
@@ -59,10 +61,10 @@ class SlotServer:
             return body_script(200, self.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
         now = time.time()
         with self._lock:
-            arrival, link = now, -1
+            arrival, link = now + self.relay_delay_s, -1
             if self.relay_slots:
                 link = min(range(self.relay_slots), key=self._relay_free_at.__getitem__)
-                arrival = max(now, self._relay_free_at[link])
+                arrival = max(arrival, self._relay_free_at[link])
             slot = min(range(self.slots), key=self._free_at.__getitem__)
             start = max(arrival, self._free_at[slot])
             first = start + self.prefill_s

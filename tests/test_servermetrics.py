@@ -4,6 +4,7 @@ against an independent 4-slot server whose truth is known (tests/slotserver.py).
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -215,7 +216,7 @@ def test_the_server_section_is_checked_like_every_other() -> None:
         with pytest.raises(ConfigError, match=message):
             Scenario.from_dict({**base, "server": bad}, "s.toml", Path("."), "s")
     assert parsed.with_server_metrics(["http://other/metrics"]).server.metrics_url == ("http://other/metrics",)
-    with pytest.raises(ConfigError, match="tokenload run: --server-metrics: expected an http"):
+    with pytest.raises(ConfigError, match="^--server-metrics: expected an http"):
         parsed.with_server_metrics(["file:///etc/passwd"])
 
 
@@ -339,7 +340,7 @@ def test_the_simulators_gauges_agree_with_its_truth_file(tmp_path: Path) -> None
 def test_bad_server_metrics_flags_stop_the_run_before_it_starts(fake_server: FakeServer, tmp_path: Path) -> None:
     scenario = write_scenario(tmp_path, '[load]\nkind = "constant"\nusers = 1\nstep_s = 1\n')
     fake_server.route(lambda r: body_script(404, b"no such page", "text/plain"))
-    for flag, message in (("gpu-host:8000", "tokenload: error: tokenload run: --server-metrics: expected an http(s) "
+    for flag, message in (("gpu-host:8000", "tokenload: error: --server-metrics: expected an http(s) "
                                             "URL such as http://host:8000/metrics, got 'gpu-host:8000'"),
                           (fake_server.url + "/metrics", f"tokenload: error: server metrics: {fake_server.url}/metrics "
                                                         "answered HTTP 404; give the server's Prometheus /metrics")):
@@ -428,3 +429,27 @@ def test_the_live_line_shows_the_servers_gauges() -> None:
     assert " · 0 errors · 12 s" in live_line(live)
     shown = live_line({**live, "server": {"running": 4.0, "waiting": 4.0, "kv_cache_usage": 0.98}})
     assert " · 0 errors · server KV 98% 4 running 4 waiting · 12 s" in shown
+
+
+def test_probe_says_where_one_requests_time_went(tmp_path: Path) -> None:
+    """One request through a relay that holds it 0.5 s: the server's TTFT bucket says the time was not its own."""
+    import subprocess
+    import sys
+
+    fake = FakeServer()
+    try:
+        relayed = SlotServer(fake, relay_delay_s=0.5)
+        command = [sys.executable, "-m", "tokenload", "probe", "--base-url", relayed.url, "--protocol", "anthropic",
+                   "--model", "slot-4", "--server-metrics", relayed.url + "/metrics"]
+        done = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        server = json.loads(done.stdout)["server"]
+        assert server["servers"] == ["vLLM"] and server["running_before"] == 0 and server["waiting_before"] == 0
+        assert server["server_ttft_bucket_s"] == [0.04, 0.06] and server["queue_time_bucket_s"] == [0.0, 0.001]
+        assert re.fullmatch(r"the server's TTFT was at most 0.06 s of the client's 0.5\d+ s: at least 0.4\d+ s were "
+                            r"added between you and the server", server["note"]), server["note"]
+        text = subprocess.run(command, capture_output=True, text=True, timeout=60, env={"TERM": "dumb", **os.environ})
+        assert "server (vLLM): the server's TTFT was at most 0.06 s" in text.stdout
+        assert [r.path for r in fake.requests].count("/metrics") == 4  # two scrapes per probe, no more
+    finally:
+        fake.close()

@@ -144,7 +144,7 @@ class _Ctx:
         self.source = source
 
     def fail(self, where: str, problem: str) -> ConfigError:
-        return ConfigError(f"{self.source}: {where}: {problem}")
+        return ConfigError(f"{self.source}: {where}: {problem}" if self.source else f"{where}: {problem}")
 
     def table(self, data: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
         if data is None:
@@ -651,8 +651,13 @@ class Scenario:
         """`tokenload run --server-metrics URL ...`: these URLs instead of the scenario's (validated alike)."""
         if not urls:
             return self
-        given = tuple(ServerSection.url(u, _Ctx("tokenload run"), "--server-metrics") for u in urls)
+        given = self.server_metrics_urls(urls)
         return dataclasses.replace(self, server=dataclasses.replace(self.server, metrics_url=given))
+
+    @staticmethod
+    def server_metrics_urls(urls: list[str]) -> tuple[str, ...]:
+        """`--server-metrics URL ...` (run, probe) checked like `[server] metrics_url`."""
+        return tuple(ServerSection.url(u, _Ctx(""), "--server-metrics") for u in urls)
 
     def with_overrides(self, *, users: int | None = None, duration_s: float | None = None) -> Scenario:
         """Apply `tokenload run --users/--duration` (validated like the file's own values)."""
