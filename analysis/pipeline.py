@@ -20,10 +20,12 @@ from tokenload.analysis import caching, plots, serverplot
 from tokenload.analysis.ratelimits import rate_limits_html
 from tokenload.analysis.records import REQUESTS_FILE, load_run
 from tokenload.analysis.report import figure, h, html_table, page, steps_html, verdict_html, verdict_table
+from tokenload.analysis.search import search_summary
 from tokenload.analysis.steps import Slo, StepOptions
 from tokenload.analysis.summary import Analysis, summarize
 from tokenload.analysis.windows import level_text
 from tokenload.errors import error_class
+from tokenload.slo import Slo as RunSlo
 
 # Runs with at least this many rows show a progress bar.
 PROGRESS_MIN_ROWS = 100_000
@@ -100,6 +102,7 @@ def analyze(run_dir: str | Path, slo: Slo = Slo(), low_load_users: int | None = 
         if options.warmup_s is None:
             options = dataclasses.replace(options, warmup_s=scenario_warmup(run.manifest))
         analysis = summarize(run, slo, low_load_users, options)
+        analysis.summary["search"] = search_summary(run, RunSlo.from_dict((run.manifest.get("scenario") or {}).get("slo")))
         if write:
             advance("writing summary.json")
             (path / "summary.json").write_text(json.dumps(analysis.summary, indent=2, default=str) + "\n",
@@ -129,6 +132,11 @@ def write_report(analysis: Analysis, out_dir: Path, advance: Callable[[str], Non
     if s["problems"]:
         sections.append(("What is missing", "<div class='problems'><ul>" +
                          "".join(f"<li>{h(p)}</li>" for p in s["problems"]) + "</ul></div>"))
+    if s.get("search"):
+        target = plots.plot_capacity([(s["run"]["label"], s["search"])], out_dir / "plots" / "capacity.png")
+        figures.insert(0, figure(target, "The breakpoint search: each probe's SLO attainment (95% interval) and "
+                                         "goodput, numbered in the order the probes ran; shaded: where the boundary "
+                                         "lies; dash-dot: the SLO target."))
     if figures:
         sections.append(("Charts", "".join(figures)))
     sections.append(serverplot.report_section(s))

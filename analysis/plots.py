@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -304,4 +305,50 @@ def plot_timeline(views: Sequence[View], path: Path, bins: int = 120) -> Path:
     axes[2].legend(fontsize=8, loc="upper left", markerscale=4)
     for ax in axes:
         ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_capacity(searches: Sequence[tuple[str, dict[str, Any]]], path: Path) -> Path:
+    """A breakpoint search: SLO attainment (with its 95% interval) and goodput per probe against load.
+
+    Each probe is a point numbered in the order it ran; the SLO target is a line; the band where the
+    boundary lies ([capacity, first failing]) is shaded. Several searches (a comparison) share the axes.
+    """
+    fig, (att_ax, good_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    unit = searches[0][1]["unit"] if searches else "users"
+    for i, (label, s) in enumerate(searches):
+        color = f"C{i}"
+        probes = [p for p in s["probes"] if p.get("attainment") is not None]
+        for n, p in enumerate(s["probes"], start=1):
+            if p.get("attainment") is None:
+                continue
+            ci = p.get("ci")
+            yerr = [[max(0.0, p["attainment"] - ci[0])], [max(0.0, ci[1] - p["attainment"])]] if ci else None
+            marker = {"pass": "o", "fail": "x", "undecided": "s"}[p["verdict"]]
+            att_ax.errorbar(p["level"], p["attainment"], yerr=yerr, fmt=marker, color=color, capsize=3, ms=6)
+            att_ax.annotate(str(n), (p["level"], p["attainment"]), textcoords="offset points", xytext=(5, 5),
+                            fontsize=8, color=color)
+            if p.get("goodput_rps") is not None:
+                good_ax.plot(p["level"], p["goodput_rps"], marker, color=color, ms=6)
+                good_ax.annotate(str(n), (p["level"], p["goodput_rps"]), textcoords="offset points",
+                                 xytext=(5, 5), fontsize=8, color=color)
+        lo, hi = s["interval"]
+        if hi is not None:
+            for ax in (att_ax, good_ax):
+                ax.axvspan(lo, hi, color=color, alpha=0.15,
+                           label=f"{label + ': ' if len(searches) > 1 else ''}boundary in [{lo}, {hi}]")
+        if probes:
+            att_ax.plot([], [], "o", color=color, label=f"{label}: pass / x fail / ■ undecided" if len(searches) > 1
+                        else "o pass · x fail · ■ undecided")
+        att_ax.axhline(s["slo"]["target"], color="red", ls="-.", lw=1,
+                       label=f"SLO target {s['slo']['target']:.0%}" if i == 0 else None)
+    att_ax.set_ylim(-0.05, 1.05)
+    att_ax.set_ylabel("SLO attainment (95% interval)")
+    good_ax.set_ylabel("goodput (requests/s meeting the SLO)")
+    for ax in (att_ax, good_ax):
+        ax.set_xlabel(f"load ({unit})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    att_ax.set_title("Attainment per probe (numbers: probe order)")
+    good_ax.set_title("Goodput per probe")
     return _save(fig, path)

@@ -46,6 +46,10 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     formula, diag, bp = summary["formula"], summary["diagnosis"], summary["breakpoint"]
     complete = run.get("completeness") or {}
     rows: list[tuple[str, str, bool | None]] = []
+    search = summary.get("search")
+    if search:
+        rows.append(("Capacity (search)", search["verdict"],
+                     None if search["capacity"] is None and not search["below_range"] else not search["below_range"]))
     if complete.get("interrupted") or complete.get("truncated"):
         rows.append(("Run incomplete", complete["note"], False))
     rows += [

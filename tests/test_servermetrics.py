@@ -1,5 +1,5 @@
 """Server metrics: the vocabulary, the per-window numbers, scraping over loopback HTTP, and a whole run
-against an independent 4-slot server whose truth is known (tests/slotserver.py)."""
+against an independent 4-slot server whose truth is known (tests/gaugeserver.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from slotserver import SlotServer
+from gaugeserver import GaugeServer
 
 from fakeserver import FakeServer, body_script
 from loadkit import run_cli, write_scenario
@@ -221,14 +221,14 @@ def test_the_server_section_is_checked_like_every_other() -> None:
 
 
 @pytest.fixture
-def slot_server() -> Iterator[SlotServer]:
+def slot_server() -> Iterator[GaugeServer]:
     fake = FakeServer()
-    yield SlotServer(fake, slots=4)
+    yield GaugeServer(fake, slots=4)
     fake.close()
 
 
 @pytest.mark.slow
-def test_a_four_slot_server_explains_the_breakpoint(slot_server: SlotServer, tmp_path: Path) -> None:
+def test_a_four_slot_server_explains_the_breakpoint(slot_server: GaugeServer, tmp_path: Path) -> None:
     scenario = write_scenario(tmp_path, """
 [load]
 kind = "steps"
@@ -369,7 +369,7 @@ def test_a_relay_without_metrics_says_so_once(fake_server: FakeServer, tmp_path:
     assert summary["server_metrics"] == {"note": note} and all("server" not in s for s in summary["steps"])
 
 
-def _two_step_run(tmp_path: Path, server: SlotServer, users: str) -> dict:
+def _two_step_run(tmp_path: Path, server: GaugeServer, users: str) -> dict:
     """A short closed-loop run of two steps against `server`, analysed."""
     scenario = write_scenario(tmp_path, f"""
 [load]
@@ -395,7 +395,7 @@ def test_time_added_in_front_of_the_server_is_named(tmp_path: Path) -> None:
     """A relay with 2 connections in front of a 16-slot server: at 8 users the client's TTFT grows, the server's not."""
     fake = FakeServer()
     try:
-        analyzed = _two_step_run(tmp_path, SlotServer(fake, slots=16, relay_slots=2), "[1, 8]")
+        analyzed = _two_step_run(tmp_path, GaugeServer(fake, slots=16, relay_slots=2), "[1, 8]")
     finally:
         fake.close()
     low, high = sorted(analyzed["steps"], key=lambda s: s["load_level"])
@@ -412,7 +412,7 @@ def test_time_added_in_front_of_the_server_is_named(tmp_path: Path) -> None:
 def test_a_full_kv_cache_is_named_before_the_queue(tmp_path: Path) -> None:
     fake = FakeServer()
     try:
-        analyzed = _two_step_run(tmp_path, SlotServer(fake, slots=4, kv_per_request=0.245), "[2, 8]")
+        analyzed = _two_step_run(tmp_path, GaugeServer(fake, slots=4, kv_per_request=0.245), "[2, 8]")
     finally:
         fake.close()
     low, high = sorted(analyzed["steps"], key=lambda s: s["load_level"])
@@ -438,7 +438,7 @@ def test_probe_says_where_one_requests_time_went(tmp_path: Path) -> None:
 
     fake = FakeServer()
     try:
-        relayed = SlotServer(fake, relay_delay_s=0.5)
+        relayed = GaugeServer(fake, relay_delay_s=0.5)
         command = [sys.executable, "-m", "tokenload", "probe", "--base-url", relayed.url, "--protocol", "anthropic",
                    "--model", "slot-4", "--server-metrics", relayed.url + "/metrics"]
         done = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=60)

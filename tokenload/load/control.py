@@ -49,6 +49,7 @@ from tokenload.channel import Channel
 from tokenload.load import stoprules
 from tokenload.load.drain import DRAIN_MESSAGE, derive, initial
 from tokenload.load.pacing import Pacer
+from tokenload.load.probing import Prober
 from tokenload.load.records import SEGMENTS_DIR, write_json
 from tokenload.load.shapes import Phase, build_plan
 from tokenload.load.stoprules import Counts, FailFast, Live
@@ -193,6 +194,8 @@ class RunControl:
         self.scenario = scenario
         self.channel = channel  # for doctor's fix and the breaker's probe
         self.plan = build_plan(scenario)
+        run_id = str(getattr(environment.parsed_options, "run_id", "") or "")
+        self.prober = Prober(scenario, run_dir, run_id) if scenario.load.search is not None else None
         self.state = state
         self.path = run_dir / SEGMENTS_DIR / CONTROL_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -369,6 +372,8 @@ class RunControl:
         """The run ends (`reason`): close its step; a plan that ended by itself derives its drain."""
         if self.stopped is None:
             self.stopped = reason
+            if self.prober is not None:
+                self.prober.stop(reason)
             self._close_step()
             if reason != INTERRUPTED and self.drain.source == "floor":
                 self._derive_drain()
@@ -399,6 +404,7 @@ class RunControl:
             "errors": snap.failures,
             "step_rps": current.get("requests", 0) / max(1e-9, time.time() - started),
             **{k: current.get(k) for k in ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s")},
+            **({"search": self.prober.live()} if self.prober is not None else {}),
         }
 
     def write_live(self) -> None:
