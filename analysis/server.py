@@ -72,8 +72,7 @@ def _step(df: pd.DataFrame, start: float, end: float, client_ttft: float | None)
     return {k: keys[k] for k in STEP_KEYS if k in keys}, more
 
 
-def _cause(steps: list[dict[str, Any]], details: dict[int, dict[str, Any]], at: dict[str, Any],
-           low: dict[str, Any]) -> dict[str, Any] | None:
+def _cause(details: dict[int, dict[str, Any]], at: dict[str, Any], low: dict[str, Any]) -> dict[str, Any] | None:
     """The server-side reason for the latency at step `at`, compared with the lowest-load step `low`."""
     server, more = at.get("server") or {}, details.get(at["step"], {})
     load = level_text(at["load_level"], at["load_unit"])
@@ -131,7 +130,7 @@ def attach(summary: dict[str, Any], run: Run, table: pd.DataFrame) -> None:
         return
     bp = summary.get("breakpoint")
     at = next((r for r in measured if bp and r["step"] == bp["step"]), measured[-1])
-    cause = _cause(summary["steps"], details, at, measured[0])
+    cause = _cause(details, at, measured[0])
     if cause is None:
         return
     overview["cause"] = cause
@@ -140,4 +139,6 @@ def attach(summary: dict[str, Any], run: Run, table: pd.DataFrame) -> None:
         bp["detail"] = f"{bp['detail']}; server side: {cause['text']}"
     diagnosis = summary["diagnosis"]
     diagnosis["server_cause"] = cause["text"]
-    diagnosis["advice"] = [cause["text"], *diagnosis["advice"]]
+    # first, unless errors bound the run: the channel's own failures stay the first fix
+    at_index = 1 if diagnosis["bound"] == "errors" and diagnosis["advice"] else 0
+    diagnosis["advice"] = [*diagnosis["advice"][:at_index], cause["text"], *diagnosis["advice"][at_index:]]

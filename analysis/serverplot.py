@@ -59,6 +59,10 @@ def plot_server_gauges(analysis: Analysis, path: Path) -> Path | None:
 def report_section(summary: dict[str, Any]) -> tuple[str, str]:
     """The report's "Server side" section: the cause, and the per-step numbers the server reported."""
     view = summary.get("server_metrics") or {}
+    if view.get("sources") and not view.get("terms"):
+        return "Server side", (f"<p>Scraped from {h(', '.join(view['sources']))}, but none of its "
+                               f"{view.get('raw_names', 0)} metric names is in tokenload's vocabulary (see "
+                               "docs/server-metrics.md); they are kept raw in server_metrics.parquet.</p>")
     if not view.get("terms"):
         return "Server side", f"<p>{h(view.get('note') or 'no server metrics were sampled in this run')}</p>"
     found = ", ".join(view.get("servers") or []) or "no known server names"

@@ -453,3 +453,55 @@ def test_probe_says_where_one_requests_time_went(tmp_path: Path) -> None:
         assert [r.path for r in fake.requests].count("/metrics") == 4  # two scrapes per probe, no more
     finally:
         fake.close()
+
+
+def _write_samples(run_dir: Path, rows: list[tuple[float, str, str, float]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"time": [r[0] for r in rows], "source": ["http://gpu:8000/metrics"] * len(rows),
+                             "name": [r[1] for r in rows], "labels": [r[2] for r in rows],
+                             "value": [r[3] for r in rows]}), run_dir / SERVER_METRICS_FILE)
+
+
+def _gauges_per_step(run_dir: Path, capacity: int) -> list[tuple[float, str, str, float]]:
+    """vLLM gauges of a `capacity`-slot server at five instants inside each step of an analysed run."""
+    from tokenload.analysis.pipeline import analyze_run
+
+    rows = []
+    for step in analyze_run(run_dir, write=False)["steps"]:
+        users = int(step["load_level"])
+        for t in np.linspace(step["start"], step["end"], 7)[1:-1]:
+            rows += [(t, "vllm:num_requests_running", '{"model_name":"m"}', float(min(users, capacity))),
+                     (t, "vllm:num_requests_waiting", '{"model_name":"m"}', float(max(users - capacity, 0)))]
+    return rows
+
+
+def test_the_servers_cause_follows_the_errors_when_errors_bound_the_run(tmp_path: Path) -> None:
+    from tokenload.analysis.pipeline import analyze_run
+    from tokenload.analysis.synthetic import Law, write_synthetic_run
+
+    run_dir = write_synthetic_run(tmp_path / "run", Law(users=(4, 8, 16), capacity=8, error_rates={16: 0.3}), n=3000)
+    _write_samples(run_dir, _gauges_per_step(run_dir, 8))
+    summary = analyze_run(run_dir, write=False)
+    assert [(s["server"]["running_mean"], s["server"]["waiting_mean"]) for s in summary["steps"]] == \
+        [(4.0, 0.0), (8.0, 0.0), (8.0, 8.0)]
+    cause = summary["server_metrics"]["cause"]["text"]
+    assert cause.startswith("at 16 users 8 requests ran and 8 waited: every batch slot was busy")
+    advice = summary["diagnosis"]["advice"]
+    assert summary["diagnosis"]["bound"] == "errors" and "failed with overloaded" in advice[0] and advice[1] == cause
+
+
+def test_names_outside_the_vocabulary_are_kept_raw_and_said_so(tmp_path: Path) -> None:
+    from tokenload.analysis.pipeline import analyze_run
+    from tokenload.analysis.synthetic import Law, write_synthetic_run
+
+    run_dir = write_synthetic_run(tmp_path / "run", Law(users=(1, 2)), n=400)
+    start = float(pd.read_parquet(run_dir / "requests.parquet")["started_at"].min())
+    _write_samples(run_dir, [(start + i, "my_server_busy_workers", "{}", 3.0) for i in range(20)])
+    summary = analyze_run(run_dir)
+    view = summary["server_metrics"]
+    assert view["terms"] == [] and view["raw_names"] == 1 and view["cause"] is None
+    assert all(s["server"] == {} for s in summary["steps"])
+    assert "none of its 1 metric names is in tokenload's vocabulary" in (run_dir / "report.html").read_text()
+    assert not (run_dir / "plots" / "server_gauges.png").exists()
