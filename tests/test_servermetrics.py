@@ -505,3 +505,26 @@ def test_names_outside_the_vocabulary_are_kept_raw_and_said_so(tmp_path: Path) -
     assert all(s["server"] == {} for s in summary["steps"])
     assert "none of its 1 metric names is in tokenload's vocabulary" in (run_dir / "report.html").read_text()
     assert not (run_dir / "plots" / "server_gauges.png").exists()
+
+
+@pytest.mark.slow
+def test_the_web_tab_shows_the_servers_gauges_live(tmp_path: Path) -> None:
+    from test_webui import WebRun, _done
+
+    scenario = write_scenario(tmp_path, '[load]\nkind = "constant"\nusers = 6\nstep_s = 4\n[stop]\ndrain_s = 2\n'
+                                        '[server]\ninterval_s = 0.25\n')
+    fake = FakeServer()
+    try:
+        server = GaugeServer(fake, slots=4, kv_per_request=0.2)
+        web = WebRun(scenario, server.url, tmp_path / "run", "--protocol", "anthropic")
+        try:
+            busy = web.wait(lambda d: bool(d["server"]) and d["server"]["waiting"] > 0, timeout=40)["server"]
+            web.wait(_done(1))  # the plan ends (a Ctrl-C mid-run leaves Locust's UI up)
+            rc, _, stderr = web.stop()
+        finally:
+            web.kill()
+    finally:
+        fake.close()
+    assert busy["running"] == 4 and 0 < busy["waiting"] <= 2 and busy["kv_cache_usage"] == pytest.approx(0.8)
+    assert rc == 0, stderr
+    assert not (tmp_path / "run" / "server_live.json").exists()  # the live hand-off is gone with the session

@@ -230,8 +230,9 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
     the drain time and a grace period is killed and named in the manifest.
     """
     scenario, channel, run_dir, distribution = plan.scenario, plan.channel, plan.run_dir, plan.distribution
-    # One scraper per run, in this process (never in a Locust one); a worker or a web session has none.
-    sources = None if distribution.worker or plan.web else server_metrics.resolve(
+    # One scraper per run, in this process (never in a Locust one); a worker has none. A web session's only
+    # feeds the tab's live view (its runs are finalised and analysed by Locust's master as they stop).
+    sources = None if distribution.worker else server_metrics.resolve(
         scenario.server.metrics_url, channel.base_url, scenario.server.interval_s, scenario.server.discover)
     if distribution.worker:
         run_id, scenario_path = _join_master_run(run_dir)
@@ -249,15 +250,15 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
         *(websession.locust_args(plan.web_host, plan.web_port) if plan.web else ["--headless"]),
         *distribution.locust_args(),
     ]
+    live = run_dir / "server_live.json" if plan.web else None
     env = {**os.environ, **handoff.channel_to_env(channel), **lifeline.parent_env(), "TOKENLOAD_MANAGED": "1",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", **({server_metrics.LIVE_ENV: str(live.absolute())} if live else {})}
     lifeline.adopt_orphans()
-    sampler = server_metrics.Sampler(sources, run_dir).start() if sources is not None else None
+    sampler = None if sources is None else server_metrics.Sampler(sources, run_dir, live, store=not plan.web).start()
     with open(run_dir / log_name, "ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
-        live = on_live if sampler is None or on_live is None else _with_server(on_live, sampler)
-        rc = _supervise(proc, run_dir, live)
+        rc = _supervise(proc, run_dir, on_live if sampler is None or on_live is None else _with_server(on_live, sampler))
         drain_s = drain_used(run_dir, scenario)
         lingering = lifeline.wait_group(proc.pid, drain_s + GROUP_GRACE_S)
     server = sampler.stop() if sampler is not None else None

@@ -14,6 +14,7 @@ RUN_DIR/server_metrics.parquet (time, source, name, labels, value).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -131,12 +132,32 @@ def resolve(explicit: Sequence[str], base_url: str, interval_s: float = 1.0, dis
         return Sources([url], interval_s, found=servers({name for name, _, _ in rows}))
 
 
-class Sampler:
-    """Scrape every source each `interval_s` in a daemon thread; `stop()` writes the parquet file."""
+# Where a `tokenload run --web` supervisor leaves the last scrape's gauges for the web UI tab (a Locust process).
+LIVE_ENV = "TOKENLOAD_SERVER_LIVE"
 
-    def __init__(self, sources: Sources, run_dir: Path) -> None:
+
+def read_live(max_age_s: float = 5.0) -> dict[str, Any] | None:
+    """The gauges the supervisor last left in `$TOKENLOAD_SERVER_LIVE`, if fresh; None otherwise."""
+    path = os.environ.get(LIVE_ENV)
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8")) if path else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and time.time() - float(data.get("at", 0)) <= max_age_s else None
+
+
+class Sampler:
+    """Scrape every source each `interval_s` in a daemon thread; `stop()` writes the parquet file.
+
+    `live`: also leave each scrape's gauges in that file (`read_live`); `store=False` keeps no samples
+    (a web session, whose runs Locust finalises and analyses itself).
+    """
+
+    def __init__(self, sources: Sources, run_dir: Path, live: Path | None = None, store: bool = True) -> None:
         self.sources = sources
         self.path = run_dir / SERVER_METRICS_FILE
+        self.live = live
+        self.store = store
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tokenload-server-metrics", daemon=True)
         self._times: list[float] = []
@@ -174,9 +195,14 @@ class Sampler:
                         self._latest[url] = gauges(rows)
                     at = (sent + time.time()) / 2  # the server answered somewhere in between
                     self.scrapes += 1
-                    self._rows += rows
-                    self._times += [at] * len(rows)
-                    self._source += [public_url(url)] * len(rows)
+                    if self.store:
+                        self._rows += rows
+                        self._times += [at] * len(rows)
+                        self._source += [public_url(url)] * len(rows)
+                    if self.live is not None and rows:
+                        tmp = self.live.with_suffix(".tmp")
+                        tmp.write_text(json.dumps({"at": at, "gauges": self.latest()}), encoding="utf-8")
+                        os.replace(tmp, self.live)
                     extra = failed_in_row[url] - BACKOFF_AFTER
                     wait = interval if extra < 0 else min(BACKOFF_MAX_S, interval * 2 ** (extra + 1))
                     due[url] = max(due[url] + wait, time.monotonic() + interval / 10)
@@ -196,8 +222,12 @@ class Sampler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(SCRAPE_TIMEOUT_S * len(self.sources.urls) + 1.0)
+        if self.live is not None:
+            self.live.unlink(missing_ok=True)
         if not self.sources.urls:
             return {"sources": [], "note": self.sources.note}
+        if not self.store:
+            return {"sources": [public_url(u) for u in self.sources.urls], "scrapes": self.scrapes}
         import pyarrow as pa
         import pyarrow.parquet as pq
 
