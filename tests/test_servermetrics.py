@@ -273,8 +273,9 @@ interval_s = 0.25
     assert more[steps[2]["step"]]["server_ttft_p50_bucket_s"] == [0.04, 0.06]
     bp = analyzed["breakpoint"]
     assert bp is not None and bp["load_level"] == 8, analyzed["breakpoint_rules"]
-    assert re.search(r"server side: at 8 users 4 requests ran and (3\.[5-9]|4|4\.[0-4]) waited: every batch slot was "
-                     r"busy, TTFT grew by the queue time", bp["detail"]), bp["detail"]
+    said = re.search(r"server side: at 8 users 4 requests ran and ([\d.]+) waited: every batch slot was busy, TTFT "
+                     r"grew by the queue time", bp["detail"])
+    assert said and abs(float(said.group(1)) - steps[8]["server"]["waiting_mean"]) <= 0.15, bp["detail"]
     assert analyzed["diagnosis"]["advice"][0] == bp["server_cause"]
     assert (out / "plots" / "server_gauges.png").stat().st_size > 10_000
     report = (out / "report.html").read_text()
