@@ -6,7 +6,7 @@ no credentials: inference servers publish `/metrics` without the API key, and a
 relay's answer (404, 401, an HTML page) only means there is no server view.
 
 `Sampler` runs in a thread of the process that supervises Locust (`tokenload
-run`), so it shares no event loop, socket or CPU time slice with the users; it
+run`), so it shares no event loop or socket with the users; it
 stops after the last Locust process has exited and writes every raw sample to
 RUN_DIR/server_metrics.parquet (time, source, name, labels, value).
 """
