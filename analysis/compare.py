@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,10 +26,11 @@ from rich.console import Console
 from rich.table import Table
 
 from tokenload.analysis import plots, serverplot
+from tokenload.analysis.breakpoint import breakpoint_text
 from tokenload.analysis.pipeline import analyze
 from tokenload.analysis.report import figure, h, html_table, page, verdict_html
 from tokenload.analysis.stats import BOOTSTRAP_MAX_N, BOOTSTRAP_RESAMPLES, MIN_CI_SAMPLES, holm, order_statistic_ci
-from tokenload.analysis.steps import METRICS, Slo, measured_rows
+from tokenload.analysis.steps import METRICS, measured_rows
 from tokenload.analysis.summary import Analysis
 from tokenload.analysis.windows import level_text
 from tokenload.errors import ConfigError
@@ -241,16 +242,18 @@ def _labels(analyses: Sequence[Analysis], labels: Sequence[str] | None) -> list[
 
 
 def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = None,
-                 out_dir: str | Path | None = None, *, slo_ttft: float = 1.0, slo_e2e: float = 3.0,
+                 out_dir: str | Path | None = None, *, slo_overrides: Mapping[str, Any] | None = None,
                  alpha: float = ALPHA, console: Console | None = None) -> dict[str, Any]:
     """Compare runs (the first is the baseline); write comparison.json/.html and plots to out_dir.
 
-    out_dir defaults to `compare-<time>` next to the first run.
+    Every run is judged by one SLO: the baseline's own (its scenario's `[slo]`) with
+    `slo_overrides` applied. out_dir defaults to `compare-<time>` next to the first run.
     """
     if len(run_dirs) < 2:
         raise ConfigError("compare needs at least two run directories")
-    slo = Slo(slo_ttft, slo_e2e)
-    analyses = [analyze(d, slo, console=console, write=False) for d in run_dirs]
+    first = analyze(run_dirs[0], console=console, write=False, slo_overrides=slo_overrides)
+    slo = first.slo
+    analyses = [first, *(analyze(d, slo, console=console, write=False) for d in run_dirs[1:])]
     names = _labels(analyses, labels)
     out = Path(out_dir) if out_dir else Path(run_dirs[0]).resolve().parent / time.strftime("compare-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -258,7 +261,7 @@ def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = 
     levels = {n: _levels(n, base, a, alpha) for n, a in zip(names[1:], analyses[1:])}
     deltas = [_summary_delta(n, m, levels[n]) for n in names[1:] for m in METRICS]
     comparison: dict[str, Any] = {
-        "baseline": names[0], "alpha": alpha, "min_effect": MIN_EFFECT,
+        "baseline": names[0], "alpha": alpha, "min_effect": MIN_EFFECT, "slo": slo.to_dict(),
         "test": ("per matched load level: two-sided Mann-Whitney U (normal approximation, tie-corrected), "
                  "Holm-corrected over every level and metric; 95% bootstrap intervals of the p50/p95 deltas"),
         "runs": [_run_card(n, a) for n, a in zip(names, analyses)],
@@ -308,8 +311,8 @@ def _write_html(comparison: dict[str, Any], views: list[tuple[str, Analysis]], f
     runs = [[r["label"], ", ".join(r["models"]), r["requests"], r["errors"], r["slo_attainment"],
              ", ".join(f"{v:g}" for v in r["load_levels"]) + f" {r['load_unit'] or ''}",
              r["ttft_fit"]["slope_s_per_token"], r["ttft_fit"]["intercept_s"], r["e2e_fit"]["slope_s_per_token"],
-             (f"{level_text(r['breakpoint']['load_level'], r['breakpoint']['load_unit'])} ({r['breakpoint']['reason']})"
-              if r["breakpoint"] else "none"), r["bound"]] for r in comparison["runs"]]
+             (f"{breakpoint_text(r['breakpoint'])} ({r['breakpoint']['reason']})" if r["breakpoint"] else "none"),
+             r["bound"] or "not determined"] for r in comparison["runs"]]
     headline = "<ul class='advice'>" + "".join(f"<li>{h(line)}</li>" for line in comparison["headline"]) + "</ul>"
     sections = [
         (f"Against {comparison['baseline']}, matched by load level", headline),

@@ -167,6 +167,18 @@ def _ci_band(t: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
+def breakpoint_marker(summary: dict[str, Any]) -> tuple[float, str] | None:
+    """(load level, legend) of the breakpoint line; None when there is none to draw.
+
+    A breakpoint below the range (no level met the SLO) has no level on the axis:
+    a line at the lowest level would claim that level as the breakpoint.
+    """
+    bp = summary.get("breakpoint")
+    if not bp or bp.get("load_level") is None:
+        return None
+    return float(bp["load_level"]), f"breakpoint {level_text(bp['load_level'], bp['load_unit'])} ({bp['reason']})"
+
+
 def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], path: Path, title: str) -> Path:
     """Per-concurrency curves: one panel per quantity, one colour per run, breakpoints marked."""
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), squeeze=False)
@@ -188,10 +200,9 @@ def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], path: Path,
             for col, _, _ in panel.series[:1]:
                 ax.plot(small["load_level"], small[col] * panel.scale, "x", color="0.4", ms=8,
                         label=f"{prefix}too few requests to judge" if len(small) else None)
-            bp = a.summary.get("breakpoint")
-            if bp:
-                ax.axvline(bp["load_level"], color=color, ls=":", lw=1.5,
-                           label=f"{prefix}breakpoint {level_text(bp['load_level'], bp['load_unit'])} ({bp['reason']})")
+            marker = breakpoint_marker(a.summary)
+            if marker is not None:
+                ax.axvline(marker[0], color=color, ls=":", lw=1.5, label=f"{prefix}{marker[1]}")
         if panel.slo is not None:
             ax.axhline(panel.slo, color="red", ls="-.", lw=1, label=f"SLO {panel.slo:g} s")
         _load_axis(ax, views)
@@ -210,7 +221,7 @@ def plot_latency_vs_users(views: Sequence[View], path: Path) -> Path:
         Panel("TTFT", "seconds", (("ttft_p50_s", "p50", "-"), ("ttft_p95_s", "p95", "--")), slo=slo.ttft_s,
               bands=("ttft_p50_s", "ttft_p95_s")),
         Panel("TPOT", "seconds per token", (("tpot_p50_s", "p50", "-"), ("tpot_p95_s", "p95", "--")),
-              bands=("tpot_p50_s", "tpot_p95_s")),
+              slo=slo.tpot_s, bands=("tpot_p50_s", "tpot_p95_s")),
         Panel("End-to-end", "seconds", (("e2e_p50_s", "p50", "-"), ("e2e_p95_s", "p95", "--")), slo=slo.e2e_s,
               bands=("e2e_p50_s", "e2e_p95_s")),
     ]
@@ -255,7 +266,7 @@ def plot_cdfs(views: Sequence[View], path: Path, metrics: Sequence[str] = ("ttft
             ax.plot(xs, probs * 100, color=COLORS[i % len(COLORS)], lw=2, label=f"{label} (n={values.size:,})")
             wide |= bool(values[0] > 0 and values[-1] / values[0] > 50)
         slo = views[0][1].slo
-        limit = {"ttft": slo.ttft_s, "e2e": slo.e2e_s}.get(metric)
+        limit = {"ttft": slo.ttft_s, "tpot": slo.tpot_s, "e2e": slo.e2e_s}.get(metric)
         if limit is not None:
             ax.axvline(limit, color="red", ls="-.", lw=1, label=f"SLO {limit:g} s")
         if wide:
@@ -298,7 +309,8 @@ def plot_timeline(views: Sequence[View], path: Path, bins: int = 120) -> Path:
     ok = _sample(a.ok, MAX_POINTS)
     axes[2].scatter((ok["started_at"] - t0) / per, ok["ttft_s"], s=3, alpha=0.3, color=COLORS[0], rasterized=True,
                     label="TTFT per request")
-    axes[2].axhline(a.slo.ttft_s, color="red", ls="-.", lw=1, label=f"SLO {a.slo.ttft_s:g} s")
+    if a.slo.ttft_s is not None:
+        axes[2].axhline(a.slo.ttft_s, color="red", ls="-.", lw=1, label=f"SLO {a.slo.ttft_s:g} s")
     if len(ok) and ok["ttft_s"].max() / max(ok["ttft_s"].min(), 1e-9) > 50:
         _log_axis(axes[2], "y")
     axes[2].set(ylabel="TTFT (s)", xlabel=f"{unit} since the first request")

@@ -17,7 +17,9 @@ they are all printed, the last one last.
 The scenario's [channel] values are defaults: the CHANNEL flags, the
 environment and settings.json win over them, and the channel line says where
 each value came from. Everything (scenario, dataset, options, --out) is checked
-before Locust starts: a problem is one line and exit code 2.
+before Locust starts: a problem is one line and exit code 2. The --slo-*
+flags override the scenario's [slo] table before the run, so manifest.json's
+resolved scenario carries the SLO that `tokenload analyze` then judges by.
 
 Records are flushed to RUN_DIR at least once a second, so Ctrl-C or SIGTERM
 keeps them (a second one kills Locust and may lose the last second). Locust
@@ -58,6 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenload.channel import add_channel_arguments
+from tokenload.commands.slo_flags import add_slo_arguments, slo_from_args
 from tokenload.workload.scenario import SCHEMA_HELP
 
 if TYPE_CHECKING:
@@ -87,6 +90,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the inference server's Prometheus metrics address, sampled every second during the "
                              "run into server_metrics.parquet (repeatable; replaces [server] metrics_url); without "
                              "it the base URL's origin + /metrics is tried once (see docs/server-metrics.md)")
+    add_slo_arguments(parser)
     dist = parser.add_argument_group("distributed across machines")
     dist.add_argument("--master", action="store_true", help="run as Locust master")
     dist.add_argument("--expect-workers", type=int, default=1, metavar="N", help="master: workers to wait for (default 1)")
@@ -133,6 +137,8 @@ def _live_reporter(err: Console, show: Callable[[str], None]) -> Callable[[dict]
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from rich.console import Console
 
     from tokenload.channel import channel_flags
@@ -145,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
                                  master_host=args.master_host, master_port=args.master_port,
                                  master_bind_host=args.master_bind_host, expect_workers=args.expect_workers)
     scenario = load_scenario(args.scenario).with_server_metrics(args.server_metrics)
+    scenario = dataclasses.replace(scenario, slo=slo_from_args(args, scenario.slo))
     scenario, resolution = resolve_scenario_channel(scenario, f"scenario {scenario.name} [channel]",
                                                     channel_flags(args))
     plan = plan_run(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
@@ -250,6 +257,11 @@ def _print_summary(err: Console, path: Path) -> bool:
         err.print(f"stopped: {manifest['stop_reason']}", markup=False, soft_wrap=True)
     for warning in manifest.get("warnings", []):
         err.print(f"[bold red]WARNING:[/] {warning}")
-    if done.empty:
+    seen = df.ttft_s.dropna().to_numpy()
+    if done.empty and len(seen):  # a channel slower than the run: first tokens came, no answer finished
+        err.print(f"[bold red]no request finished[/]: {len(seen)} TTFT(s) recorded (p50 {np.median(seen):.3f} s, "
+                  f"max {seen.max():.3f} s) on requests still open or cut mid-stream; the channel is slower than "
+                  "the run: lengthen the steps or the run, or lower [output] max_tokens", soft_wrap=True)
+    elif done.empty:
         err.print("[bold red]no request succeeded[/]: nothing was measured")
     return done.empty or bool(manifest.get("workers_lost"))

@@ -52,7 +52,7 @@ from tokenload.load.pacing import Pacer
 from tokenload.load.probing import Prober
 from tokenload.load.records import SEGMENTS_DIR, write_json
 from tokenload.load.shapes import Phase, build_plan
-from tokenload.load.stoprules import Counts, FailFast, Live
+from tokenload.load.stoprules import Counts, FailFast, FailureStreak, Live
 from tokenload.load.tokenstats import Snapshot, current_run
 from tokenload.workload.scenario import Scenario
 
@@ -209,6 +209,7 @@ class RunControl:
         self.config_errors: dict[str, dict[str, Any]] = {}  # master: each worker's latest streak report
         self.storms: list[dict[str, Any]] = []  # every breaker pause: when, why, probes, outcome
         self._window: deque[tuple[float, Counts]] = deque()  # the breaker's recent snapshots
+        self._streak = FailureStreak(time.monotonic())  # the breaker's load failures in a row
         runner = environment.runner
         if isinstance(runner, MasterRunner):
             for name, listener in ((BUDGET_MESSAGE, self._on_spent), (FAILFAST_MESSAGE, self._on_config_errors)):
@@ -327,11 +328,14 @@ class RunControl:
         stop, now = self.scenario.stop, time.monotonic()
         if storm is None:
             self._window.append((now, totals))
+            self._streak.observe(totals, now)
             while len(self._window) > 1 and self._window[1][0] <= now - stop.storm_s:  # keep one at the window's start
                 self._window.popleft()
             if now - self._window[0][0] < stop.storm_s * 0.9:  # not a whole window yet
                 return None
-            detail = stoprules.storm(totals.minus(self._window[0][1]), stop)
+            runner = self.environment.runner
+            detail = stoprules.storm(totals.minus(self._window[0][1]), stop, runner.user_count if runner else 0,
+                                     self._streak.streak, self._streak.quiet_s(now))
             if detail is None:
                 return None
             storm = {"paused_at": time.time(), "detail": detail, "failed_probes": 0, "outcome": None,
@@ -345,6 +349,7 @@ class RunControl:
         if ok:
             storm.update(outcome="resumed", resumed_at=time.time())
             self._window.clear()
+            self._streak.restart(now)
             self._pause(False)
             return None
         storm["failed_probes"] += 1
