@@ -25,7 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from tokenload.analysis import plots
+from tokenload.analysis import plots, serverplot
 from tokenload.analysis.breakpoint import breakpoint_text
 from tokenload.analysis.pipeline import analyze
 from tokenload.analysis.report import figure, h, html_table, page, verdict_html
@@ -151,6 +151,7 @@ def _levels(label: str, base: Analysis, other: Analysis, alpha: float) -> list[d
                              "delta_output_tok_s": _r(to["output_tok_s"] - tb["output_tok_s"]),
                              "ratio": _r(to["output_tok_s"] / tb["output_tok_s"]) if tb["output_tok_s"] else None,
                              "baseline_total_tok_s": _r(tb["total_tok_s"]), "total_tok_s": _r(to["total_tok_s"])}
+        row["server"] = serverplot.side_by_side(base.summary, s_base, other.summary, s_other)
         rows.append(row)
     tests = [(row, metric) for row in rows for metric in METRICS]
     adjusted = holm([row[m]["p_value"] if row[m]["p_value"] is not None else math.nan for row, m in tests])
@@ -224,6 +225,8 @@ def _run_card(label: str, a: Analysis) -> dict[str, Any]:
         "breakpoint": s["breakpoint"], "breakpoint_note": s["breakpoint_note"],
         "bound": s["diagnosis"]["bound"], "max_active_users": max((x["active_users"] for x in s["steps"]), default=None),
         "load_levels": [x["load_level"] for x in s["steps"]], "load_unit": s["run"]["load_unit"],
+        **({"server_cause": (s["server_metrics"].get("cause") or {}).get("text")}
+           if s.get("server_metrics", {}).get("terms") else {}),
     }
 
 
@@ -320,6 +323,8 @@ def _write_html(comparison: dict[str, Any], views: list[tuple[str, Analysis]], f
     ]
     if figures:
         sections.append(("Charts", "".join(figures)))
+    if (server := serverplot.compare_section(comparison)) is not None:
+        sections.append(server)
     sections += [(f"Verdict: {label}", verdict_html(a.summary)) for label, a in views]
     title = "tokenload comparison: " + " vs ".join(label for label, _ in views)
     path.write_text(page(title, sections), encoding="utf-8")

@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tokenload.analysis import caching, plots
+from tokenload.analysis import caching, plots, serverplot
 from tokenload.analysis.ratelimits import rate_limits_html
 from tokenload.analysis.records import REQUESTS_FILE, load_run
 from tokenload.analysis.report import figure, h, html_table, page, steps_html, verdict_html, verdict_table
@@ -143,6 +143,9 @@ def write_report(analysis: Analysis, out_dir: Path, advance: Callable[[str], Non
             target = out_dir / "plots" / name
             draw(view, target)
             figures.append(figure(target, caption))
+        drawn = serverplot.plot_server_gauges(analysis, out_dir / "plots" / serverplot.NAME)
+        if drawn is not None:
+            figures.append(figure(drawn, serverplot.CAPTION))
     advance("writing report.html")
     sections = [("Verdict", verdict_html(s)),
                 ("Diagnosis: " + (f"{s['diagnosis']['bound']}-bound" if s["diagnosis"]["bound"] else "bound not determined"),
@@ -157,6 +160,7 @@ def write_report(analysis: Analysis, out_dir: Path, advance: Callable[[str], Non
                                          "lies; dash-dot: the SLO target."))
     if figures:
         sections.append(("Charts", "".join(figures)))
+    sections.append(serverplot.report_section(s))
     if caching.report_rows(s):
         sections.append(("Prompt caching", html_table(["", "value"], caching.report_rows(s), left=2)))
     sections += [("Rate limits", rate_limits_html(s["rate_limits"]))] + _tables(s)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tokenload.analysis import server
 from tokenload.analysis.breakpoint import auto_stop, auto_stop_relation, breakpoint_text, find_breakpoint
 from tokenload.analysis.caching import caching_summary
 from tokenload.analysis.diagnosis import diagnose_latency
@@ -374,4 +375,5 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
     }
     if complete["note"]:
         problems.append(complete["note"])
+    server.attach(summary, run, table)
     return Analysis(run=run, slo=slo, table=table, ok=ok, low_steps=low_steps, summary=summary, options=options)

@@ -36,6 +36,7 @@ from locust.env import Environment
 
 from tokenload.load.series import REPORT_FILE, Series
 from tokenload.load.tokenstats import METRICS, PERCENTILES, Cell, RunStats, current_run
+from tokenload.servermetrics.scrape import read_live
 
 TAB = "tokenload"
 STATIC_DIR = Path(__file__).parent / "static"
@@ -97,7 +98,8 @@ def stats_payload(environment: Environment, series: Series) -> dict[str, Any]:
     """What the tab's script draws: the current run's rows and time series, and every run of the session."""
     stats = current_run(environment)
     return {"run": series.current.public(), "rows": table_rows(stats), "summary": stats.total().summary(),
-            "series": stats.timeline(), "runs": [run.public() for run in series.runs]}
+            "series": stats.timeline(), "runs": [run.public() for run in series.runs],
+            "server": (read_live() or {}).get("gauges")}
 
 
 @events.init.add_listener

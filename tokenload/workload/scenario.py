@@ -99,6 +99,11 @@ Schema (all sections optional except `[load]`):
     storm_error_rate = 0.8        # error-storm breaker (0 = off): more than this share of load errors (429, 5xx,
     storm_s = 10                  # timeouts, ...) for storm_s seconds pauses every user; a probe request
     storm_probes = 3              # every storm_s then resumes the run or, after this many failed, stops it
+
+    [server]                      # the inference server's own Prometheus metrics, sampled during the run
+    metrics_url = ["http://gpu-host:8000/metrics"]  # default: <base URL's origin>/metrics when it answers
+    interval_s = 1                # seconds between scrapes
+    discover = true               # false: without metrics_url, do not try <origin>/metrics
 """
 
 from __future__ import annotations
@@ -110,6 +115,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from tokenload.channel import PROTOCOLS
 from tokenload.compat import tomllib
@@ -147,7 +153,7 @@ class _Ctx:
         self.source = source
 
     def fail(self, where: str, problem: str) -> ConfigError:
-        return ConfigError(f"{self.source}: {where}: {problem}")
+        return ConfigError(f"{self.source}: {where}: {problem}" if self.source else f"{where}: {problem}")
 
     def table(self, data: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
         if data is None:
@@ -632,6 +638,34 @@ def parse_slo(data: Any, ctx: _Ctx) -> Slo:
 
 
 @dataclass(frozen=True)
+class ServerSection:
+    """`[server]`: where the inference server publishes Prometheus metrics (see docs/server-metrics.md)."""
+
+    metrics_url: tuple[str, ...] = ()
+    interval_s: float = 1.0
+    discover: bool = True
+
+    @classmethod
+    def parse(cls, data: Any, ctx: _Ctx) -> ServerSection:
+        w = "[server]"
+        d = ctx.table(data, w, tuple(f.name for f in dataclasses.fields(cls)))
+        urls: Any = d.get("metrics_url", [])
+        urls = [urls] if isinstance(urls, str) else urls
+        if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+            raise ctx.fail(f"{w} metrics_url", f"expected a list of URLs, got {_show(urls)}")
+        return cls(metrics_url=tuple(cls.url(u, ctx, f"{w} metrics_url") for u in urls),
+                   interval_s=ctx.number(d, "interval_s", w, 1.0, minimum=0.1),
+                   discover=ctx.flag(d, "discover", w, True))
+
+    @staticmethod
+    def url(value: str, ctx: _Ctx, where: str) -> str:
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ctx.fail(where, f"expected an http(s) URL such as http://host:8000/metrics, got {_show(value)}")
+        return value.strip()
+
+
+@dataclass(frozen=True)
 class Scenario:
     """A validated scenario; immutable, JSON round-trippable via `to_dict` / `from_dict`."""
 
@@ -645,12 +679,13 @@ class Scenario:
     stop: StopSection = field(default_factory=StopSection)
     session: SessionSection | None = None
     slo: Slo = DEFAULT_SLO
+    server: ServerSection = field(default_factory=ServerSection)
 
     @classmethod
     def from_dict(cls, data: Any, source: str, base_dir: Path, default_name: str) -> Scenario:
         ctx = _Ctx(source)
         d = ctx.table(data, "top level", ("name", "description", "seed", "channel", "prompt", "session", "output", "load",
-                                          "stop", "slo"))
+                                          "stop", "slo", "server"))
         session = SessionSection.parse(d["session"], ctx) if "session" in d else None
         if session is not None and isinstance(d.get("load"), dict) and d["load"].get("kind") == "trace":
             raise ctx.fail("[session]", "a trace replay sends the trace's own lengths; remove [session]")
@@ -665,6 +700,7 @@ class Scenario:
             load=LoadSection.parse(d.get("load"), ctx, base_dir),
             stop=StopSection.parse(d.get("stop"), ctx),
             slo=parse_slo(d["slo"], ctx) if "slo" in d else DEFAULT_SLO,
+            server=ServerSection.parse(d.get("server"), ctx),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -684,6 +720,18 @@ class Scenario:
         if not data["channel"]["models"]:
             del data["channel"]["models"]
         return data
+
+    def with_server_metrics(self, urls: list[str] | None) -> Scenario:
+        """`tokenload run --server-metrics URL ...`: these URLs instead of the scenario's (validated alike)."""
+        if not urls:
+            return self
+        given = self.server_metrics_urls(urls)
+        return dataclasses.replace(self, server=dataclasses.replace(self.server, metrics_url=given))
+
+    @staticmethod
+    def server_metrics_urls(urls: list[str]) -> tuple[str, ...]:
+        """`--server-metrics URL ...` (run, probe) checked like `[server] metrics_url`."""
+        return tuple(ServerSection.url(u, _Ctx(""), "--server-metrics") for u in urls)
 
     def with_overrides(self, *, users: int | None = None, duration_s: float | None = None) -> Scenario:
         """Apply `tokenload run --users/--duration` (validated like the file's own values)."""
