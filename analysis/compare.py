@@ -29,6 +29,7 @@ from tokenload.analysis import plots, serverplot
 from tokenload.analysis.breakpoint import breakpoint_text
 from tokenload.analysis.pipeline import analyze
 from tokenload.analysis.report import figure, h, html_table, page, verdict_html
+from tokenload.analysis.search import compare_capacities
 from tokenload.analysis.stats import BOOTSTRAP_MAX_N, BOOTSTRAP_RESAMPLES, MIN_CI_SAMPLES, holm, order_statistic_ci
 from tokenload.analysis.steps import METRICS, measured_rows
 from tokenload.analysis.summary import Analysis
@@ -269,12 +270,23 @@ def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = 
         "levels": [row for n in names[1:] for row in levels[n]],
         "deltas": deltas,
     }
+    capacities = compare_capacities([(n, a.summary.get("search")) for n, a in zip(names, analyses)])
+    if capacities is not None:
+        comparison["capacity"] = capacities
+        comparison["headline"] = capacities["headline"] + comparison["headline"]
     views = list(zip(names, analyses))
-    figures = []
+    figures, drawn = [], []
+    if capacities is not None:
+        figures.append(figure(plots.plot_capacity([(n, a.summary["search"]) for n, a in views],
+                                                  out / "plots" / "capacity.png"),
+                              "Each run's breakpoint search: SLO attainment and goodput per probe (numbered in the "
+                              "order they ran); shaded: where each run's boundary lies."))
+        drawn.append("capacity.png")
     if all(len(a.ok) for a in analyses):
         for name, draw, caption in COMPARE_PLOTS:
             figures.append(figure(draw(views, out / "plots" / name), caption))
-    comparison["plots"] = [f"plots/{name}" for name, _, _ in COMPARE_PLOTS] if figures else []
+            drawn.append(name)
+    comparison["plots"] = [f"plots/{name}" for name in drawn]
     (out / "comparison.json").write_text(json.dumps(comparison, indent=2, default=str) + "\n", encoding="utf-8")
     _write_html(comparison, views, figures, out / "comparison.html")
     comparison["out_dir"] = str(out)

@@ -154,3 +154,40 @@ def verdict_text(s: dict[str, Any]) -> str:
     if s["stopped"]:
         text += f"; {s['stopped']}"
     return text
+
+
+def compare_capacities(searches: list[tuple[str, dict[str, Any] | None]]) -> dict[str, Any] | None:
+    """Searched runs side by side: each capacity with its interval, and whether the intervals tell them apart.
+
+    The first run is the baseline. Two capacities differ only when their boundary intervals do not
+    overlap; otherwise the probes' evidence cannot order them, and the line says so.
+    """
+    searched = [(label, s) for label, s in searches if s is not None]
+    if len(searched) < 2 or len({s["over"] for _, s in searched}) > 1:
+        return None
+    rows = [{"label": label, "capacity": s["capacity"], "first_failing": s["first_failing"], "interval": s["interval"],
+             "unit": s["unit"], "below_range": s["below_range"], "verdict": s["verdict"]} for label, s in searched]
+    base_label, base = searched[0]
+    lines = []
+    for label, s in searched[1:]:
+        lines.append(f"{label}: {_capacity_text(s)} against {base_label}'s {_capacity_text(base)}: "
+                     f"{_order(base, s)}")
+    return {"runs": rows, "headline": lines}
+
+
+def _capacity_text(s: dict[str, Any]) -> str:
+    lo, hi = s["interval"]
+    if s["capacity"] is None:
+        return f"capacity below {s['range'][0]} {s['unit']}" if s["below_range"] else "no capacity decided"
+    return f"capacity {s['capacity']} {s['unit']} (boundary in [{lo}, {hi if hi is not None else '?'}])"
+
+
+def _order(base: dict[str, Any], other: dict[str, Any]) -> str:
+    """'lower', 'higher' or 'not told apart', from the boundary intervals."""
+    b_lo, b_hi = base["interval"]
+    o_lo, o_hi = other["interval"]
+    if o_hi is not None and o_hi <= b_lo:
+        return "lower (the boundary intervals do not overlap)"
+    if b_hi is not None and b_hi <= o_lo:
+        return "higher (the boundary intervals do not overlap)"
+    return "not told apart (the boundary intervals overlap)"
