@@ -2,8 +2,9 @@
 
 Public entry points (what the CLI commands and `tokenload demo` call):
 
-- `analyze_run(run_dir, slo_ttft=1.0, slo_e2e=3.0, ...) -> dict`: writes summary.json,
-  plots/*.png and report.html into the run dir and returns the summary.
+- `analyze_run(run_dir, slo=None, slo_overrides=None, ...) -> dict`: writes summary.json,
+  plots/*.png and report.html into the run dir and returns the summary (the SLO: `slo`, else the
+  run's scenario `[slo]` with `slo_overrides` applied).
 - `compare_runs(run_dirs, labels=None, out_dir=None, ...) -> dict`: writes comparison.json,
   comparison.html and plots, returns the comparison.
 - `verdict_table(summary) -> rich.table.Table` / `print_verdict(summary, console)`.

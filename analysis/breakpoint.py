@@ -11,7 +11,19 @@ own unit ("at 16 users", "at 8 req/s").
 - `knee`: throughput stops growing with the load while latency climbs: more
   users (or more offered requests) only wait longer, the saturation signature.
 - `error_rate`: the first step whose load-related error rate (429, 5xx,
-  overload, timeouts, disconnects: `tokenload.errors.LOAD_KINDS`) passes the limit.
+  overload, timeouts, disconnects: `tokenload.errors.LOAD_KINDS`) passes the
+  SLO's `max_error_rate`.
+
+When a rule fires at the lowest load the ramp judged, there is no level that
+met it: the breakpoint lies below the range (`below_range`, `load_level` null,
+"below 2 users"), not at the lowest level.
+
+A run may also have been ended by its own live rule (`[stop]
+breakpoint_ttft_p95_s` or `breakpoint_error_rate`): that is its "auto-stop",
+an intended end, not an incomplete run. `auto_stop` names it and says how it
+relates to the breakpoint found here (they judge different things: one step's
+TTFT p95 or error rate against the stop limit, versus every request against
+the SLO).
 
 A step with fewer than `MIN_STEP_REQUESTS` finished requests cannot decide any
 rule: its percentiles and shares are too noisy, so it is skipped and named in
@@ -22,15 +34,15 @@ stays in `rules` so a reader sees what else happened.
 
 from __future__ import annotations
 
+import re
 from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
-from tokenload.analysis.steps import Slo
 from tokenload.analysis.windows import level_text
+from tokenload.slo import Slo
 
-ERROR_RATE_LIMIT = 0.05
 # Knee: throughput grew by less than this fraction of the relative load increase...
 KNEE_SCALING = 0.25
 # ...while median e2e latency rose by at least this fraction.
@@ -71,8 +83,7 @@ def _slo_rule(steps: pd.DataFrame, slo: Slo) -> dict[str, Any] | None:
             interval = f", 95% CI {_fmt_pct(ci[0])}-{_fmt_pct(ci[1])}" if isinstance(ci, tuple) else ""
             before = (f"{_at(last_good)} was the highest that met it ({_fmt_pct(last_good['slo_attainment'])})"
                       if last_good is not None else "no step met it, not even the lowest load")
-            return _hit(row, last_good, f"SLO (TTFT <= {slo.ttft_s:g} s and e2e <= {slo.e2e_s:g} s) met by "
-                                        f"{_fmt_pct(att)} of requests at {_at(row)} (n={int(row['slo_n'])}{interval}), "
+            return _hit(row, last_good, f"SLO ({slo.describe()}) met by {_fmt_pct(att)} of judged requests at {_at(row)} (n={int(row['slo_n'])}{interval}), "
                                         f"below the {_fmt_pct(slo.target)} target; {before}")
         last_good = row
     return None
@@ -100,18 +111,34 @@ def _error_rule(steps: pd.DataFrame, limit: float) -> dict[str, Any] | None:
         if row["load_error_rate"] > limit:
             return _hit(row, last_good, f"{_fmt_pct(row['load_error_rate'])} of requests at {_at(row)} failed with "
                                         f"load errors ({int(row['load_errors'])} of {int(row['requests'])}), above "
-                                        f"the {_fmt_pct(limit)} limit")
+                                        f"the {_fmt_pct(limit)} limit (the SLO's max_error_rate)")
         last_good = row
     return None
 
 
-def find_breakpoint(steps: pd.DataFrame, slo: Slo, error_limit: float = ERROR_RATE_LIMIT,
-                    complete: dict[str, Any] | None = None) -> dict[str, Any]:
+def _below_range(hit: dict[str, Any]) -> dict[str, Any]:
+    """A rule that fired at the lowest judged load: no level met it, the breakpoint is below the range."""
+    lowest = level_text(hit["load_level"], hit["load_unit"])
+    return {**hit, "load_level": None, "active_users": None, "below_range": True,
+            "lowest_load_level": hit["load_level"], "lowest_active_users": hit["active_users"],
+            "detail": f"below {lowest}: not even the lowest load met it; {hit['detail']}"}
+
+
+def breakpoint_text(bp: dict[str, Any]) -> str:
+    """'16 users', or 'below 2 users' when no level met the SLO."""
+    if bp.get("below_range"):
+        return f"below {level_text(bp['lowest_load_level'], bp['load_unit'])}"
+    return level_text(bp["load_level"], bp["load_unit"])
+
+
+def find_breakpoint(steps: pd.DataFrame, slo: Slo, complete: dict[str, Any] | None = None) -> dict[str, Any]:
     """Evaluate every rule on the decided steps ordered by load level.
 
     Returns `{"breakpoint": {...} | None, "breakpoint_note": str | None, "rules": {...}, "undecided": [...]}`;
-    `breakpoint.load_level` (in `load_unit`) is the first load at which the channel broke.
+    `breakpoint.load_level` (in `load_unit`) is the first load at which the channel broke, null with
+    `below_range` true when it broke at the lowest load judged.
     """
+    error_limit = slo.max_error_rate
     steps = steps.sort_values(["load_level", "start"])
     decided = steps[steps["decided"]] if "decided" in steps else steps
     small = steps.drop(decided.index)
@@ -126,12 +153,17 @@ def find_breakpoint(steps: pd.DataFrame, slo: Slo, error_limit: float = ERROR_RA
                f" had too few requests to judge ({fix})") if undecided else ""
     if hits:
         _, _, name, hit = min(hits)
-        return {"breakpoint": {**hit, "reason": name}, "breakpoint_note": too_few[2:] or None, "rules": rules,
-                "undecided": undecided}
+        chosen = {**hit, "reason": name, "below_range": False}
+        if hit["last_good_load_level"] is None:
+            chosen = _below_range(chosen)
+        return {"breakpoint": chosen, "breakpoint_note": too_few[2:] or None, "rules": rules, "undecided": undecided}
     levels = [(_at(r)) for _, r in decided.iterrows()]
     complete = complete or {}
     if not levels:
         note = "no step had enough requests to judge a breakpoint" + too_few
+    elif complete.get("auto_stop"):
+        note = (f"no breakpoint by the SLO up to {levels[-1]}, where the run's auto-stop ended it "
+                f"({complete['auto_stop']}): the live rule fired before the SLO did" + too_few)
     elif complete.get("interrupted") or complete.get("truncated"):
         note = (f"no breakpoint up to {levels[-1]}, but {complete.get('note')}: the higher loads were not measured, "
                 "so this is not a verdict on them" + too_few)
@@ -144,3 +176,42 @@ def find_breakpoint(steps: pd.DataFrame, slo: Slo, error_limit: float = ERROR_RA
                 f"throughput kept growing; {'ramp higher' if sweep == 'ramp' else 'offer higher rates'} to find the "
                 "limit" + too_few)
     return {"breakpoint": None, "breakpoint_note": note, "rules": rules, "undecided": undecided}
+
+
+# "auto-stop: step 5 (64 users) TTFT p95 1.23 s > 1 s ([stop] ...)"; "breakpoint:" is how runs recorded before
+# the live rule was named "auto-stop" begin.
+_AUTO_STOP = re.compile(r"^(?:auto-stop|breakpoint): step (\d+) \([^)]*\) (.*?)(?: \(\[stop\] \w+\))?$")
+
+
+def auto_stop(stop_reason: Any, steps: pd.DataFrame) -> dict[str, Any] | None:
+    """The live auto-stop (`[stop] breakpoint_ttft_p95_s` / `breakpoint_error_rate`) that ended the run, if one did."""
+    match = _AUTO_STOP.match(stop_reason) if isinstance(stop_reason, str) else None
+    if match is None:
+        return None
+    step, condition = int(match.group(1)), match.group(2)
+    rule = "breakpoint_ttft_p95_s" if condition.startswith("TTFT") else "breakpoint_error_rate"
+    row = steps.loc[step] if step in steps.index else None
+    return {"rule": rule, "step": step, "condition": condition, "reason": stop_reason,
+            "load_level": None if row is None else float(row["load_level"]),
+            "load_unit": None if row is None else str(row["load_unit"])}
+
+
+def auto_stop_relation(stop: dict[str, Any], bp: dict[str, Any] | None, slo: Slo, judged_up_to: str | None) -> str:
+    """One sentence: where the live rule stopped the run, and where the SLO breakpoint is."""
+    at = (level_text(stop["load_level"], stop["load_unit"]) if stop["load_level"] is not None
+          else f"step {stop['step']}")
+    head = f"auto-stop at {at} ({stop['condition']}, [stop] {stop['rule']})"
+    if bp is None:
+        upto = f" up to {judged_up_to}" if judged_up_to else ""
+        return (f"{head}; the SLO ({slo.describe()}) held{upto}: the live rule is stricter than the SLO, "
+                "so the capacity by the SLO may be higher")
+    where = breakpoint_text(bp)
+    what = "SLO breakpoint" if bp["reason"] == "slo" else f"breakpoint ({bp['reason']} rule)"
+    if bp.get("below_range"):
+        return f"{head}; the {what} is {where}: no level met it"
+    if stop["load_level"] is not None and bp["load_level"] < stop["load_level"]:
+        why = (" (the live rule judges one step's TTFT p95 against its own limit; the SLO judges every request "
+               f"against {slo.describe()})" if stop["rule"] == "breakpoint_ttft_p95_s" else
+               " (the live rule judges only the error rate; the SLO judges every request's latency too)")
+        return f"{head}; the {what} is {where}, lower{why}"
+    return f"{head}; the {what} is {where}, the same level"

@@ -10,7 +10,10 @@ session (their prefix was sent one turn earlier). Evidence, strongest first:
 the server's usage fields (`cache_read_input_tokens`, OpenAI's `cached_tokens`)
 on those turns; without them, whether later turns' TTFT falls below first
 turns' although their context is longer. With no repeat turn there is nothing
-to judge, and the summary says so instead of guessing.
+to judge, and the summary says so instead of guessing, whatever the usage
+fields say: llama.cpp reports one cached token (the shared first token) on
+nearly every request, which is no evidence of caching. For the same reason a
+request counts as a cache hit only when it read a real share of its input.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ import pandas as pd
 
 # Share of a later turn's input read from the cache above which caching counts as honoured.
 HONOURED_HIT_RATIO = 0.5
+# Below this share of its input a cache read is noise (a server's shared first token), not a hit;
+# later turns reading less than this share overall do not use the cache at all.
+MIN_HIT_SHARE = 0.05
 # Without usage fields: later turns' median TTFT at most this fraction of first turns' counts as a cache gain.
 TTFT_GAIN_RATIO = 0.7
 
@@ -46,7 +52,7 @@ def caching_summary(df: pd.DataFrame) -> dict[str, Any] | None:
     turn = pd.to_numeric(ok["turn"], errors="coerce") if "turn" in ok else pd.Series(np.nan, index=ok.index)
     later, first = ok[turn.gt(1).to_numpy()], ok[turn.eq(1).to_numpy()]
     inputs = ok["input_tokens"].fillna(0)
-    hits = read.fillna(0) > 0
+    hits = (read.fillna(0) > 0) & (read.fillna(0) >= MIN_HIT_SHARE * inputs)
     out: dict[str, Any] = {
         "usage_reported": reported,
         "requests": len(ok),
@@ -73,9 +79,6 @@ def _verdict(c: dict[str, Any]) -> tuple[bool | None, str]:
     ttft = (f"; TTFT p50 {later:.3g} s on later turns vs {first:.3g} s on first turns"
             if first is not None and later is not None else "")
     if c["later_turns"] == 0:
-        if c["requests_with_cache_reads"]:
-            return True, (f"honoured: {c['requests_with_cache_reads']} requests read {c['cache_read_tokens']:,} "
-                          "tokens from the prompt cache")
         return None, ("cannot tell: no request repeated an earlier prefix (use a [session] scenario, "
                       "e.g. coding-session, to test prompt caching)")
     ratio = c["later_turns_hit_ratio"]
@@ -83,9 +86,10 @@ def _verdict(c: dict[str, Any]) -> tuple[bool | None, str]:
         if ratio >= HONOURED_HIT_RATIO:
             return True, (f"honoured: later turns read {100 * ratio:.0f}% of their input from the cache "
                           f"(hit ratio over all requests {100 * (c['hit_ratio'] or 0):.0f}%){ttft}")
-        if ratio == 0:
+        if ratio < MIN_HIT_SHARE:
+            read = f" (they read {100 * ratio:.2g}% of their input: noise, not hits)" if ratio else ""
             return False, (f"NOT honoured: {c['later_turns']} later turns resent a prefix and none read it from "
-                           f"the cache{ttft}; a relay may strip cache_control or spread turns over backends")
+                           f"the cache{read}{ttft}; a relay may strip cache_control or spread turns over backends")
         return False, (f"partly honoured: later turns read only {100 * ratio:.0f}% of their input from the "
                        f"cache{ttft}")
     if first is None or later is None:
@@ -106,10 +110,20 @@ def report_rows(summary: dict[str, Any]) -> list[list[Any]]:
     c = summary.get("caching")
     if not c:
         return []
-    return [["verdict", c["verdict"]], ["usage fields reported", c["usage_reported"]],
-            ["cache hit ratio (all requests)", c["hit_ratio"]], ["cache hit ratio (later turns)", c["later_turns_hit_ratio"]],
-            ["requests with cache reads", f"{c['requests_with_cache_reads']} of {c['requests']}"],
+    return [["verdict", c["verdict"]], ["usage fields reported", "yes" if c["usage_reported"] else "no"],
+            ["cache hit ratio (all requests)", _share(c["hit_ratio"])],
+            ["cache hit ratio (later turns)", _share(c["later_turns_hit_ratio"])],
+            [f"requests with cache hits (≥ {100 * MIN_HIT_SHARE:.0f}% of their input)", f"{c['requests_with_cache_reads']} of {c['requests']}"],
             ["tokens read / written / input",
              f"{c['cache_read_tokens']:,} / {c['cache_creation_tokens']:,} / {c['input_tokens']:,}"],
-            ["TTFT p50 with / without cache reads (s)", f"{c['ttft_p50_cached_s']} / {c['ttft_p50_uncached_s']}"],
-            ["TTFT p50 first / later turns (s)", f"{c['ttft_p50_first_turn_s']} / {c['ttft_p50_later_turns_s']}"]]
+            ["TTFT p50 with / without cache reads (s)", f"{_num(c['ttft_p50_cached_s'])} / {_num(c['ttft_p50_uncached_s'])}"],
+            ["TTFT p50 first / later turns (s)",
+             f"{_num(c['ttft_p50_first_turn_s'])} / {_num(c['ttft_p50_later_turns_s'])}"]]
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.3g}%"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"

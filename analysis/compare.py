@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,11 +25,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from tokenload.analysis import plots
+from tokenload.analysis import plots, serverplot
+from tokenload.analysis.breakpoint import breakpoint_text
 from tokenload.analysis.pipeline import analyze
 from tokenload.analysis.report import figure, h, html_table, page, verdict_html
+from tokenload.analysis.search import compare_capacities
 from tokenload.analysis.stats import BOOTSTRAP_MAX_N, BOOTSTRAP_RESAMPLES, MIN_CI_SAMPLES, holm, order_statistic_ci
-from tokenload.analysis.steps import METRICS, Slo, measured_rows
+from tokenload.analysis.steps import METRICS, measured_rows
 from tokenload.analysis.summary import Analysis
 from tokenload.analysis.windows import level_text
 from tokenload.errors import ConfigError
@@ -150,6 +152,7 @@ def _levels(label: str, base: Analysis, other: Analysis, alpha: float) -> list[d
                              "delta_output_tok_s": _r(to["output_tok_s"] - tb["output_tok_s"]),
                              "ratio": _r(to["output_tok_s"] / tb["output_tok_s"]) if tb["output_tok_s"] else None,
                              "baseline_total_tok_s": _r(tb["total_tok_s"]), "total_tok_s": _r(to["total_tok_s"])}
+        row["server"] = serverplot.side_by_side(base.summary, s_base, other.summary, s_other)
         rows.append(row)
     tests = [(row, metric) for row in rows for metric in METRICS]
     adjusted = holm([row[m]["p_value"] if row[m]["p_value"] is not None else math.nan for row, m in tests])
@@ -223,6 +226,8 @@ def _run_card(label: str, a: Analysis) -> dict[str, Any]:
         "breakpoint": s["breakpoint"], "breakpoint_note": s["breakpoint_note"],
         "bound": s["diagnosis"]["bound"], "max_active_users": max((x["active_users"] for x in s["steps"]), default=None),
         "load_levels": [x["load_level"] for x in s["steps"]], "load_unit": s["run"]["load_unit"],
+        **({"server_cause": (s["server_metrics"].get("cause") or {}).get("text")}
+           if s.get("server_metrics", {}).get("terms") else {}),
     }
 
 
@@ -238,16 +243,18 @@ def _labels(analyses: Sequence[Analysis], labels: Sequence[str] | None) -> list[
 
 
 def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = None,
-                 out_dir: str | Path | None = None, *, slo_ttft: float = 1.0, slo_e2e: float = 3.0,
+                 out_dir: str | Path | None = None, *, slo_overrides: Mapping[str, Any] | None = None,
                  alpha: float = ALPHA, console: Console | None = None) -> dict[str, Any]:
     """Compare runs (the first is the baseline); write comparison.json/.html and plots to out_dir.
 
-    out_dir defaults to `compare-<time>` next to the first run.
+    Every run is judged by one SLO: the baseline's own (its scenario's `[slo]`) with
+    `slo_overrides` applied. out_dir defaults to `compare-<time>` next to the first run.
     """
     if len(run_dirs) < 2:
         raise ConfigError("compare needs at least two run directories")
-    slo = Slo(slo_ttft, slo_e2e)
-    analyses = [analyze(d, slo, console=console, write=False) for d in run_dirs]
+    first = analyze(run_dirs[0], console=console, write=False, slo_overrides=slo_overrides)
+    slo = first.slo
+    analyses = [first, *(analyze(d, slo, console=console, write=False) for d in run_dirs[1:])]
     names = _labels(analyses, labels)
     out = Path(out_dir) if out_dir else Path(run_dirs[0]).resolve().parent / time.strftime("compare-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -255,7 +262,7 @@ def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = 
     levels = {n: _levels(n, base, a, alpha) for n, a in zip(names[1:], analyses[1:])}
     deltas = [_summary_delta(n, m, levels[n]) for n in names[1:] for m in METRICS]
     comparison: dict[str, Any] = {
-        "baseline": names[0], "alpha": alpha, "min_effect": MIN_EFFECT,
+        "baseline": names[0], "alpha": alpha, "min_effect": MIN_EFFECT, "slo": slo.to_dict(),
         "test": ("per matched load level: two-sided Mann-Whitney U (normal approximation, tie-corrected), "
                  "Holm-corrected over every level and metric; 95% bootstrap intervals of the p50/p95 deltas"),
         "runs": [_run_card(n, a) for n, a in zip(names, analyses)],
@@ -263,12 +270,23 @@ def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = 
         "levels": [row for n in names[1:] for row in levels[n]],
         "deltas": deltas,
     }
+    capacities = compare_capacities([(n, a.summary.get("search")) for n, a in zip(names, analyses)])
+    if capacities is not None:
+        comparison["capacity"] = capacities
+        comparison["headline"] = capacities["headline"] + comparison["headline"]
     views = list(zip(names, analyses))
-    figures = []
+    figures, drawn = [], []
+    if capacities is not None:
+        figures.append(figure(plots.plot_capacity([(n, a.summary["search"]) for n, a in views],
+                                                  out / "plots" / "capacity.png"),
+                              "Each run's breakpoint search: SLO attainment and goodput per probe (numbered in the "
+                              "order they ran); shaded: where each run's boundary lies."))
+        drawn.append("capacity.png")
     if all(len(a.ok) for a in analyses):
         for name, draw, caption in COMPARE_PLOTS:
             figures.append(figure(draw(views, out / "plots" / name), caption))
-    comparison["plots"] = [f"plots/{name}" for name, _, _ in COMPARE_PLOTS] if figures else []
+            drawn.append(name)
+    comparison["plots"] = [f"plots/{name}" for name in drawn]
     (out / "comparison.json").write_text(json.dumps(comparison, indent=2, default=str) + "\n", encoding="utf-8")
     _write_html(comparison, views, figures, out / "comparison.html")
     comparison["out_dir"] = str(out)
@@ -305,8 +323,8 @@ def _write_html(comparison: dict[str, Any], views: list[tuple[str, Analysis]], f
     runs = [[r["label"], ", ".join(r["models"]), r["requests"], r["errors"], r["slo_attainment"],
              ", ".join(f"{v:g}" for v in r["load_levels"]) + f" {r['load_unit'] or ''}",
              r["ttft_fit"]["slope_s_per_token"], r["ttft_fit"]["intercept_s"], r["e2e_fit"]["slope_s_per_token"],
-             (f"{level_text(r['breakpoint']['load_level'], r['breakpoint']['load_unit'])} ({r['breakpoint']['reason']})"
-              if r["breakpoint"] else "none"), r["bound"]] for r in comparison["runs"]]
+             (f"{breakpoint_text(r['breakpoint'])} ({r['breakpoint']['reason']})" if r["breakpoint"] else "none"),
+             r["bound"] or "not determined"] for r in comparison["runs"]]
     headline = "<ul class='advice'>" + "".join(f"<li>{h(line)}</li>" for line in comparison["headline"]) + "</ul>"
     sections = [
         (f"Against {comparison['baseline']}, matched by load level", headline),
@@ -317,6 +335,8 @@ def _write_html(comparison: dict[str, Any], views: list[tuple[str, Analysis]], f
     ]
     if figures:
         sections.append(("Charts", "".join(figures)))
+    if (server := serverplot.compare_section(comparison)) is not None:
+        sections.append(server)
     sections += [(f"Verdict: {label}", verdict_html(a.summary)) for label, a in views]
     title = "tokenload comparison: " + " vs ".join(label for label, _ in views)
     path.write_text(page(title, sections), encoding="utf-8")

@@ -11,7 +11,7 @@ line (|k - 1| large enough to matter), so noise never reads as a finding.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -254,3 +254,43 @@ def grouped_linear(keys: np.ndarray, x: np.ndarray, y: np.ndarray) -> dict[int, 
         slope = (row.xy - row.x * row.y / row.n) / sxx
         out[int(key)] = (float(slope), float((row.y - slope * row.x) / row.n))
     return out
+
+
+def varies(n_tokens: np.ndarray) -> bool:
+    """Do these input lengths vary enough to move TTFT (the spread `spread_note` asks of a fit)?"""
+    x = np.asarray(n_tokens, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if not len(x):
+        return False
+    p5, p50, p95 = np.percentile(x, [5, 50, 95])
+    return bool(p95 - p5 >= MIN_RELATIVE_SPREAD * max(p50, 1.0))
+
+
+def planned_ttft(steps: np.ndarray, n_tokens: np.ndarray, ttft: np.ndarray,
+                 step_median: Mapping[Any, float]) -> tuple[np.ndarray, list[int]]:
+    """The TTFT the formula test predicts for each request, and the steps it cannot judge.
+
+    Where a step's input lengths are steady, its median TTFT is what a user
+    plans with. Where they vary (a prompt sweep runs many lengths at one load
+    level), one median would blame the formula for the prefill law: each request
+    is predicted from its own input length on the step's TTFT-vs-input line
+    instead. A step whose lengths vary but whose requests are too few to fit
+    that line gets NaN and is listed: the formula cannot be judged there.
+    """
+    steps = np.asarray(steps)
+    n = np.asarray(n_tokens, dtype=np.float64)
+    y = np.asarray(ttft, dtype=np.float64)
+    out = np.full(len(steps), np.nan)
+    unjudged: list[int] = []
+    for step in np.unique(steps):
+        rows = steps == step
+        known = rows & np.isfinite(n) & np.isfinite(y)
+        if not varies(n[known]):
+            out[rows] = step_median.get(int(step), np.nan)
+            continue
+        fit = linear_fit(n[known], y[known])
+        if fit is None:
+            unjudged.append(int(step))
+        else:
+            out[rows] = fit.intercept + fit.slope * n[rows]
+    return out, unjudged

@@ -9,21 +9,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tokenload.analysis import caching, plots
+from tokenload.analysis import caching, plots, serverplot
 from tokenload.analysis.ratelimits import rate_limits_html
 from tokenload.analysis.records import REQUESTS_FILE, load_run
 from tokenload.analysis.report import figure, h, html_table, page, slope_text, steps_html, verdict_html, verdict_table
-from tokenload.analysis.steps import Slo, StepOptions
+from tokenload.analysis.search import search_summary
+from tokenload.analysis.steps import StepOptions
 from tokenload.analysis.summary import Analysis, summarize
 from tokenload.analysis.windows import level_text
-from tokenload.errors import error_class
+from tokenload.errors import ConfigError, error_class
+from tokenload.slo import Slo
 
 # Runs with at least this many rows show a progress bar.
 PROGRESS_MIN_ROWS = 100_000
@@ -69,17 +71,34 @@ def _stages(console: Console | None, enabled: bool, total: int) -> Iterator[Call
         yield lambda desc: progress.update(task, advance=1, description=desc)
 
 
-def analyze_run(run_dir: str | Path, slo_ttft: float = 1.0, slo_e2e: float = 3.0, *, slo_target: float = 0.90,
+def analyze_run(run_dir: str | Path, slo: Slo | None = None, *, slo_overrides: Mapping[str, Any] | None = None,
                 low_load_users: int | None = None, console: Console | None = None,
                 write: bool = True, options: StepOptions | None = None) -> dict[str, Any]:
     """Analyse RUN_DIR, write summary.json, plots/*.png and report.html there, return the summary.
 
     Raises `ConfigError` when RUN_DIR is not a run (see `records.load_run`).
-    With `write=False` only the summary is computed. `options` (percentiles, warm-up,
-    goodput) default to the run's scenario: its `[load] step_warmup_s`, p50/p95/p99, SLO goodput.
+    With `write=False` only the summary is computed. The SLO is `slo`, else the run's own
+    (its scenario's `[slo]`), with `slo_overrides` (the `--slo-*` flags) applied. `options`
+    (percentiles, warm-up, goodput) default to the run's scenario: its `[load] step_warmup_s`,
+    p50/p95/p99, SLO goodput.
     """
-    analysis = analyze(run_dir, Slo(slo_ttft, slo_e2e, slo_target), low_load_users, console, write, options)
+    analysis = analyze(run_dir, slo, low_load_users, console, write, options, slo_overrides=slo_overrides)
     return analysis.summary
+
+
+def scenario_slo(manifest: dict[str, Any]) -> Slo:
+    """The SLO the run was planned with: its resolved scenario's `[slo]` (runs without one: the default)."""
+    table = (manifest.get("scenario") or {}).get("slo")
+    try:
+        return Slo.from_dict(table if isinstance(table, dict) else None)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"manifest.json's scenario [slo] is not valid ({exc}): give the SLO with the --slo-* "
+                          "flags") from None
+
+
+def resolve_slo(manifest: dict[str, Any], overrides: Mapping[str, Any] | None) -> Slo:
+    """The run's own SLO with the `--slo-*` flags' fields replaced."""
+    return dataclasses.replace(scenario_slo(manifest), **(overrides or {}))
 
 
 def scenario_warmup(manifest: dict[str, Any]) -> float:
@@ -88,18 +107,23 @@ def scenario_warmup(manifest: dict[str, Any]) -> float:
     return float(value) if isinstance(value, (int, float)) and value >= 0 else 0.0
 
 
-def analyze(run_dir: str | Path, slo: Slo = Slo(), low_load_users: int | None = None,
-            console: Console | None = None, write: bool = True, options: StepOptions | None = None) -> Analysis:
+def analyze(run_dir: str | Path, slo: Slo | None = None, low_load_users: int | None = None,
+            console: Console | None = None, write: bool = True, options: StepOptions | None = None, *,
+            slo_overrides: Mapping[str, Any] | None = None) -> Analysis:
     """Like `analyze_run` but returns the full `Analysis` (used by comparisons)."""
     path = Path(run_dir)
     enabled = path.is_dir() and _row_count(path) >= PROGRESS_MIN_ROWS
     with _stages(console, enabled, total=3 + len(PLOTS)) as advance:
         run = load_run(path)
         advance("per-step statistics and fits")
+        if slo is None:
+            slo = resolve_slo(run.manifest, slo_overrides)
         options = options or StepOptions()
         if options.warmup_s is None:
             options = dataclasses.replace(options, warmup_s=scenario_warmup(run.manifest))
         analysis = summarize(run, slo, low_load_users, options)
+        # The probes are recounted against the SLO the run decided them by, whatever the flags say.
+        analysis.summary["search"] = search_summary(run, scenario_slo(run.manifest))
         if write:
             advance("writing summary.json")
             (path / "summary.json").write_text(json.dumps(analysis.summary, indent=2, default=str) + "\n",
@@ -119,15 +143,24 @@ def write_report(analysis: Analysis, out_dir: Path, advance: Callable[[str], Non
             target = out_dir / "plots" / name
             draw(view, target)
             figures.append(figure(target, caption))
+        drawn = serverplot.plot_server_gauges(analysis, out_dir / "plots" / serverplot.NAME)
+        if drawn is not None:
+            figures.append(figure(drawn, serverplot.CAPTION))
     advance("writing report.html")
     sections = [("Verdict", verdict_html(s)),
-                ("Diagnosis: " + s["diagnosis"]["bound"] + "-bound",
+                ("Diagnosis: " + (f"{s['diagnosis']['bound']}-bound" if s["diagnosis"]["bound"] else "bound not determined"),
                  "<ul class='advice'>" + "".join(f"<li>{h(a)}</li>" for a in s["diagnosis"]["advice"]) + "</ul>")]
     if s["problems"]:
         sections.append(("What is missing", "<div class='problems'><ul>" +
                          "".join(f"<li>{h(p)}</li>" for p in s["problems"]) + "</ul></div>"))
+    if s.get("search"):
+        target = plots.plot_capacity([(s["run"]["label"], s["search"])], out_dir / "plots" / "capacity.png")
+        figures.insert(0, figure(target, "The breakpoint search: each probe's SLO attainment (95% interval) and "
+                                         "goodput, numbered in the order the probes ran; shaded: where the boundary "
+                                         "lies; dash-dot: the SLO target."))
     if figures:
         sections.append(("Charts", "".join(figures)))
+    sections.append(serverplot.report_section(s))
     if caching.report_rows(s):
         sections.append(("Prompt caching", html_table(["", "value"], caching.report_rows(s), left=2)))
     sections += [("Rate limits", rate_limits_html(s["rate_limits"]))] + _tables(s)
@@ -162,8 +195,10 @@ def _tables(s: dict[str, Any]) -> list[tuple[str, str]]:
     settings = [["warm-up excluded per step", f"{opts['warmup_s'] or 0:g} s (requests started in each step's first "
                  "seconds; scenario [load] step_warmup_s or analyze --warmup)"],
                 ["percentiles", ", ".join(f"p{p:g}" for p in opts["percentiles"])],
+                ["SLO", f"{s['slo']['describe']}; load errors <= {100 * s['slo']['max_error_rate']:g}% per step "
+                        "(configuration and input errors are not judged)"],
                 ["goodput criteria", ", ".join(f"{k} <= {1000 * v:g} ms" for k, v in goodput.items()) if goodput
-                 else f"the SLO (TTFT <= {s['slo']['ttft_s']:g} s and e2e <= {s['slo']['e2e_s']:g} s)"],
+                 else "the SLO"],
                 ["a step decides the breakpoint from", f"{opts['min_step_requests']} finished requests"],
                 ["throughput", "tokens counted in the window they were streamed (each request's output spread "
                  "between its first and last token), input tokens at the first token, requests at completion"]]

@@ -177,6 +177,18 @@ def _ci_band(t: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
+def breakpoint_marker(summary: dict[str, Any]) -> tuple[float, str] | None:
+    """(load level, legend) of the breakpoint line; None when there is none to draw.
+
+    A breakpoint below the range (no level met the SLO) has no level on the axis:
+    a line at the lowest level would claim that level as the breakpoint.
+    """
+    bp = summary.get("breakpoint")
+    if not bp or bp.get("load_level") is None:
+        return None
+    return float(bp["load_level"]), f"breakpoint {level_text(bp['load_level'], bp['load_unit'])} ({bp['reason']})"
+
+
 def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], title: str) -> plt.Figure:
     """Per-concurrency curves: one panel per quantity, one colour per run, breakpoints marked."""
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), squeeze=False)
@@ -198,10 +210,9 @@ def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], title: str)
             for col, _, _ in panel.series[:1]:
                 ax.plot(small["load_level"], small[col] * panel.scale, "x", color="0.4", ms=8,
                         label=f"{prefix}too few requests to judge" if len(small) else None)
-            bp = a.summary.get("breakpoint")
-            if bp:
-                ax.axvline(bp["load_level"], color=color, ls=":", lw=1.5,
-                           label=f"{prefix}breakpoint {level_text(bp['load_level'], bp['load_unit'])} ({bp['reason']})")
+            marker = breakpoint_marker(a.summary)
+            if marker is not None:
+                ax.axvline(marker[0], color=color, ls=":", lw=1.5, label=f"{prefix}{marker[1]}")
         if panel.slo is not None:
             ax.axhline(panel.slo, color="red", ls="-.", lw=1, label=f"SLO {panel.slo:g} s")
         _load_axis(ax, views)
@@ -225,7 +236,7 @@ def latency_figure(views: Sequence[View]) -> plt.Figure:
         Panel("TTFT", "seconds", (("ttft_p50_s", "p50", "-"), ("ttft_p95_s", "p95", "--")), slo=slo.ttft_s,
               bands=("ttft_p50_s", "ttft_p95_s")),
         Panel("TPOT", "seconds per token", (("tpot_p50_s", "p50", "-"), ("tpot_p95_s", "p95", "--")),
-              bands=("tpot_p50_s", "tpot_p95_s")),
+              slo=slo.tpot_s, bands=("tpot_p50_s", "tpot_p95_s")),
         Panel("End-to-end", "seconds", (("e2e_p50_s", "p50", "-"), ("e2e_p95_s", "p95", "--")), slo=slo.e2e_s,
               bands=("e2e_p50_s", "e2e_p95_s")),
     ]
@@ -280,7 +291,7 @@ def plot_cdfs(views: Sequence[View], path: Path, metrics: Sequence[str] = ("ttft
             ax.plot(xs, probs * 100, color=COLORS[i % len(COLORS)], lw=2, label=f"{label} (n={values.size:,})")
             wide |= bool(values[0] > 0 and values[-1] / values[0] > 50)
         slo = views[0][1].slo
-        limit = {"ttft": slo.ttft_s, "e2e": slo.e2e_s}.get(metric)
+        limit = {"ttft": slo.ttft_s, "tpot": slo.tpot_s, "e2e": slo.e2e_s}.get(metric)
         if limit is not None:
             ax.axvline(limit, color="red", ls="-.", lw=1, label=f"SLO {limit:g} s")
         if wide:
@@ -323,11 +334,58 @@ def plot_timeline(views: Sequence[View], path: Path, bins: int = 120) -> Path:
     ok = _sample(a.ok, MAX_POINTS)
     axes[2].scatter((ok["started_at"] - t0) / per, ok["ttft_s"], s=3, alpha=0.3, color=COLORS[0], rasterized=True,
                     label="TTFT per request")
-    axes[2].axhline(a.slo.ttft_s, color="red", ls="-.", lw=1, label=f"SLO {a.slo.ttft_s:g} s")
+    if a.slo.ttft_s is not None:
+        axes[2].axhline(a.slo.ttft_s, color="red", ls="-.", lw=1, label=f"SLO {a.slo.ttft_s:g} s")
     if len(ok) and ok["ttft_s"].max() / max(ok["ttft_s"].min(), 1e-9) > 50:
         _log_axis(axes[2], "y")
     axes[2].set(ylabel="TTFT (s)", xlabel=f"{unit} since the first request")
     legend(axes[2], fontsize=8, loc="upper left", markerscale=4)
     for ax in axes:
         ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_capacity(searches: Sequence[tuple[str, dict[str, Any]]], path: Path) -> Path:
+    """A breakpoint search: SLO attainment (with its 95% interval) and goodput per probe against load.
+
+    Each probe is a point numbered in the order it ran; the SLO target is a line; the band where the
+    boundary lies ([capacity, first failing]) is shaded. Several searches (a comparison) share the axes.
+    """
+    fig, (att_ax, good_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    unit = searches[0][1]["unit"] if searches else "users"
+    for i, (label, s) in enumerate(searches):
+        color = f"C{i}"
+        probes = [p for p in s["probes"] if p.get("attainment") is not None]
+        for n, p in enumerate(s["probes"], start=1):
+            if p.get("attainment") is None:
+                continue
+            ci = p.get("ci")
+            yerr = [[max(0.0, p["attainment"] - ci[0])], [max(0.0, ci[1] - p["attainment"])]] if ci else None
+            marker = {"pass": "o", "fail": "x", "undecided": "s"}[p["verdict"]]
+            att_ax.errorbar(p["level"], p["attainment"], yerr=yerr, fmt=marker, color=color, capsize=3, ms=6)
+            att_ax.annotate(str(n), (p["level"], p["attainment"]), textcoords="offset points", xytext=(5, 5),
+                            fontsize=8, color=color)
+            if p.get("goodput_rps") is not None:
+                good_ax.plot(p["level"], p["goodput_rps"], marker, color=color, ms=6)
+                good_ax.annotate(str(n), (p["level"], p["goodput_rps"]), textcoords="offset points",
+                                 xytext=(5, 5), fontsize=8, color=color)
+        lo, hi = s["interval"]
+        if hi is not None:
+            for ax in (att_ax, good_ax):
+                ax.axvspan(lo, hi, color=color, alpha=0.15,
+                           label=f"{label + ': ' if len(searches) > 1 else ''}boundary in [{lo}, {hi}]")
+        if probes:
+            att_ax.plot([], [], "o", color=color, label=f"{label}: pass / x fail / ■ undecided" if len(searches) > 1
+                        else "o pass · x fail · ■ undecided")
+        att_ax.axhline(s["slo"]["target"], color="red", ls="-.", lw=1,
+                       label=f"SLO target {s['slo']['target']:.0%}" if i == 0 else None)
+    att_ax.set_ylim(-0.05, 1.05)
+    att_ax.set_ylabel("SLO attainment (95% interval)")
+    good_ax.set_ylabel("goodput (requests/s meeting the SLO)")
+    for ax in (att_ax, good_ax):
+        ax.set_xlabel(f"load ({unit})")
+        ax.grid(alpha=0.3)
+        legend(ax, fontsize=8, loc="best")
+    att_ax.set_title("Attainment per probe (numbers: probe order)")
+    good_ax.set_title("Goodput per probe")
     return _save(fig, path)

@@ -43,6 +43,9 @@ WORKLOAD_COLUMNS: tuple[str, ...] = (
 WARMUP_PHASE = "warmup"
 # Connection setup (`connect_s`, 0 on a reused connection; `reconnects`), carried through when the run has them.
 CONNECTION_COLUMNS: tuple[str, ...] = ("connect_s", "reconnects")
+# What the answer was against what was asked: fidelity (tokenload.analysis.fidelity) and `truncated`
+# (cut for length below the max_tokens asked), carried through when the run has them.
+ANSWER_COLUMNS: tuple[str, ...] = ("chunks", "max_tokens", "output_tokens_source", "ttfb_s", "truncated")
 
 
 @dataclass
@@ -145,7 +148,7 @@ def load_run(run_dir: str | Path) -> Run:
     missing = [c for c in REQUIRED_COLUMNS if c not in schema_names]
     if missing:
         raise ConfigError(f"{parquet} lacks required column(s): {', '.join(missing)}")
-    carried = (*OPTIONAL_COLUMNS, *WORKLOAD_COLUMNS, *CONNECTION_COLUMNS)
+    carried = (*OPTIONAL_COLUMNS, *WORKLOAD_COLUMNS, *CONNECTION_COLUMNS, *ANSWER_COLUMNS)
     wanted = [*ANALYSIS_COLUMNS, *(c for c in carried if c in schema_names)]
     try:
         df = pq.read_table(parquet, columns=wanted).to_pandas()
@@ -157,8 +160,8 @@ def load_run(run_dir: str | Path) -> Run:
 
 
 def _without_warmup(raw: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
-    """`out` plus the workload and connection columns of `raw`, without the warm-up rows."""
-    for col in (*WORKLOAD_COLUMNS, *CONNECTION_COLUMNS):
+    """`out` plus the workload, connection and answer columns of `raw`, without the warm-up rows."""
+    for col in (*WORKLOAD_COLUMNS, *CONNECTION_COLUMNS, *ANSWER_COLUMNS):
         if col in raw:
             out[col] = raw[col].to_numpy()
     if "phase" in out:

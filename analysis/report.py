@@ -17,7 +17,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from tokenload.analysis import caching
+from tokenload.analysis import caching, fidelity
+from tokenload.analysis.breakpoint import breakpoint_text
 from tokenload.analysis.windows import level_text
 
 CSS = """
@@ -57,16 +58,25 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     formula, diag, bp = summary["formula"], summary["diagnosis"], summary["breakpoint"]
     complete = run.get("completeness") or {}
     rows: list[tuple[str, str, bool | None]] = []
+    search = summary.get("search")
+    if search:
+        rows.append(("Capacity (search)", search["verdict"],
+                     None if search["capacity"] is None and not search["below_range"] else not search["below_range"]))
     if complete.get("interrupted") or complete.get("truncated"):
         rows.append(("Run incomplete", complete["note"], False))
     rows += [
         ("Requests", f"{run['requests']:,} ({run['ok']:,} ok, {run['errors']:,} errors{_classes(summary)}, "
                      f"{run['in_flight']:,} still open at the end)", run["errors"] == 0 if run["requests"] else False),
         ("SLO attainment", f"{_fmt(100 * slo['attainment'] if slo['attainment'] is not None else None, '%')} "
-                           f"within TTFT ≤ {slo['ttft_s']:g} s and e2e ≤ {slo['e2e_s']:g} s "
-                           f"(target {100 * slo['target']:g}%)",
+                           f"of {slo.get('judged', 0):,} judged requests; SLO: {slo.get('describe')}"
+                           + (f" ({slo['not_judged']:,} configuration/input errors not judged)"
+                              if slo.get("not_judged") else ""),
          None if slo["attainment"] is None else slo["attainment"] >= slo["target"]),
     ]
+    if run.get("truncated"):
+        rows.append(("Answers cut short", f"{run['truncated']:,} answer(s) ended for length below the max_tokens "
+                                          "asked: the server cut them (a full context slot); shorten the prompts "
+                                          "or give the server a longer context", False))
     for metric, unit in (("ttft", " s"), ("tpot", " s/token"), ("e2e", " s")):
         p = lat[metric]
         shown = " · ".join(f"{k} {'≥ ' if k in p.get('bounds', []) else ''}{_fmt(v)}" for k, v in p.items()
@@ -92,24 +102,32 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         where = formula.get("typical_values_break_at")
         tail = (f"; with typical TTFT/TPOT it misses by > {100 * formula['typical_values_tolerance']:.0f}% "
                 f"from {where}" if where else "")
-        rows.append(("Formula TTFT + TPOT × N", f"with each step's median TTFT and TPOT it predicts e2e within "
+        if formula.get("not_judged_steps"):
+            tail += (f"; steps {_steps(formula['not_judged_steps'])} not judged (prompt lengths vary, too few requests "
+                     "to predict TTFT from them)")
+        rows.append(("Formula TTFT + TPOT × N", "with each step's median TPOT and typical TTFT (at each request's own "
+                                                "input length where lengths vary within a step) it predicts e2e within "
                                                 f"{100 * formula['mape_simple']:.1f}% on average "
                                                 f"({100 * formula['mape_exact']:.1f}% with N − 1){tail}",
                      formula["holds"]))
+    elif formula.get("note"):
+        rows.append(("Formula TTFT + TPOT × N", formula["note"], None))
     rows.append(("Output length drives e2e?", summary["e2e_drivers"]["verdict"], None))
     if bp:
         note = f" ({summary['breakpoint_note']})" if summary.get("breakpoint_note") else ""
-        rows.append(("Breakpoint", f"{level_text(bp['load_level'], bp['load_unit'])} ({bp['reason']}): "
-                                   f"{bp['detail']}{note}", False))
+        rows.append(("Breakpoint", f"{breakpoint_text(bp)} ({bp['reason']}): {bp['detail']}{note}", False))
     else:
         rows.append(("Breakpoint", summary.get("breakpoint_note") or "none",
                      None if (run.get("completeness") or {}).get("note") else True))
+    if summary.get("auto_stop"):
+        rows.append(("Auto-stop", summary["auto_stop"]["verdict"], None))
     share = diag.get("share_ttft")
-    rows.append(("Bound", f"{diag['bound']}" + (f" (TTFT is {100 * share:.0f}% of e2e)" if share is not None else ""),
-                 None))
+    bound = diag["bound"] or "not determined (no request finished)"
+    rows.append(("Bound", bound + (f" (TTFT is {100 * share:.0f}% of e2e)" if share is not None else ""), None))
     if diag["advice"]:
         rows.append(("First fix", diag["advice"][0], None))
     rows += caching.verdict_rows(summary)
+    rows += fidelity.verdict_rows(summary)
     for problem in summary.get("problems", []):
         rows.append(("Missing", problem, False))
     return rows

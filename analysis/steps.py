@@ -23,10 +23,12 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from tokenload.analysis.fits import grouped_linear
+from tokenload.analysis.fits import grouped_linear, planned_ttft
 from tokenload.analysis.stats import Quantile, bootstrap_ci, km_quantiles, wilson_interval
 from tokenload.analysis.windows import by_time
 from tokenload.errors import error_class
+from tokenload.slo import COLUMN as SLO_COLUMNS
+from tokenload.slo import Slo, judged
 
 PERCENTILES: tuple[float, ...] = (50, 95, 99)
 # Percentiles that get a bootstrap interval (`ci`) per step.
@@ -38,15 +40,6 @@ FORMULA_STEP_TOLERANCE = 0.20
 MIN_STEP_REQUESTS = 20
 # Goodput criteria (vLLM's `--goodput`): metric -> record column it bounds.
 GOODPUT_COLUMNS: dict[str, str] = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_max_s", "e2e": "e2e_s"}
-
-
-@dataclass(frozen=True)
-class Slo:
-    """Service-level objective: a request meets it when both bounds hold."""
-
-    ttft_s: float = 1.0
-    e2e_s: float = 3.0
-    target: float = 0.90
 
 
 @dataclass(frozen=True)
@@ -115,29 +108,34 @@ def latency_stats(rows: pd.DataFrame, cut: float, percentiles: Sequence[float], 
     return out
 
 
-def _meets(rows: pd.DataFrame, slo: Slo, goodput: dict[str, float], cut: float) -> tuple[np.ndarray, np.ndarray]:
-    """(meets, known) per request: SLO (or goodput criteria) met; and whether that is decided yet.
+def meets_slo(rows: pd.DataFrame, slo: Slo, cut: float,
+              goodput: dict[str, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(meets, known) per request: the SLO (or the goodput criteria) met; and whether that is decided.
 
-    A request still open when the run stopped is known to fail once it has waited past a
-    bound (no first token after the TTFT bound, not done after the e2e bound); otherwise
-    its outcome is unknown and it counts on neither side.
+    Judged are successes and load errors (`tokenload.slo.judged`); a configuration or
+    input error (auth, model, base URL, bad request, context_length) is not known
+    either way, so it counts on neither side. A threshold a finished request has no
+    value for (the TPOT of a one-token answer) is not missed. A request still open
+    when the run stopped is known to miss once it has waited past a bound (no first
+    token after the TTFT bound, not done after the e2e bound); otherwise it is unknown.
     """
     ok = rows["status"].eq("ok").to_numpy()
     open_ = rows["in_flight"].to_numpy()
     waited = cut - rows["started_at"].to_numpy()
-    bounds = goodput or {"ttft": slo.ttft_s, "e2e": slo.e2e_s}
+    kinds = rows["error_kind"].astype("object")
+    load_failure = kinds.map({k: judged("error", str(k)) for k in kinds.dropna().unique()})
+    counted = ok | load_failure.eq(True).to_numpy()
+    bounds, columns = (goodput, GOODPUT_COLUMNS) if goodput else (slo.thresholds, SLO_COLUMNS)
     meets = ok & ~open_
     failed_open = np.zeros(len(rows), dtype=bool)
     for metric, limit in bounds.items():
-        value = rows[GOODPUT_COLUMNS[metric]].to_numpy()
-        if metric == "tpot":
-            value = np.where(np.isfinite(value), value, 0.0)  # a one-token answer has no TPOT to miss
-        meets &= value <= limit
+        value = rows[columns[metric]].to_numpy(dtype=np.float64)
+        meets &= ~(value > limit)  # NaN (not measured) is not a miss
         if metric == "ttft":
-            failed_open |= open_ & ~np.isfinite(rows["ttft_s"].to_numpy()) & (waited > limit)
+            failed_open |= open_ & ~np.isfinite(rows["ttft_s"].to_numpy(dtype=np.float64)) & (waited > limit)
         elif metric == "e2e":
             failed_open |= open_ & (waited > limit)
-    known = ~open_ | failed_open
+    known = (~open_ & counted) | failed_open
     return meets, known
 
 
@@ -192,13 +190,13 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
         table["connect_p95_s"] = fresh.quantile(0.95)
         table["reconnects"] = pd.to_numeric(measured["reconnects"], errors="coerce").groupby(measured["step"]).sum()
 
-    meets, known = _meets(measured, slo, {}, cut)
+    meets, known = meets_slo(measured, slo, cut)
     table["slo_attainment"] = _share(meets, known, measured["step"])
     table["slo_n"] = pd.Series(known, index=measured.index).groupby(measured["step"]).sum()
-    good, known_good = _meets(measured, slo, options.goodput, cut) if options.goodput else (meets, known)
+    good, known_good = meets_slo(measured, slo, cut, options.goodput) if options.goodput else (meets, known)
     table["goodput_share"] = _share(good, known_good, measured["step"])
 
-    good_all, _ = _meets(df, slo, options.goodput, cut)
+    good_all, _ = meets_slo(df, slo, cut, options.goodput)
     timed = by_time(df, table, cut, good_all)
     table = table.join(timed)
     duration = table["duration_s"]
@@ -237,14 +235,16 @@ def _share(meets: np.ndarray, known: np.ndarray, steps: pd.Series) -> pd.Series:
 
 
 def _step_formula_mape(ok: pd.DataFrame, table: pd.DataFrame) -> pd.Series:
-    """MAPE of e2e predicted from the step's *typical* TTFT and TPOT (exact N - 1 form).
+    """MAPE of e2e predicted from the step's *typical* TTFT and TPOT (exact N - 1 form); TTFT from each request's
+    own input length where lengths vary within the step (`planned_ttft`), NaN where that cannot be fitted.
 
     Per request the exact form is an identity of the definitions; what users do
     is plan with typical values, and that stops working once TPOT or queueing
     varies a lot inside a step, which is what this number shows.
     """
     steps = ok["step"].to_numpy()
-    ttft = table["ttft_p50_s"].reindex(steps).to_numpy()
+    ttft, _ = planned_ttft(steps, ok["input_tokens"].to_numpy(dtype=float, na_value=np.nan), ok["ttft_s"].to_numpy(),
+                           table["ttft_p50_s"].to_dict())
     tpot = table["tpot_p50_s"].reindex(steps).to_numpy()
     predicted = ttft + tpot * np.maximum(ok["output_tokens"].to_numpy() - 1, 0)
     measured = ok["e2e_s"].to_numpy()

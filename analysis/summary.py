@@ -13,26 +13,37 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tokenload.analysis.breakpoint import find_breakpoint
+from tokenload.analysis import server
+from tokenload.analysis.breakpoint import auto_stop, auto_stop_relation, breakpoint_text, find_breakpoint
 from tokenload.analysis.caching import caching_summary
 from tokenload.analysis.diagnosis import diagnose_latency
-from tokenload.analysis.fits import MIN_FIT_POINTS, linear_dict, linear_fit, spread_note, ttft_vs_input
+from tokenload.analysis.fidelity import fidelity_summary
+from tokenload.analysis.fits import (
+    MIN_FIT_POINTS,
+    linear_dict,
+    linear_fit,
+    planned_ttft,
+    spread_note,
+    ttft_vs_input,
+)
 from tokenload.analysis.ratelimits import rate_limits
 from tokenload.analysis.records import Run
 from tokenload.analysis.steps import (
     DEFAULT_OPTIONS,
     FORMULA_STEP_TOLERANCE,
     METRICS,
-    Slo,
     StepOptions,
     errors_by_kind,
     latency_stats,
+    meets_slo,
     pkey,
     step_table,
     steps_records,
 )
 from tokenload.analysis.windows import level_text, step_windows
 from tokenload.errors import error_class
+from tokenload.slo import DEFAULT as DEFAULT_SLO
+from tokenload.slo import Slo, judged
 
 # A step counts as low-load while its median TTFT and TPOT stay within this factor of the lowest-load step's.
 LOW_LOAD_RISE = 1.25
@@ -115,10 +126,15 @@ def _formula(ok: pd.DataFrame, table: pd.DataFrame) -> dict[str, Any]:
     e2e = use["e2e_s"].to_numpy()
     n = use["output_tokens"].to_numpy()
     steps = use["step"].to_numpy()
-    typical_ttft = table["ttft_p50_s"].reindex(steps).to_numpy()
+    typical_ttft, unjudged = planned_ttft(steps, use["input_tokens"].to_numpy(dtype=float, na_value=np.nan),
+                                          use["ttft_s"].to_numpy(), table["ttft_p50_s"].to_dict())
     typical_tpot = table["tpot_p50_s"].reindex(steps).to_numpy()
     simple = typical_ttft + typical_tpot * n
     exact = simple - typical_tpot
+    if not np.isfinite(simple).any():
+        return {"mape_simple": None, "mape_exact": None, "holds": False, "not_judged_steps": unjudged,
+                "note": "cannot judge: input lengths vary within each step and too few requests per step to predict "
+                        "TTFT from input length (a step's median TTFT would mix prompt lengths, not test the formula)"}
     mape_simple = float(np.nanmean(np.abs(simple - e2e) / e2e))
     mape_exact = float(np.nanmean(np.abs(exact - e2e) / e2e))
     own = use["ttft_s"].to_numpy() + use["tpot_s"].to_numpy() * (n - 1)
@@ -128,7 +144,9 @@ def _formula(ok: pd.DataFrame, table: pd.DataFrame) -> dict[str, Any]:
         "mape_simple": _r(mape_simple, 4), "mape_exact": _r(mape_exact, 4),
         "holds": bool(mape_simple <= FORMULA_TOLERANCE),
         "tolerance": FORMULA_TOLERANCE,
-        "basis": "each step's median TTFT and TPOT",
+        "basis": ("each step's median TPOT, and its median TTFT or, where input lengths vary within the step, "
+                  "the TTFT its TTFT-vs-input line predicts at the request's own input length"),
+        "not_judged_steps": unjudged,
         "identity_mape": _r(float(np.mean(np.abs(own - e2e) / e2e)), 4),
         "simple_overshoot_p50_s": _r(float(np.nanmedian(simple - exact))),
         "exact_residual_p95_s": _r(float(np.nanpercentile(np.abs(exact - e2e), 95))),
@@ -235,14 +253,19 @@ def _by_class(counts: dict[str, int]) -> dict[str, int]:
 
 
 def completeness(run: Run, table: pd.DataFrame) -> dict[str, Any]:
-    """Did the run finish its plan? An interrupted or cut-short run must not read as a clean ramp."""
+    """Did the run finish its plan? An interrupted or cut-short run must not read as a clean ramp.
+
+    A run ended by its own live rule (`[stop] breakpoint_*`, its auto-stop) ended as intended:
+    it is not `truncated`, and `auto_stop` names the rule.
+    """
     m = run.manifest
     stop = m.get("stop_reason")
     planned = len(m.get("plan") or [])
     ran = len(table)
     censored = int(run.df["in_flight"].sum())
+    stopped = auto_stop(stop, table)
     interrupted = stop == "interrupted" or bool(m.get("workers_lost")) or bool(m.get("recovered"))
-    truncated = bool(planned and ran < planned)
+    truncated = bool(planned and ran < planned) and stopped is None
     notes = []
     if interrupted:  # the cause when there is more to say than "interrupted" (it said "interrupted (interrupted)")
         cause = ("a Locust worker was lost" if m.get("workers_lost") else
@@ -256,10 +279,31 @@ def completeness(run: Run, table: pd.DataFrame) -> dict[str, Any]:
         notes.append(f"{censored} request(s) were still open when it stopped: their latencies are censored "
                      "(percentiles they reach are lower bounds)")
     return {"stop_reason": stop, "interrupted": interrupted, "truncated": truncated, "steps_planned": planned or None,
-            "steps_run": ran, "censored": censored, "note": "; ".join(notes) or None}
+            "steps_run": ran, "censored": censored, "note": "; ".join(notes) or None,
+            "auto_stop": None if stopped is None else f"{stopped['condition']}, [stop] {stopped['rule']}"}
 
 
-def summarize(run: Run, slo: Slo = Slo(), low_load_users: int | None = None,
+def _auto_stop(run: Run, table: pd.DataFrame, bp: dict[str, Any], slo: Slo) -> dict[str, Any] | None:
+    """summary.json `auto_stop`: the live rule that ended the run, and how it relates to the breakpoint."""
+    stopped = auto_stop(run.manifest.get("stop_reason"), table)
+    if stopped is None:
+        return None
+    decided = table[table["decided"]].sort_values(["load_level", "start"]) if len(table) else table
+    upto = (level_text(decided["load_level"].iloc[-1], str(decided["load_unit"].iloc[-1]))
+            if len(decided) else None)
+    found = bp["breakpoint"]
+    return {**stopped, "breakpoint": None if found is None else breakpoint_text(found),
+            "verdict": auto_stop_relation(stopped, found, slo, upto)}
+
+
+def _attainment(df: pd.DataFrame, slo: Slo, cut: float) -> tuple[float | None, int]:
+    """Whole-run share of judged requests that met the SLO, and how many were judged."""
+    meets, known = meets_slo(df, slo, cut)
+    n = int(known.sum())
+    return (_r(float((meets & known).sum() / n), 4) if n else None), n
+
+
+def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = None,
               options: StepOptions = DEFAULT_OPTIONS) -> Analysis:
     """Compute every number of the report for one run."""
     df = run.df
@@ -298,10 +342,9 @@ def summarize(run: Run, slo: Slo = Slo(), low_load_users: int | None = None,
         errors_by_kind=error_counts, share_ttft=share,
         low=_side(low, table.loc[low_steps].iloc[-1]) if len(low) else {},
         high=_side(high_rows, top) if top is not None else {},
-        ttft_fit=ttft_fit, breakpoint=bp["breakpoint"])
+        ttft_fit=ttft_fit, breakpoint=bp["breakpoint"], open_requests=int(df["in_flight"].sum()))
 
-    finished = df[~df["in_flight"]]
-    good = (finished["status"].eq("ok") & (finished["ttft_s"] <= slo.ttft_s) & (finished["e2e_s"] <= slo.e2e_s))
+    attainment, judged_n = _attainment(df, slo, cut) if len(df) else (None, 0)
     duration = (run.ended_at - run.started_at) if run.started_at and run.ended_at else None
     summary: dict[str, Any] = {
         "run": {
@@ -309,6 +352,8 @@ def summarize(run: Run, slo: Slo = Slo(), low_load_users: int | None = None,
             "started_at": run.started_at, "ended_at": run.ended_at, "duration_s": _r(duration),
             "requests": int(len(df)), "ok": int(len(ok)), "errors": int(df["status"].eq("error").sum()),
             "in_flight": int(df["in_flight"].sum()),
+            # answers the server cut for length below the max_tokens asked (its context was full)
+            "truncated": int(df["truncated"].fillna(False).astype(bool).sum()) if "truncated" in df else 0,
             "models": sorted(str(m) for m in df["model"].dropna().unique()),
             "channel": run.manifest.get("channel"), "scenario": (run.manifest.get("scenario") or {}).get("name"),
             "scheduler_lag": run.manifest.get("scheduler_lag"),
@@ -318,8 +363,8 @@ def summarize(run: Run, slo: Slo = Slo(), low_load_users: int | None = None,
         },
         "analysis_options": {"percentiles": list(options.percentiles), "warmup_s": options.warmup_s,
                              "goodput_s": options.goodput or None, "min_step_requests": options.min_requests},
-        "slo": {"ttft_s": slo.ttft_s, "e2e_s": slo.e2e_s, "target": slo.target,
-                "attainment": _r(float(good.mean()), 4) if len(finished) else None},
+        "slo": {**slo.to_dict(), "describe": slo.describe(), "attainment": attainment, "judged": judged_n,
+                "not_judged": sum(n for kind, n in error_counts.items() if not judged("error", kind))},
         "fits": {"ttft_vs_input": ttft_fit, "e2e_vs_output": e2e_fit},
         "formula": _formula(ok, table) if len(ok) else {"mape_simple": None, "mape_exact": None, "holds": False,
                                                          "note": "no successful requests"},
@@ -332,11 +377,14 @@ def summarize(run: Run, slo: Slo = Slo(), low_load_users: int | None = None,
         "breakpoint_note": bp["breakpoint_note"],
         "breakpoint_rules": bp["rules"],
         "breakpoint_undecided": bp.get("undecided", []),
+        "auto_stop": _auto_stop(run, table, bp, slo) if len(table) else None,
         "diagnosis": diagnosis,
         "caching": caching_summary(df),
+        "fidelity": fidelity_summary(df),
         "rate_limits": rate_limits(run.run_dir, run.ended_at),
         "problems": problems,
     }
     if complete["note"]:
         problems.append(complete["note"])
+    server.attach(summary, run, table)
     return Analysis(run=run, slo=slo, table=table, ok=ok, low_steps=low_steps, summary=summary, options=options)

@@ -18,6 +18,7 @@ HTTPS, with the TLS handshake held back by `handshake_delay_s`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import socket
 import ssl
@@ -121,20 +122,26 @@ def anthropic_stream(
     ping: bool = True,
     model: str = "claude-test",
     stop_reason: str = "end_turn",
+    message_id: str = "msg_fake01",
+    start_usage: dict[str, int] | None = None,
+    delta_usage: dict[str, int] | None = None,
 ) -> list[Write]:
     """Anthropic Messages stream: message_start, optional thinking block, text block, message_delta, stop.
 
     Thinking deltas are tokens (timed like text); the signature delta is not.
     `output_tokens` is the usage count reported in message_delta (default: all deltas).
+    `start_usage` replaces message_start's usage; `delta_usage` adds keys to message_delta's
+    (a relay such as LiteLLM sends zeros first and the real input and cache counts at the end).
     """
     n_out = len(tokens) + len(thinking) if output_tokens is None else output_tokens
-    start_usage = {"input_tokens": input_tokens, "output_tokens": 1} if usage else {}
+    if start_usage is None:
+        start_usage = {"input_tokens": input_tokens, "output_tokens": 1} if usage else {}
     events = [
         sse(
             {
                 "type": "message_start",
                 "message": {
-                    "id": "msg_fake01",
+                    "id": message_id,
                     "type": "message",
                     "role": "assistant",
                     "content": [],
@@ -177,7 +184,7 @@ def anthropic_stream(
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-                "usage": {"output_tokens": n_out} if usage else {},
+                "usage": {"output_tokens": n_out, **(delta_usage or {})} if usage else {},
             },
             "message_delta",
         )
@@ -186,10 +193,11 @@ def anthropic_stream(
     return _timed(events, token_at, first_delay, per_token)
 
 
-def _chat_chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None, model: str = "gpt-test") -> bytes:
+def _chat_chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None, model: str = "gpt-test",
+                completion_id: str = "chatcmpl-fake01") -> bytes:
     return sse(
         {
-            "id": "chatcmpl-fake01",
+            "id": completion_id,
             "object": "chat.completion.chunk",
             "created": 1700000000,
             "model": model,
@@ -213,27 +221,29 @@ def chat_stream(
     model: str = "gpt-test",
     finish_reason: str = "stop",
     done: bool = True,
+    completion_id: str = "chatcmpl-fake01",
 ) -> list[Write]:
     """OpenAI Chat Completions stream: role-only chunk at once, content chunks, finish chunk, usage chunk, [DONE]."""
     n_out = len(tokens) + len(reasoning) if output_tokens is None else output_tokens
+    chunk = functools.partial(_chat_chunk, model=model, completion_id=completion_id)
 
     def choice(delta: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
         return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
 
     events: list[bytes] = []
     if role_chunk:
-        events.append(_chat_chunk(choice({"role": "assistant", "content": ""}), model=model))
+        events.append(chunk(choice({"role": "assistant", "content": ""})))
     token_at: list[int] = []
     for piece in reasoning:
         token_at.append(len(events))
-        events.append(_chat_chunk(choice({"reasoning_content": piece}), model=model))
+        events.append(chunk(choice({"reasoning_content": piece})))
     for piece in tokens:
         token_at.append(len(events))
-        events.append(_chat_chunk(choice({"content": piece}), model=model))
-    events.append(_chat_chunk(choice({}, finish_reason), model=model))
+        events.append(chunk(choice({"content": piece})))
+    events.append(chunk(choice({}, finish_reason)))
     if include_usage:
         usage = {"prompt_tokens": input_tokens, "completion_tokens": n_out, "total_tokens": input_tokens + n_out}
-        events.append(_chat_chunk([], usage, model=model))
+        events.append(chunk([], usage))
     if done:
         events.append(sse("[DONE]"))
     return _timed(events, token_at, first_delay, per_token)
@@ -247,20 +257,23 @@ def responses_stream(
     input_tokens: int = 12,
     output_tokens: int | None = None,
     model: str = "gpt-test",
+    response_id: str = "resp_fake01",
+    incomplete: str | None = None,
 ) -> list[Write]:
-    """OpenAI Responses stream: created, in_progress, item/part added, text deltas, done events, completed."""
+    """OpenAI Responses stream: created, in_progress, item/part added, text deltas, done events, completed
+    (or, with `incomplete` = a reason such as `max_output_tokens`, `response.incomplete`)."""
     n_out = len(tokens) if output_tokens is None else output_tokens
     text = "".join(tokens)
     seq = iter(range(10_000))
 
     def response(status: str, output: list[Any], usage: dict[str, Any] | None) -> dict[str, Any]:
         return {
-            "id": "resp_fake01",
+            "id": response_id,
             "object": "response",
             "created_at": 1700000000,
             "status": status,
             "error": None,
-            "incomplete_details": None,
+            "incomplete_details": {"reason": incomplete} if status == "incomplete" else None,
             "instructions": None,
             "max_output_tokens": None,
             "model": model,
@@ -306,6 +319,7 @@ def responses_stream(
         ev("response.output_text.done", **where, text=text, logprobs=[]),
         ev("response.content_part.done", **where, part=part_done),
         ev("response.output_item.done", output_index=0, item=item_done),
+        ev("response.incomplete", response=response("incomplete", [item_done], usage)) if incomplete else
         ev("response.completed", response=response("completed", [item_done], usage)),
     ]
     return _timed(events, token_at, first_delay, per_token)

@@ -107,7 +107,7 @@ def test_breakpoint_at_planted_capacity(tmp_path: Path) -> None:
 
 
 def test_knee_rule_alone(tmp_path: Path) -> None:
-    s = summary_of(tmp_path, Law(capacity=8), slo_ttft=1e3, slo_e2e=1e3)
+    s = summary_of(tmp_path, Law(capacity=8), slo_overrides={"ttft_s": 1e3, "e2e_s": 1e3})
     assert s["breakpoint"]["reason"] == "knee"
     assert s["breakpoint"]["active_users"] == 16
     assert "tok/s" in s["breakpoint"]["detail"] and "median e2e rose" in s["breakpoint"]["detail"]

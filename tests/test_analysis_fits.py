@@ -8,8 +8,8 @@ import pandas as pd
 
 from tokenload.analysis.diagnosis import diagnose_latency
 from tokenload.analysis.fits import intercept_check, ttft_vs_input
-from tokenload.analysis.steps import Slo
 from tokenload.analysis.summary import least_concurrent
+from tokenload.slo import Slo
 
 
 def test_fixed_prompt_is_not_fitted() -> None:

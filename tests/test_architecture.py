@@ -30,6 +30,7 @@ LAYERS: list[list[str]] = [
     ["tokenload.history", "tokenload.webui"],
     ["tokenload.load"],
     ["tokenload.doctor", "tokenload.analysis", "tokenload.sim"],
+    ["tokenload.search", "tokenload.servermetrics"],
     ["tokenload.transport", "tokenload.workload"],
     ["tokenload.stream"],
     ["tokenload.protocols"],

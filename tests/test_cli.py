@@ -83,8 +83,8 @@ def _cited_but_missing(text: str) -> list[str]:
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """`--help` works and cites no document outside the repository (probe, doctor and analyze cited SPEC.md
-    and BRIEF.md)."""
+    """`--help` works and cites no document outside the repository (probe, doctor and analyze cited the
+    project's contract files, which users do not have)."""
     with pytest.raises(SystemExit) as info:
         main([command, "--help"])
     assert info.value.code == 0
@@ -133,13 +133,14 @@ def test_settings_error_message_names_the_file_in_json_mode_too(tmp_path: Path) 
 
 
 def test_demo_help_describes_the_packaged_demo(capsys: pytest.CaptureFixture[str]) -> None:
-    """`demo --help` says what the demo runs (it described an older ramp of 1-16 users)."""
+    """`demo --help` says what the demo runs, in the packaged scenario's numbers (it described an older demo)."""
     from tokenload.workload.scenario import load_scenario
 
-    load = load_scenario("demo").load
+    scenario = load_scenario("demo")
+    search = scenario.load.search
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert isinstance(load.users, tuple) and load.kind == "steps"
-    users = ", ".join(str(u) for u in load.users[:-1]) + f" and {load.users[-1]} users"
-    assert users in out and f"held until {load.min_requests} requests finished" in out, out
+    assert scenario.load.kind == "search" and search is not None and scenario.slo.ttft_s is not None
+    assert f"a breakpoint search from {search.min_level:g} users" in out, out
+    assert f"TTFT stays within {scenario.slo.ttft_s:g} s for {100 * scenario.slo.target:g}% of requests" in out, out

@@ -63,15 +63,19 @@ STREAMS: dict[str, tuple[bytes, Callable[[bytes], bytes], bytes]] = {
         b"data: [DONE]\n\n",
     ),
     "anthropic": (
-        b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":5}}}\n\n'
+        # as a relay (LiteLLM) sends it: the message id, zeros for usage; the real counts come in message_delta
+        b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_7","usage":'
+        b'{"input_tokens":0,"output_tokens":0,"cache_read_input_tokens":0}}}\n\n'
         b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
         b'"content_block":{"type":"text","text":""}}\n\n',
         _anthropic,
         b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
-        b'"usage":{"output_tokens":40}}\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n',
+        b'"usage":{"input_tokens":5,"cache_read_input_tokens":22,"output_tokens":40}}\n\n'
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
     ),
     "openai-responses": (
-        b'event: response.created\ndata: {"type":"response.created","sequence_number":0}\n\n',
+        b'event: response.created\ndata: {"type":"response.created","sequence_number":0,'
+        b'"response":{"id":"resp_7","usage":null}}\n\n',
         _responses,
         b'event: response.completed\ndata: {"type":"response.completed","response":{"usage":'
         b'{"input_tokens":5,"output_tokens":40}}}\n\n',
@@ -114,6 +118,16 @@ def test_shapes_give_the_full_parse_record(protocol: str, seed: int) -> None:
     assert fast == full
     assert session._shapes is not None and session._shapes.match(delta(b"learned")[:-2]) is not None  # shapes were used
     assert fast["malformed_events"] > 0 and fast["chunks"] > 30
+    assert fast["server_request_id"] in ("chatcmpl-7", "msg_7", "resp_7") and fast["input_tokens"] in (5, 27)
+
+
+def test_a_stream_whose_first_token_brings_its_id_gives_the_full_parse_record() -> None:
+    """No role-only chunk: the first content chunk names the stream, the later ones repeat the id."""
+    chunks = [_chat(b"first"), *(_chat(b"more") for _ in range(20)), STREAMS["openai-chat"][2]]
+    fast, session = _record("openai-chat", chunks, display=False)
+    full, _ = _record("openai-chat", chunks, display=True)
+    assert fast == full and fast["server_request_id"] == "chatcmpl-7" and fast["chunks"] == 21
+    assert session._shapes is not None and session._shapes.match(_chat(b"x")[:-2]) == "text"
 
 
 def test_a_value_that_is_not_a_plain_json_string_takes_the_full_path() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from fakeserver import Received, Script, body_script, json_script, stream_script
+from fakeserver import Received, Script, body_script, json_script, sse, stream_script
 
 from tokenload.channel import fingerprint, resolve
 from tokenload.doctor import (
@@ -393,7 +393,7 @@ def test_slow_prefill_for_a_long_prompt_points_at_the_prompt(tmp_path: Path) -> 
 def test_high_tpot_suggests_a_smaller_model(tmp_path: Path) -> None:
     with serve_in_thread("fast", api_key=KEY, decode_base_s=0.06) as handle:  # sim-30b: about 2.5x, 0.15 s/token
         latency = run_doctor(tmp_path, base_url=handle.base_url, auth_token=KEY, model="sim-30b",
-                             limits=Limits(prompt_tokens=50, probe_tokens=4))["latency"]
+                             limits=Limits(tpot_s=0.1, prompt_tokens=50, probe_tokens=4))["latency"]
     assert latency.status == FAIL and "TPOT above 0.1 s/token" in latency.saw
     assert "a smaller model (this channel serves sim-7b) may meet the need" in (latency.fix or "")
 
@@ -471,7 +471,9 @@ def test_cli_healthy_json_exit_0(sim: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     checks = json.loads(proc.stdout)
     assert [c["name"] for c in checks] == NAMES
-    assert all(set(c) == {"name", "title", "status", "saw", "fix", "details"} and c["status"] == "ok" for c in checks)
+    assert all(set(c) == {"name", "title", "status", "saw", "fix", "details", "informational"} and c["status"] == "ok"
+               for c in checks)
+    assert [c["name"] for c in checks if c["informational"]] == ["fidelity", "rate_limits", "caching"]
 
 
 def test_cli_failure_one_line_per_check_exit_1(sim: str, tmp_path: Path) -> None:
@@ -480,7 +482,7 @@ def test_cli_failure_one_line_per_check_exit_1(sim: str, tmp_path: Path) -> None
     lines = proc.stdout.splitlines()[1:]
     assert [line.split()[:2] for line in lines] == [
         ["1", "ok"], ["2", "ok"], ["3", "ok"], ["4", "FAIL"], ["5", "skip"], ["6", "skip"], ["7", "skip"],
-        ["8", "skip"], ["9", "skip"]]
+        ["8", "skip"], ["9", "skip"], ["10", "skip"]]
     assert "fix: check the key" in lines[3]
 
 
@@ -523,3 +525,265 @@ def test_no_key_in_any_output(sim: str, fake_server: Any, tmp_path: Path, server
         assert fingerprint(next(iter(env.values()))).split(" ")[0] in output
     if server == "echo":
         assert fake_server.requests, "the echo server was asked"
+
+
+# ------------------------------------------------- relays: what a request proved (issue: the relay in the middle)
+
+RELAY = Limits(prompt_tokens=100, probe_tokens=8, timeout_s=1.0, relay_probe_timeout_s=0.5)
+
+
+def relay(request: Script, *, models: Script | None = None, caching: Script | None = None) -> Any:
+    """A relay's routes: the base URL knock (an empty JSON body) answers 400 JSON at once, as LiteLLM does;
+    `GET /v1/models` answers `models` (default: silent, as a dead host); model requests get `request`,
+    and prompt-caching requests (a system prompt) `caching` when given."""
+    def router(received: Received) -> Script:
+        if received.method == "GET":
+            return models or Script(headers_delay_s=30.0)
+        if received.body == b"{}":
+            return json_script(400, {"error": {"message": "messages: field required", "type": "invalid_request_error"}})
+        if caching is not None and "system" in received.json():
+            return caching
+        return request
+    return router
+
+
+NO_DB = json_script(400, {"error": {"message": "No connected db.", "type": "no_db_connection", "param": None, "code": "400"}})
+PLAIN_500 = body_script(500, b"Internal Server Error", "text/plain")
+UPSTREAM_500 = json_script(500, {"error": {"message": "litellm.APIConnectionError: OpenAIException - Connection error.",
+                                           "type": None, "param": None, "code": "500"}})
+HUNG = Script(headers_delay_s=30.0)
+
+
+@pytest.mark.parametrize(("script", "key", "said"), [
+    (NO_DB, KEY, "HTTP 400: No connected db."),
+    (PLAIN_500, None, "HTTP 500: Internal Server Error"),
+    (HUNG, KEY, "sent no response within 1 s"),
+], ids=["wrong-key-no-db", "no-key-500-text", "timeout"])
+def test_auth_and_model_are_never_ok_unless_a_request_succeeded(fake_server: Any, tmp_path: Path, script: Script,
+                                                                 key: str | None, said: str) -> None:
+    fake_server.route(relay(script))
+    results = run_doctor(tmp_path, base_url=fake_server.url, auth_token=key, limits=RELAY)
+    for name in ("auth", "model"):
+        assert results[name].status == "unverified", (name, results[name].saw)
+        assert results[name].saw.startswith("could not verify: ") and said in results[name].saw
+    assert results["base_url"].status == OK  # the relay itself answered
+    assert [results[n].status for n in ("latency", "streaming", "fidelity", "caching")] == [SKIP] * 4
+    assert results["rate_limits"].status == "unverified"  # no answer announced any limit: nothing to call ok
+    assert "retry later" not in (results["auth"].fix or "")
+    if key is None:
+        assert "(no key was sent)" in results["auth"].saw and "ANTHROPIC_AUTH_TOKEN" in (results["auth"].fix or "")
+
+
+@pytest.mark.parametrize("script", [
+    UPSTREAM_500,
+    json_script(502, {"error": {"message": "Bad Gateway"}}),
+    Script(writes=[(0.0, sse({"type": "error", "error": {"type": "api_error", "message":
+                                                       "litellm.APIConnectionError: Connection error."}}, "error"))]),
+], ids=["500-connection-error", "502", "in-stream-error-after-200"])
+def test_relay_up_backend_down_says_so_and_who_can_fix_it(fake_server: Any, tmp_path: Path, script: Script) -> None:
+    fake_server.route(relay(script))
+    results = run_doctor(tmp_path, base_url=fake_server.url, auth_token=KEY, limits=RELAY)
+    auth = results["auth"]
+    assert auth.status == "unverified"
+    assert "the relay answers but its backend does not" in auth.saw
+    assert "relay's operator" in (auth.fix or "") and "retry later" not in (auth.fix or "")
+    assert results["model"].status == "unverified"
+
+
+def test_hung_backend_behind_a_live_relay(fake_server: Any, tmp_path: Path) -> None:
+    models = json_script(200, {"object": "list", "data": [{"id": "claude-sonnet-4-5"}]})
+    fake_server.route(relay(HUNG, models=models))
+    auth = run_doctor(tmp_path, base_url=fake_server.url, auth_token=KEY, model="claude-x", limits=RELAY)["auth"]
+    assert auth.status == "unverified"
+    assert "the relay answers but its backend does not: no response within 1 s" in auth.saw
+    assert f"GET {fake_server.url}/v1/models answered HTTP 200" in auth.saw
+    assert "relay's operator" in (auth.fix or "")
+
+
+def test_backend_lost_mid_stream_is_the_relays_backend(fake_server: Any, tmp_path: Path) -> None:
+    writes = stream_script("anthropic", ["a", "b", "c"]).writes
+    error = sse({"type": "error", "error": {"type": "api_error", "message": "APIConnectionError: upstream connect error"}},
+                "error")
+    fake_server.route(relay(Script(writes=[*writes[:5], (0.0, error)])))
+    results = run_doctor(tmp_path, base_url=fake_server.url, auth_token=KEY, limits=RELAY)
+    assert results["auth"].status == OK  # tokens came: the key and the model worked
+    streaming = results["streaming"]
+    assert streaming.status == "unverified" and "the relay answers but its backend does not" in streaming.saw
+    assert "relay's operator" in (streaming.fix or "")
+
+
+RATE_429 = {"type": "error", "error": {"type": "rate_limit_error", "message": "rate limit exceeded"}}
+
+
+@pytest.mark.parametrize(("headers", "said"), [
+    ((("llm_provider-retry-after", "60"),), "retry in 60 s (llm_provider-retry-after)"),
+    ((("retry-after", "30"),), "retry in 30 s (retry-after)"),
+    ((("retry-after-ms", "4000"), ("retry-after", "9")), "retry in 4 s (retry-after-ms)"),
+    ((("x-ratelimit-limit-requests", "3"), ("x-ratelimit-remaining-requests", "0"), ("x-ratelimit-reset-requests", "20s")),
+     "retry in 20 s (x-ratelimit-reset-*)"),
+    ((), "the channel did not say when to retry"),
+], ids=["litellm", "retry-after", "retry-after-ms", "openai-reset", "none"])
+def test_rate_limit_line_reads_a_429_and_its_retry_header(fake_server: Any, tmp_path: Path,
+                                                         headers: tuple[tuple[str, str], ...], said: str) -> None:
+    fake_server.route(relay(json_script(429, RATE_429, headers)))
+    results = run_doctor(tmp_path, base_url=fake_server.url, auth_token=KEY, limits=RELAY)
+    line = results["rate_limits"]
+    assert line.status == FAIL and line.informational
+    assert "the rate limit is used up" in line.saw and said in line.saw and "rate limit exceeded" in line.saw
+    assert results["auth"].status == "unverified" and "rate limit is used up" in results["auth"].saw
+
+
+def test_anthropic_reset_header_on_a_429(fake_server: Any, tmp_path: Path) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    reset = (datetime.now(timezone.utc) + timedelta(seconds=45)).isoformat()
+    headers = (("anthropic-ratelimit-requests-limit", "50"), ("anthropic-ratelimit-requests-remaining", "0"),
+               ("anthropic-ratelimit-requests-reset", reset))
+    fake_server.route(relay(json_script(429, RATE_429, headers)))
+    line = run_doctor(tmp_path, base_url=fake_server.url, auth_token=KEY, limits=RELAY)["rate_limits"]
+    assert line.status == FAIL and "(anthropic-ratelimit-*-reset)" in line.saw
+    assert 40 <= line.details["retry_after_s"] <= 45
+
+
+# -------------------------------------------------------------- channel fidelity
+
+
+def _fidelity(fake_server: Any, tmp_path: Path, script: Script, model: str = "claude-x") -> CheckResult:
+    """Doctor's fidelity line when the latency probe (max_tokens 8) is answered with `script` and the one-token
+    request with one token, as asked."""
+    answer = relay(script)
+    one = stream_script("anthropic", ["OK"], stop_reason="max_tokens", model=model)
+    fake_server.route(lambda r: one if r.body != b"{}" and r.json().get("max_tokens") == 1 else answer(r))
+    return run_doctor(tmp_path, base_url=fake_server.url, auth_token=KEY, model=model, limits=RELAY)["fidelity"]
+
+
+@pytest.mark.parametrize(("script", "said"), [
+    (stream_script("anthropic", [f"w{i} " for i in range(16)]), "it ignores max_tokens: asked for 8, got 16 tokens"),
+    (stream_script("anthropic", [f"w{i} " for i in range(8)], stop_reason="end_turn"),
+     "it misreports the stop reason: end_turn (a natural end) at exactly max_tokens (8)"),
+    (stream_script("anthropic", [f"w{i} " for i in range(6)], output_tokens=3),
+     "its usage disagrees with the stream: 3 output tokens reported, 6 token deltas streamed"),
+    (Script(headers_delay_s=0.3, writes=stream_script("anthropic", [f"w{i} " for i in range(4)]).writes),
+     "it holds the response headers until the first token"),
+    (stream_script("anthropic", ["a", "b"], model="gemma-3-270m"), "the answer names model gemma-3-270m, not claude-x"),
+], ids=["max-tokens", "stop-reason", "usage", "headers-held", "model"])
+def test_channel_fidelity_findings_are_informational(fake_server: Any, tmp_path: Path, script: Script,
+                                                     said: str) -> None:
+    fidelity = _fidelity(fake_server, tmp_path, script)
+    assert fidelity.status == FAIL and fidelity.informational and said in fidelity.saw, fidelity.saw
+
+
+def test_faithful_channel_passes_fidelity(fake_server: Any, tmp_path: Path) -> None:
+    script = stream_script("anthropic", [f"w{i} " for i in range(8)], 0.2, 0.01, stop_reason="max_tokens",
+                           model="claude-x-20250514")
+    fidelity = _fidelity(fake_server, tmp_path, script)
+    assert fidelity.status == OK and "headers before the first token" in fidelity.saw, fidelity.saw
+
+
+def test_exit_1_only_for_what_the_user_can_fix_unless_strict(fake_server: Any, tmp_path: Path) -> None:
+    """A relay that ignores max_tokens and does not cache: findings, exit 0; --strict: exit 1."""
+    fake_server.route(relay(stream_script("anthropic", [f"w{i} " for i in range(40)])))
+    args = ("--base-url", fake_server.url, "--model", "claude-x", "--timeout", "2")
+    relaxed = cli(tmp_path, *args, env={"ANTHROPIC_AUTH_TOKEN": KEY})
+    assert relaxed.returncode == 0, relaxed.stdout + relaxed.stderr
+    # LiteLLM's Anthropic route answers max_tokens below 16 with 16 tokens: the one-token request shows it too
+    assert "note channel fidelity: it ignores max_tokens: asked for 32, got 40 tokens; asked for 1, got 40" \
+        in relaxed.stdout
+    assert cli(tmp_path, *args, "--strict", env={"ANTHROPIC_AUTH_TOKEN": KEY}).returncode == 1
+    fake_server.route(relay(NO_DB))
+    unproved = cli(tmp_path, *args, env={"ANTHROPIC_AUTH_TOKEN": KEY})
+    assert unproved.returncode == 0 and "could not verify: HTTP 400" in unproved.stdout
+    assert cli(tmp_path, *args, "--strict", env={"ANTHROPIC_AUTH_TOKEN": KEY}).returncode == 1
+
+
+def test_help_says_what_exit_1_means(tmp_path: Path) -> None:
+    out = cli(tmp_path, "--help").stdout
+    assert "--strict" in out and "1 when a check you can fix failed" in out and "could not verify" in out.lower()
+
+
+# ------------------------------------------------------------- prompt caching probe
+
+
+def _caching_calls(fake_server: Any) -> list[int]:
+    """The size (bytes of system prompt) of each prompt-caching request the server saw, in order."""
+    return [len(r.json()["system"][0]["text"]) for r in fake_server.requests if r.body != b"{}" and r.method == "POST"
+            and "system" in r.json()]
+
+
+def _llama_context(limit: int) -> Any:
+    def refuse(received: Received) -> Script:
+        size = len(received.body) // 5  # about 5 characters per token in tokenload's synthetic prompts
+        if size > limit:
+            return json_script(400, {"error": {"code": 400, "type": "exceed_context_size_error", "n_ctx": limit,
+                                               "n_prompt_tokens": size, "message":
+                                               f"request ({size} tokens) exceeds the available context size "
+                                               f"({limit} tokens), try increasing it"}})
+        return stream_script("anthropic", ["OK"], input_tokens=size)
+    return refuse
+
+
+def test_caching_probe_fits_a_context_limit_the_channel_names(fake_server: Any, tmp_path: Path) -> None:
+    refuse = _llama_context(2048)
+    fake_server.route(lambda r: refuse(r) if r.body != b"{}" else relay(NO_DB)(r))
+    caching = run_doctor(tmp_path, base_url=fake_server.url, auth_token=KEY, limits=RELAY)["caching"]
+    calls = _caching_calls(fake_server)
+    assert len(calls) == 3 and calls[1] == calls[2] < calls[0] / 2  # refused, then the fitted prefix twice
+    assert "the channel's context is 2,048 tokens" in caching.saw and caching.details["context_limit"] == 2048
+    assert caching.details["prefix_tokens_sent"] == 1536
+
+
+def test_caching_probe_refused_without_a_limit_sends_no_repeat(fake_server: Any, tmp_path: Path) -> None:
+    too_long = json_script(400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                           "message": "prompt is too long for the context window"}})
+    fake_server.route(relay(stream_script("anthropic", ["OK"]), caching=too_long))
+    caching = run_doctor(tmp_path, base_url=fake_server.url, auth_token=KEY, limits=RELAY)["caching"]
+    assert caching.status == "unverified" and "named no limit" in caching.saw and "repeat was not sent" in caching.saw
+    assert len(_caching_calls(fake_server)) == 1
+
+
+def test_caching_probe_failure_sends_no_repeat(fake_server: Any, tmp_path: Path) -> None:
+    fake_server.route(relay(stream_script("anthropic", ["OK"]), caching=UPSTREAM_500))
+    caching = run_doctor(tmp_path, base_url=fake_server.url, auth_token=KEY, limits=RELAY)["caching"]
+    assert caching.status == "unverified" and "the repeat was not sent" in caching.saw
+    assert "the relay answers but its backend does not" in caching.saw
+    assert len(_caching_calls(fake_server)) == 1
+
+
+def test_one_cached_token_per_request_is_not_caching(fake_server: Any, tmp_path: Path) -> None:
+    """llama.cpp reports cached_tokens = 1 (the shared first token) on nearly every request."""
+    def one_cached(received: Received) -> Script:
+        if received.body == b"{}":
+            return relay(NO_DB)(received)
+        script = stream_script("openai-chat", ["OK"], input_tokens=len(received.body) // 4)
+        return Script(writes=[(d, b.replace(b'"total_tokens"', b'"prompt_tokens_details": {"cached_tokens": 1}, '
+                                                               b'"total_tokens"')) for d, b in script.writes])
+
+    fake_server.route(one_cached)
+    results = run_doctor(tmp_path, base_url=fake_server.url + "/v1", api_key=KEY, protocol="openai-chat", limits=RELAY)
+    caching = results["caching"]
+    assert caching.status == FAIL and "not a cache hit" in caching.saw, caching.saw
+    assert results["latency"].status == OK and "prompt cache" not in results["latency"].saw
+
+
+def test_no_closest_match_is_invented(sim: str, tmp_path: Path) -> None:
+    """claude-sonnet-4 is like neither sim-7b nor sim-30b: no arbitrary "closest match"."""
+    model = run_doctor(tmp_path, base_url=sim, auth_token=KEY, model="claude-sonnet-4")["model"]
+    assert model.status == FAIL and model.details["closest"] is None
+    assert "closest" not in (model.fix or "")
+    assert model.fix == "set --model to one of the models this channel serves: sim-7b, sim-30b (none is close to the one given)"
+
+
+def test_backend_down_costs_one_request_and_reads_on_one_line(fake_server: Any, tmp_path: Path) -> None:
+    """The model list names the model (so the model line is ok), but nothing else is sent to a dead backend."""
+    message = ("litellm.InternalServerError: OpenAIException - Cannot connect to host 127.0.0.1:18180\n\n"
+               "LiteLLM: model group 'claude-x' failed with the error above. " + "x" * 400)
+    down = json_script(500, {"error": {"message": message, "type": None, "param": None, "code": "500"}})
+    models = json_script(200, {"object": "list", "data": [{"id": "claude-x"}]})
+    fake_server.route(relay(down, models=models))
+    results = run_doctor(tmp_path, base_url=fake_server.url, auth_token=KEY, model="claude-x", limits=RELAY)
+    assert results["model"].status == OK and "in the channel's model list" in results["model"].saw
+    assert [results[n].status for n in ("latency", "streaming", "fidelity", "caching")] == [SKIP] * 4
+    sent = [r for r in fake_server.requests if r.method == "POST" and r.body != b"{}"]
+    assert len(sent) == 1
+    auth = results["auth"].saw
+    assert "the relay answers but its backend does not" in auth and "\n" not in auth and len(auth) < 400

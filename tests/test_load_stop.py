@@ -82,7 +82,8 @@ step_s = 30
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["stop_reason"].startswith("channel misconfigured: "), manifest["stop_reason"]
     assert "with not_found_model" in manifest["stop_reason"]
-    assert "fix: set --model to sim-7b (the closest match)" in manifest["stop_reason"]  # doctor's own fix
+    # doctor's own fix; "no-such-model" is like no served id, so none is offered as the closest match
+    assert "fix: set --model to one of the models this channel serves: sim-7b, sim-30b" in manifest["stop_reason"]
 
 
 def test_token_budget_overshoots_by_at_most_the_requests_in_flight(tmp_path: Path) -> None:
@@ -185,7 +186,7 @@ drain_s = 3
                                 timeout=60)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert manifest["stop_reason"].startswith("breakpoint: step 2 (8 users) load error rate"), manifest["stop_reason"]
+    assert manifest["stop_reason"].startswith("auto-stop: step 2 (8 users) load error rate"), manifest["stop_reason"]
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     # The 16- and 32-user steps never ran.
     assert df.active_users.max() == 8 and df.error_kind.eq("rate_limited").any()

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import time
 from email.utils import formatdate
+from itertools import count
 from pathlib import Path
 
 import httpx
+import pandas as pd
 import pytest
+
+from fakeserver import FakeServer, Received, Script, json_script, stream_script
+from loadkit import run_cli, write_scenario
 
 from tokenload.doctor import OK, diagnose_channel
 from tokenload.limits import RateInfo, parse_duration, parse_rate_headers
@@ -57,6 +62,23 @@ def test_openai_headers_and_retry_after_ms_wins() -> None:
 def test_retry_after_as_an_http_date() -> None:
     info = parse_rate_headers({"retry-after": formatdate(NOW + 7, usegmt=True)}, NOW)
     assert info.retry_after_s == pytest.approx(7)
+
+
+def test_a_relays_prefixed_headers_are_read_and_its_60_s_is_waited() -> None:
+    """LiteLLM's router: a 429 whose only wait is `llm_provider-retry-after: 60`; 60 s, not 1, 2, 4, 8, 16."""
+    info = parse_rate_headers({"llm_provider-retry-after": "60", "content-type": "application/json"}, NOW)
+    assert info.retry_after_s == 60 and info.server_wait() == 60
+    assert [backoff_s(info, n) for n in (1, 2, 5)] == [60, 60, 60]
+    pacer = Pacer()
+    assert pacer.observe(True, info, 100.0) == 60 and pacer.held(100.0) == 60
+    relayed = parse_rate_headers({"llm_provider-retry-after-ms": "2500", "llm_provider-retry-after": "3",
+                                  "llm_provider-anthropic-ratelimit-requests-limit": "50"}, NOW)
+    assert relayed.retry_after_s == 2.5 and relayed.requests_limit == 50
+    assert parse_rate_headers({"llm_provider-x-ratelimit-limit-requests": "3",
+                               "llm_provider-x-ratelimit-remaining-requests": "0",
+                               "llm_provider-x-ratelimit-reset-requests": "20s"}, NOW).server_wait() == 20
+    # the relay's own header wins over its backend's
+    assert parse_rate_headers({"retry-after": "5", "llm_provider-retry-after": "60"}, NOW).retry_after_s == 5
 
 
 def test_no_headers_no_facts() -> None:
@@ -152,3 +174,30 @@ def test_doctor_shows_the_limits_it_saw(tmp_path: Path, profile: str, expect: st
         results, _ = diagnose_channel(flags={"base_url": sim.base_url, "model": "sim-7b"}, env={}, cwd=tmp_path, home=home)
     line = {r.name: r for r in results}["rate_limits"]
     assert line.status == OK and line.saw.startswith(expect), line.saw
+
+
+@pytest.mark.slow
+def test_the_load_path_waits_the_relays_asked_wait(fake_server: FakeServer, tmp_path: Path) -> None:
+    """A real `tokenload run` against a relay whose router answers the first request 429 with only
+    `llm_provider-retry-after: 2.5` (LiteLLM's form; its real 60 s in miniature): the next request leaves
+    2.5 s later, not after the 1 s an unread header would give."""
+    posts = count(1)
+
+    def relay(received: Received) -> Script:
+        if received.method == "POST" and next(posts) == 1:
+            return json_script(429, {"error": {"message": "litellm.RateLimitError: No deployments available",
+                                               "type": "None", "param": None, "code": "429"}},
+                               headers=(("llm_provider-retry-after", "2.5"),))
+        return stream_script("openai-chat", ["a", "b"], 0.0, 0.01)
+
+    fake_server.route(relay)
+    scenario = write_scenario(tmp_path, "[prompt]\ntokens = 16\n[output]\nmax_tokens = 4\n"
+                                        "[load]\nkind = \"constant\"\nusers = 1\nstep_s = 4\n[stop]\ndrain_s = 1\n")
+    result = run_cli(scenario, fake_server.url + "/v1", tmp_path / "run", "--protocol", "openai-chat",
+                     "--api-key", "sk-relay-test-1234")
+    df = pd.read_parquet(tmp_path / "run" / "requests.parquet").sort_values("started_at")
+    assert result.returncode == 0, result.stderr[-2000:]
+    first, second = df.iloc[0], df.iloc[1]
+    assert first.http_status == 429 and first.retry_after_s == 2.5 and first.backoff_s == 2.5
+    assert second.status == "ok" and second.started_at - first.finished_at >= 2.4
+    assert second.held_s >= 2.3

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from fakeserver import FakeServer, Script, json_script, sse, stream_script
+from fakeserver import FakeServer, Received, Script, body_script, json_script, sse, stream_script
 
 from tokenload.errors import FIXES
 
@@ -111,17 +112,22 @@ def test_probe_streams_text_live(fake_server: FakeServer, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize(
-    ("script", "kind"),
+    ("script", "kind", "fix"),
     [
-        (json_script(401, {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}), "auth"),
-        (json_script(404, {"type": "error", "error": {"type": "not_found_error", "message": "model: claude-nope"}}), "not_found_model"),
-        (Script(status=200, headers=(("content-type", "text/html"),), writes=[(0.0, b"<!doctype html><title>Home</title>")], framing="length"), "bad_base_url"),
-        (Script(writes=[(0.0, sse({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"))]), "overloaded"),
+        (json_script(401, {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}),
+         "auth", FIXES["auth"]),
+        (json_script(404, {"type": "error", "error": {"type": "not_found_error", "message": "model: claude-nope"}}),
+         "not_found_model", "ask the channel's operator for the exact model id and set it in ANTHROPIC_MODEL"),
+        (Script(status=200, headers=(("content-type", "text/html"),), writes=[(0.0, b"<!doctype html><title>Home</title>")], framing="length"),
+         "bad_base_url", FIXES["bad_base_url"]),
+        (Script(writes=[(0.0, sse({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"))]),
+         "overloaded", FIXES["overloaded"]),
     ],
     ids=["auth", "model", "html", "stream-error"],
 )
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
-def test_probe_error_exits_1_with_kind_and_fix(fake_server: FakeServer, tmp_path: Path, script: Script, kind: str, as_json: bool) -> None:
+def test_probe_error_exits_1_with_kind_and_fix(fake_server: FakeServer, tmp_path: Path, script: Script, kind: str, fix: str,
+                                               as_json: bool) -> None:
     fake_server.play(script)
     proc = tokenload(tmp_path, *probe_args(fake_server, "anthropic", *(["--json"] if as_json else [])))
     assert proc.returncode == 1
@@ -131,7 +137,7 @@ def test_probe_error_exits_1_with_kind_and_fix(fake_server: FakeServer, tmp_path
         assert (record["status"], record["error_kind"]) == ("error", kind)
     else:
         assert f"FAIL {kind}" in proc.stderr
-        assert f"fix: {FIXES[kind]}" in proc.stderr
+        assert f"fix: {fix}" in proc.stderr
 
 
 def test_probe_reads_claude_code_settings_from_cwd(fake_server: FakeServer, tmp_path: Path) -> None:
@@ -203,3 +209,61 @@ def test_probe_says_which_settings_file_supplied_the_channel(fake_server: FakeSe
     assert f"auth token from settings {settings} (ANTHROPIC_AUTH_TOKEN)" in proc.stderr
     assert fake_server.last.json()["model"] == "m-1"
     assert KEY not in proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------- words a newcomer meets
+
+
+def test_no_key_says_so_and_where_to_set_one(fake_server: FakeServer, tmp_path: Path) -> None:
+    fake_server.play(json_script(401, {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}))
+    proc = tokenload(tmp_path, "probe", "--base-url", fake_server.url + "/api")
+    assert proc.returncode == 1
+    assert "no key was given" in proc.stderr
+    assert "fix: this channel needs a key: set ANTHROPIC_API_KEY or ANTHROPIC_AUTH_TOKEN" in proc.stderr
+
+
+def test_refused_connection_is_named_without_http_none_or_a_home_page_fix(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = tokenload(tmp_path, "probe", "--base-url", f"http://127.0.0.1:{port}/api", "--api-key", KEY)
+    assert proc.returncode == 1
+    assert f"FAIL bad_base_url: 127.0.0.1:{port} refused the connection" in proc.stderr
+    assert "HTTP None" not in proc.stderr and "home page" not in proc.stderr
+    assert "fix: check the host and port in --base-url and that the channel is up" in proc.stderr
+
+
+def test_timeout_is_named_without_http_none(tmp_path: Path) -> None:
+    with socket.socket() as listener:  # accepts (backlog) but never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/api"
+        proc = tokenload(tmp_path, "probe", "--base-url", url, "--api-key", KEY, "--timeout", "0.5")
+    assert proc.returncode == 1
+    assert "FAIL timeout_first_token: " in proc.stderr and "sent no response within 0.5 s" in proc.stderr
+    assert "HTTP None" not in proc.stderr and "home page" not in proc.stderr
+
+
+def test_base_url_ending_in_api_v1_gets_the_exact_url(fake_server: FakeServer, tmp_path: Path) -> None:
+    def router(received: Received) -> Script:
+        if received.method == "POST" and received.path == "/api/v1/messages":
+            return json_script(400, {"type": "error", "error": {"type": "invalid_request_error", "message": "messages: required"}})
+        return body_script(404, b"<html><title>404 Not Found</title></html>")
+
+    fake_server.route(router)
+    proc = tokenload(tmp_path, "probe", "--base-url", fake_server.url + "/api/v1", "--api-key", KEY)
+    assert proc.returncode == 1
+    assert f"fix: set --base-url to {fake_server.url}/api" + "\n" in proc.stderr
+
+
+def test_unknown_model_gets_no_arbitrary_closest_match(fake_server: FakeServer, tmp_path: Path) -> None:
+    def router(received: Received) -> Script:
+        if received.method == "GET" and received.path == "/api/v1/models":
+            return json_script(200, {"object": "list", "data": [{"id": "sim-7b"}, {"id": "sim-30b"}]})
+        return json_script(404, {"type": "error", "error": {"type": "not_found_error", "message": "model: claude-sonnet-4"}})
+
+    fake_server.route(router)
+    proc = tokenload(tmp_path, "probe", "--base-url", fake_server.url + "/api", "--api-key", KEY, "--model", "claude-sonnet-4")
+    assert proc.returncode == 1
+    assert "closest" not in proc.stderr
+    assert "fix: set --model to one of the models this channel serves: sim-7b, sim-30b" in proc.stderr

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from tokenload.load import stoprules
-from tokenload.load.stoprules import Counts, FailFast, Live
+from tokenload.load.stoprules import Counts, FailFast, FailureStreak, Live
 from tokenload.workload.scenario import StopSection
 
 STOP = StopSection()
@@ -75,21 +75,22 @@ def test_breakpoint_counts_load_errors_only() -> None:
     assert stoprules.breakpoint_errors(live(**at)) is None
     ended = {**ended, "load_failures": 2, "load_error_rate": 2 / 3}
     assert stoprules.breakpoint_errors(live(**{**at, "ended_step": ended})) == \
-        "breakpoint: step 1 (1 users) load error rate 0.67 > 0.1"
+        "auto-stop: step 1 (1 users) load error rate 0.67 > 0.1 ([stop] breakpoint_error_rate)"
 
 
 def test_breakpoint_ttft_names_the_load_level_in_its_unit() -> None:
     ended = {"step": 3, "users": 64, "rate": 8.0, "requests": 30, "load_error_rate": 0.0, "ttft_p95_s": 2.5}
     reason = stoprules.breakpoint_ttft(live(ended_step=ended, stop=stop(breakpoint_ttft_p95_s=1.0)))
-    assert reason == "breakpoint: step 3 (8 req/s) TTFT p95 2.50 s > 1 s"
+    assert reason == "auto-stop: step 3 (8 req/s) TTFT p95 2.50 s > 1 s ([stop] breakpoint_ttft_p95_s)"
     assert stoprules.breakpoint_ttft(live(ended_step=ended)) is None  # off by default
 
 
 def test_storm_trigger_and_unresolved_storm() -> None:
-    assert stoprules.storm(Counts(9, 9, 9, 0), STOP) is None  # too few to judge
-    assert stoprules.storm(Counts(100, 100, 70, 0), STOP) is None  # 70% <= 80%
-    assert stoprules.storm(Counts(100, 100, 95, 0), STOP) == "95 of 100 requests failed under load in 10 s (95% > 80%)"
-    assert stoprules.storm(Counts(100, 100, 100, 0), stop(storm_error_rate=0)) is None  # off
+    assert stoprules.storm(Counts(9, 9, 9, 0), STOP, users=50) is None  # too few to judge
+    assert stoprules.storm(Counts(100, 100, 70, 0), STOP, users=50) is None  # 70% <= 80%
+    assert stoprules.storm(Counts(100, 100, 95, 0), STOP, users=50) == \
+        "95 of 100 requests failed under load in 10 s (95% > 80%)"
+    assert stoprules.storm(Counts(100, 100, 100, 0), stop(storm_error_rate=0), users=50) is None  # off
     detail = "95 of 100 requests failed"
     assert stoprules.storm_unresolved(live(storm_failed_probes=2, storm_detail=detail)) is None
     assert stoprules.storm_unresolved(live(storm_failed_probes=3, storm_detail=detail)) == \
@@ -106,3 +107,42 @@ def test_failfast_streak_counts_config_errors_in_a_row_only() -> None:
     ff.observe("auth", 401, "m")
     ff.observe("auth", 401, "m")
     assert ff.tripped and ff.last == {"kind": "auth", "http_status": 401, "message": "m"}
+
+
+def test_the_storm_share_needs_as_many_requests_as_users_within_a_floor_and_a_cap() -> None:
+    """4 users whose failures each take 4-5 s end about 8 requests per 10 s window: enough, at 4 users."""
+    assert [stoprules.storm_minimum(n) for n in (1, 2, 4, 9, 10, 2000)] == [3, 3, 4, 9, 10, 10]
+    assert stoprules.storm(Counts(8, 8, 8, 0), STOP, users=4) == "8 of 8 requests failed under load in 10 s (100% > 80%)"
+    assert stoprules.storm(Counts(8, 8, 8, 0), STOP, users=2000) is None  # 8 of 2,000 users' worth: too few
+    assert stoprules.storm(Counts(2, 2, 2, 0), STOP, users=2) is None  # below the floor
+
+
+def test_a_brief_blip_does_not_trip_the_storm_breaker() -> None:
+    """A burst of failures among successes (the share stays low), or a short streak successes soon end."""
+    assert stoprules.storm(Counts(40, 6, 6, 0), STOP, users=4) is None  # 6 failures in a window of 40
+    assert stoprules.storm(Counts(5, 3, 3, 0), STOP, users=4, streak=3, quiet_s=30) is None  # 60% and 3 < 4 in a row
+    assert stoprules.storm(Counts(5, 3, 3, 0), STOP, users=4, streak=6, quiet_s=4) is None  # nothing worked for 4 s only
+
+
+def test_failures_slower_than_the_window_trip_the_breaker_by_their_streak() -> None:
+    """A hung backend: each failure is a 35 s timeout, so a 10 s window sees one or two, never a share."""
+    assert stoprules.storm(Counts(2, 2, 2, 0), STOP, users=4, streak=4, quiet_s=40) == \
+        "4 requests in a row failed under load and none succeeded for 40 s"
+
+
+def test_the_failure_streak_counts_load_failures_in_a_row_across_ticks() -> None:
+    streak = FailureStreak(now=0.0)
+    streak.observe(Counts(10, 0, 0, 0), 1.0)  # the first tick only sets the baseline
+    streak.observe(Counts(14, 0, 0, 0), 2.0)  # successes
+    assert (streak.streak, streak.last_ok) == (0, 2.0)
+    for t, failed in ((3.0, 1), (4.0, 2), (5.0, 2), (6.0, 2)):
+        streak.observe(Counts(14 + failed, failed, failed, 0), t)
+    assert (streak.streak, streak.quiet_s(20.0)) == (2, 18.0)
+    streak.observe(Counts(18, 4, 4, 0), 7.0)  # two more failures, nothing else
+    assert streak.streak == 4
+    streak.observe(Counts(20, 5, 5, 0), 8.0)  # a tick with a success among the failures ends the streak
+    assert (streak.streak, streak.last_ok) == (0, 8.0)
+    streak.observe(Counts(21, 6, 5, 0), 9.0)  # an input error is no load failure: it ends the streak too
+    assert streak.streak == 0
+    streak.observe(Counts(3, 3, 3, 0), 10.0)  # statistics reset (a new test): start over
+    assert (streak.streak, streak.last_ok) == (0, 10.0)

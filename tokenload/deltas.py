@@ -34,7 +34,7 @@ _MAX_SHAPES = 8  # per stream: text, thinking, tool input, and slack for servers
 def _observed(tl: Timeline) -> tuple[Any, ...]:
     """Everything an event can change on a timeline besides the token counts and times."""
     return (tl.stop_reason, tl.input_tokens, tl.output_tokens, tl.reasoning_tokens, tl.cache_read_tokens,
-            tl.cache_creation_tokens, tl.complete, tl.malformed, tl.error_kind)
+            tl.cache_creation_tokens, tl.complete, tl.malformed, tl.error_kind, tl.request_id)
 
 
 class DeltaShapes:

@@ -15,16 +15,23 @@ true:
 5. model (mistake #3);
 6. latency (mistakes #4, #5, #6): TTFT, TPOT, long outputs;
 7. streaming end to end: incremental arrival and a clean end;
-8. the rate limits the channel announced (`anthropic-ratelimit-*`, `x-ratelimit-*`),
-   as one line: what a load test may send;
-9. prompt caching: does the second of two identical long-prefix requests read
+8. channel fidelity (informational): does the channel honour max_tokens, report
+   the stop reason and usage truthfully, send headers before the first token and
+   serve the model named? A relay can get each wrong;
+9. the rate limits the channel announced (`anthropic-ratelimit-*`, `x-ratelimit-*`),
+   as one line: what a load test may send; a 429 says when to retry;
+10. prompt caching: does the second of two identical long-prefix requests read
    the prefix from the channel's cache (a relay may strip it)?
 
 Checks that need an earlier one are skipped with the reason when it failed, so
-a broken channel gets at most a handful of cheap requests. All network access
-goes through `Doctor`, which caches the two real requests (a one-token request
-for auth and model, the latency probe reused by the streaming check). Every
-string a result carries is redacted against every key doctor has seen.
+a broken channel gets at most a handful of cheap requests. An `ok` means a
+request succeeded (or the model list names the model); a failure that proves
+nothing either way (a 5xx, a 429, a timeout) is `unverified`, said with the
+status and the message, and with who can fix it when the channel is a relay
+whose backend is down. All network access goes through `Doctor`, which caches
+the two real requests (a one-token request for auth and model, the latency
+probe reused by the streaming, fidelity and rate-limit checks). Every string a
+result carries is redacted against every key doctor has seen.
 """
 
 from __future__ import annotations
@@ -59,15 +66,26 @@ from tokenload.channel import (
     redact_secrets,
     resolve,
 )
-from tokenload.errors import ConfigError
-from tokenload.failures import body_message, classify_exception, classify_http, looks_like_html
-from tokenload.measure import Timeline
+from tokenload.errors import ConfigError, error_class
+from tokenload.failures import (
+    body_message,
+    classify_exception,
+    classify_http,
+    context_limit,
+    looks_like_html,
+    upstream_failure,
+)
+from tokenload.measure import NATURAL_STOPS, Timeline
+from tokenload.protocols import ADAPTERS, ProtocolAdapter
 from tokenload.protocols.base import Conversation
 from tokenload.record import RequestRecord
+from tokenload.slo import DEFAULT as DEFAULT_SLO
 from tokenload.tokens import synth_prompt
 from tokenload.transport.httpx_client import stream_exchange
 
 OK, FAIL, SKIP = "ok", "fail", "skip"
+# The channel answered, but not in a way that proves or disproves the check (a 500, a timeout, a 429).
+UNVERIFIED = "unverified"
 
 # Real variables of neighbouring tools (Claude Code, the OpenAI SDK) that look
 # like tokenload's but are not misspellings of them.
@@ -81,6 +99,8 @@ OTHER_TOOLS_VARS: frozenset[str] = frozenset({
 # Names users carry over from older tools; similarity alone would guess wrong.
 ALIASES: dict[str, str] = {"OPENAI_API_BASE": "OPENAI_BASE_URL", "ANTHROPIC_API_URL": "ANTHROPIC_BASE_URL"}
 NAME_SIMILARITY = 0.8
+# A served model id this alike (difflib ratio, case ignored) is offered as "the closest match"; below, none is.
+MODEL_SIMILARITY = 0.6
 FIELD_OF: dict[str, str] = {var: name for names in ENV_VARS.values() for name, var in names.items()}
 
 _PLACEHOLDER = re.compile(
@@ -96,6 +116,21 @@ STREAM_KINDS = frozenset({ek.DISCONNECTED, ek.MALFORMED_STREAM, ek.TIMEOUT_STALL
 _SHORT_PROMPT = "Say hi."
 # Without usage fields: a repeat TTFT at most this fraction of the first counts as a cache hit.
 CACHE_TTFT_GAIN = 0.7
+# ...and by at least this much (s): between two millisecond answers the difference is noise.
+CACHE_TTFT_MIN_GAIN_S = 0.05
+# A failed request's message is shown up to this length (relays pass on whole tracebacks).
+MESSAGE_CHARS = 300
+# Headers held until the first token: judged only when TTFT is long enough to tell (s), and counted when
+# the headers came within this share of TTFT before the first token.
+HEADER_HOLD_MIN_TTFT_S = 0.1
+HEADER_HOLD_SHARE = 0.1
+# The latency line names cached prompt tokens from this share of the prompt on.
+CACHE_NOTE_SHARE = 0.05
+# With usage fields: the repeat must read at least this share of its input from the cache to count as a hit.
+CACHE_HIT_SHARE = 0.5
+# A prefix refused as too long is resent at this share of the context limit the refusal named (room for the
+# chat template, the question and the server's own tokenizer counting differently from the estimate).
+CACHE_PREFIX_SHARE_OF_CONTEXT = 0.75
 _PROBE_PREFIX = "Count from 1 to 100, one number per word. Ignore the filler text that follows."
 
 
@@ -103,20 +138,29 @@ _PROBE_PREFIX = "Count from 1 to 100, one number per word. Ignore the filler tex
 class Limits:
     """Thresholds and budgets; every one is a command-line flag."""
 
-    ttft_s: float = 1.0  # above about 1 s reads as "nothing happened"
-    tpot_s: float = 0.1  # s/token: 10 tokens/s is slower than people read
-    e2e_s: float = 10.0  # total for an answer of `expected_output_tokens`
+    # The SLO's thresholds (`tokenload.slo.DEFAULT`, as on every command); None: not checked.
+    ttft_s: float | None = DEFAULT_SLO.ttft_s
+    tpot_s: float | None = DEFAULT_SLO.tpot_s
+    e2e_s: float | None = DEFAULT_SLO.e2e_s  # total for an answer of `expected_output_tokens`
     expected_output_tokens: int = 256
     burst_s: float = 0.010  # every token inside this window = one buffered burst
     timeout_s: float = 20.0  # connect, first token and stall timeout of every request
     prompt_tokens: int = 1000  # the latency probe's prompt; the comparison probe is a few tokens
     probe_tokens: int = 32  # output tokens the latency probe asks for
     cache_prefix_tokens: int = 4500  # the caching check's prefix: above every provider's minimum (up to 4,096)
+    relay_probe_timeout_s: float = 5.0  # for /v1/models and /health, which a live relay answers at once
 
 
 @dataclass
 class CheckResult:
-    """One line of the report: ok / fail / skip, what was seen, the exact fix."""
+    """One line of the report: ok / fail / unverified / skip, what was seen, the exact fix.
+
+    `ok` only for what a successful request (or the channel's own model list)
+    proved; `unverified` when the channel answered in a way that proves nothing
+    either way (a 5xx, a timeout, a 429). `informational` results (rate limits,
+    prompt caching, channel fidelity) describe the channel rather than a mistake
+    the user can fix, so they change the exit code only under `--strict`.
+    """
 
     name: str
     title: str
@@ -125,6 +169,7 @@ class CheckResult:
     fix: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
     blocking: bool = True  # a fail that leaves nothing sound to check after it
+    informational: bool = False
 
     @property
     def blocks(self) -> bool:
@@ -132,7 +177,16 @@ class CheckResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "title": self.title, "status": self.status, "saw": self.saw,
-                "fix": self.fix, "details": self.details}
+                "fix": self.fix, "details": self.details, "informational": self.informational}
+
+
+def exit_code(results: list[CheckResult], strict: bool = False) -> int:
+    """1 when a check the user can fix failed; with `strict`, also for any finding or check not proved."""
+    if any(r.status == FAIL and not r.informational for r in results):
+        return 1
+    if strict and any(r.status in (FAIL, UNVERIFIED) for r in results):
+        return 1
+    return 0
 
 
 @dataclass
@@ -145,10 +199,14 @@ class Doctor:
     home: Path
     limits: Limits = field(default_factory=Limits)
     channel: Channel = field(init=False)
-    _tiny: RequestRecord | None = None
+    _tiny: tuple[RequestRecord, Timeline] | None = None
     _probe: tuple[RequestRecord, Timeline] | None = None
     _models: list[str] | None = None
+    _models_status: int | None = None
     _models_fetched: bool = False
+    _relay_route: str | None = None
+    _relay_asked: bool = False
+    served_models: list[str] = field(default_factory=list)  # the model ids the latency probe's answer named
 
     def __post_init__(self) -> None:
         # doctor waits `timeout_s` at most, not a load test's minutes, for anything
@@ -167,22 +225,30 @@ class Doctor:
             return f"{in_settings.group(2)} in {in_settings.group(1)}"
         return var or f"--{name.replace('_', '-')}"
 
-    def client(self) -> httpx.Client:
-        t = self.limits.timeout_s
+    def client(self, timeout_s: float | None = None) -> httpx.Client:
+        t = timeout_s or self.limits.timeout_s
         return httpx.Client(timeout=httpx.Timeout(t, connect=min(t, 10.0)), follow_redirects=False)
 
-    def tiny(self) -> RequestRecord:
+    def tiny_exchange(self) -> tuple[RequestRecord, Timeline]:
         """A one-token streaming request: the cheapest request that proves key and model."""
         if self._tiny is None:
-            self._tiny = stream_exchange(self.channel, "Reply with OK.", 1)[0]
+            self._tiny = stream_exchange(self.channel, "Reply with OK.", 1)
         return self._tiny
 
+    def tiny(self) -> RequestRecord:
+        return self.tiny_exchange()[0]
+
     def probe(self) -> tuple[RequestRecord, Timeline]:
-        """The latency probe, shared with the streaming check."""
+        """The latency probe, shared with the streaming, rate-limit and fidelity checks."""
         if self._probe is None:
             prompt = synth_prompt(self.limits.prompt_tokens, prefix=f"{fresh_nonce()} {_PROBE_PREFIX}")
-            self._probe = stream_exchange(self.channel, prompt, self.limits.probe_tokens)
+            adapter, self.served_models = model_watcher(self.channel)
+            self._probe = stream_exchange(self.channel, prompt, self.limits.probe_tokens, adapter=adapter)
         return self._probe
+
+    def last_exchange(self) -> tuple[RequestRecord, Timeline]:
+        """The newest of the shared requests: the latency probe once sent, else the one-token request."""
+        return self._probe if self._probe is not None else self.tiny_exchange()
 
     def models(self) -> list[str] | None:
         """The channel's model ids from `/v1/models`, or None when it offers no list."""
@@ -190,14 +256,37 @@ class Doctor:
             self._models_fetched = True
             url = models_url(self.channel.base_url)
             try:
-                with self.client() as http:
+                with self.client(self.limits.relay_probe_timeout_s) as http:
                     response = http.get(url, headers=self.channel.headers())
+                self._models_status = response.status_code
                 data = response.json().get("data") if response.status_code == 200 else None
             except (httpx.HTTPError, ValueError, AttributeError):
                 data = None
             if isinstance(data, list):
                 self._models = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
         return self._models
+
+    def relay_answers(self) -> str | None:
+        """Which of the channel's other routes answered at once (`GET .../v1/models answered HTTP 200`), or None.
+
+        A relay whose backend hangs still answers its own routes: the model list
+        and the health check are served by the relay itself, without the backend.
+        """
+        if not self._relay_asked:
+            self._relay_asked = True
+            self.models()
+            if self._models_status is not None:
+                self._relay_route = f"GET {models_url(self.channel.base_url)} answered HTTP {self._models_status}"
+            else:
+                parts = urlsplit(self.channel.base_url)
+                health = urlunsplit((parts.scheme, parts.netloc, "/health", "", ""))
+                try:
+                    with self.client(self.limits.relay_probe_timeout_s) as http:
+                        status = http.get(health, headers=self.channel.headers()).status_code
+                    self._relay_route = f"GET {health} answered HTTP {status}"
+                except httpx.HTTPError:
+                    self._relay_route = None
+        return self._relay_route
 
     def redact(self, text: str) -> str:
         return redact(text, [self.resolution.raw.get(name, "") for name in SECRET_FIELDS], self.env)
@@ -300,6 +389,124 @@ def model_size(model: str) -> float | None:
 
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} s"
+
+
+def refusal_wait(headers: Mapping[str, str] | None, now: float) -> tuple[float, str] | None:
+    """(seconds, the header that said so) a 429 asked us to wait, or None when it said nothing.
+
+    Relays each have their dialect: `retry-after-ms` and `retry-after` (HTTP),
+    LiteLLM's `llm_provider-retry-after` (seconds, passed on from its router),
+    then the reset time of a used-up Anthropic or OpenAI limit.
+    """
+    from tokenload.limits import parse_rate_headers
+
+    headers = headers or {}
+    for name in ("retry-after-ms", "retry-after", "llm_provider-retry-after"):
+        if name in headers:
+            # LiteLLM's header carries the same seconds as retry-after
+            wait = parse_rate_headers({name if name != "llm_provider-retry-after" else "retry-after": headers[name]},
+                                      now).retry_after_s
+            if wait is not None:
+                return wait, name
+    info = parse_rate_headers(dict(headers), now)
+    resets = [r for r in (info.requests_reset_s, info.tokens_reset_s) if r is not None]
+    # a refused request used up one of the limits whose reset is given, whatever `remaining` said
+    wait = info.server_wait() if info.server_wait() is not None else max(resets, default=None)
+    if wait is None:
+        return None
+    dialect = "anthropic-ratelimit-*-reset" if any(k.startswith("anthropic-ratelimit-") for k in headers) \
+        else "x-ratelimit-reset-*"
+    return wait, dialect
+
+
+def model_watcher(channel: Channel) -> tuple[ProtocolAdapter, list[str]]:
+    """The channel's protocol adapter, noting each model id its stream names (message_start's message, a chat
+    chunk, the Responses `response`), in a list returned alongside."""
+    seen: list[str] = []
+    base: type[ProtocolAdapter] = ADAPTERS[channel.protocol]
+
+    class Watching(base):  # type: ignore[misc, valid-type]
+        def on_json(self, event: str, obj: dict[str, Any], t: float, tl: Timeline) -> None:
+            for holder in (obj, obj.get("message"), obj.get("response")):
+                model = holder.get("model") if isinstance(holder, dict) else None
+                if isinstance(model, str) and model and model not in seen:
+                    seen.append(model)
+            super().on_json(event, obj, t, tl)
+
+    return Watching(channel), seen
+
+
+def accepted(record: RequestRecord) -> bool:
+    """Did the channel accept this request (key and model)? It succeeded, or a token arrived, or it answered
+    HTTP 200 and only the stream's form broke (no final event, a JSON body instead of events)."""
+    if record["status"] == "ok" or record["ttft_s"] is not None:
+        return True
+    return (record["http_status"] == 200 and record["error_kind"] in (ek.MALFORMED_STREAM, ek.DISCONNECTED)
+            and not upstream_failure(200, record["error_message"] or ""))
+
+
+def _said(record: RequestRecord) -> str:
+    """`HTTP 500: message`, or the message alone when no HTTP answer came (refused, timed out); a relay's
+    multi-line message on one line, cut at `MESSAGE_CHARS`."""
+    message = " ".join((record["error_message"] or record["error_kind"] or "no answer").split())
+    if len(message) > MESSAGE_CHARS:
+        message = message[:MESSAGE_CHARS - 1] + "…"
+    status = record["http_status"]
+    if status is None:
+        return message
+    where = "an error inside the stream after HTTP 200" if status == 200 else f"HTTP {status}"
+    return f"{where}: {message}"
+
+
+BACKEND_FIX = ("only the relay's operator can fix this: the model server behind the relay is down, hung or unreachable "
+               "from it; tell them, and retry once it is back (your key, URL and model are not the problem)")
+
+
+def failure_story(ctx: Doctor, record: RequestRecord, timeline: Timeline | None = None) -> tuple[str, str | None]:
+    """(what a failed request proves, who can fix it) for a check it could not prove either way.
+
+    A 5xx or an in-stream error naming a failed upstream connection, or a hang
+    while the relay's own routes answer, is the relay's backend: its operator's
+    to fix. A 429 is the rate limit, with the wait the channel asked for.
+    """
+    kind, status = record["error_kind"], record["http_status"]
+    said = _said(record)
+    if upstream_failure(status, record["error_message"] or ""):
+        return f"the relay answers but its backend does not ({said})", BACKEND_FIX
+    if kind == ek.TIMEOUT_FIRST_TOKEN and status is None:
+        route = ctx.relay_answers()
+        if route is not None:
+            return (f"the relay answers but its backend does not: no response within {ctx.limits.timeout_s:g} s, "
+                    f"while {route}"), BACKEND_FIX
+        host = urlsplit(ctx.channel.base_url).netloc
+        return (f"{host} accepted the request but sent no response within {ctx.limits.timeout_s:g} s",
+                "check that the channel is up (and whatever is behind it), or raise --timeout")
+    if kind == ek.RATE_LIMITED:
+        wait = refusal_wait(timeline.response_headers if timeline else None, time.time())
+        when = f"it asks to retry in {wait[0]:.0f} s ({wait[1]})" if wait else "it did not say when to retry"
+        return (f"the channel's rate limit is used up, {when} ({said})",
+                f"wait {wait[0]:.0f} s, then run doctor again" if wait else "wait a minute, then run doctor again")
+    if kind == ek.TIMEOUT_FIRST_TOKEN:
+        return said, ("the channel (or the backend behind a relay) opened the answer but sent no token: it is stuck or "
+                      "queueing; retry later, or raise --timeout")
+    if not ctx.channel.secrets and status is not None and status >= 400:
+        names = ENV_VARS[family(ctx.channel.protocol)]
+        wanted = " or ".join(names[n] for n in SECRET_FIELDS if n in names)
+        return f"{said} (no key was sent)", f"if this channel needs a key, set {wanted}; otherwise ask its operator"
+    if status is not None and 400 <= status < 500:
+        return said, ("read the channel's message above; a relay can refuse a wrong key this way (LiteLLM without its "
+                      "database answers HTTP 400 no_db_connection), so check the key too")
+    return said, ek.FIXES.get(kind or "", None)
+
+
+def unverified(ctx: Doctor, name: str, title: str, exchange: tuple[RequestRecord, Timeline], *,
+               blocking: bool = True) -> CheckResult:
+    """The "could not verify" line for a check whose request failed in a way that proves nothing."""
+    record, timeline = exchange
+    story, fix = failure_story(ctx, record, timeline)
+    details = {"http_status": record["http_status"], "error_kind": record["error_kind"],
+               "relay_backend_down": story.startswith("the relay answers but its backend does not")}
+    return CheckResult(name, title, UNVERIFIED, f"could not verify: {story}", fix, details, blocking=blocking)
 
 
 # --- the checks ------------------------------------------------------------------------
@@ -486,16 +693,32 @@ def _answers(ctx: Doctor, http: httpx.Client, base: str) -> bool:
 
 
 def check_auth(ctx: Doctor) -> CheckResult:
-    """A one-token request: 401/403 with the server's message and the fix (mistake #1)."""
-    record = ctx.tiny()
+    """A one-token request: ok only when it succeeded; 401/403 with the server's message and the fix (mistake #1).
+
+    Any other failure proves nothing about the key (a relay may check the model
+    first, or answer a wrong key with a 400 or a 500), so it is "could not
+    verify", with the status and the message; it does not stop the model check,
+    which reads the same answer.
+    """
+    record, timeline = ctx.tiny_exchange()
     channel = ctx.channel
-    if record["error_kind"] != ek.AUTH:
-        sent = _sent_as(ctx) or "no key"
-        return CheckResult("auth", "auth", OK, f"the channel accepted {sent}", details={"http_status": record["http_status"]})
     status = record["http_status"]
+    if accepted(record):
+        sent = _sent_as(ctx) or "no key"
+        how = "a one-token request succeeded" if record["status"] == "ok" else \
+            f"HTTP {status}, though the stream broke: see streaming"
+        return CheckResult("auth", "auth", OK, f"the channel accepted {sent} ({how})", details={"http_status": status})
+    if record["error_kind"] == ek.NOT_FOUND_MODEL:
+        return CheckResult("auth", "auth", UNVERIFIED,
+                           f"could not verify: the channel refused the model before the key was proved ({_said(record)})",
+                           "fix the model first (see the model check), then run doctor again",
+                           {"http_status": status}, blocking=False)
+    if record["error_kind"] != ek.AUTH:
+        return unverified(ctx, "auth", "auth", (record, timeline), blocking=False)
     saw = f"HTTP {status}: {record['error_message']}"
     if not channel.secrets:
         names = ENV_VARS[family(channel.protocol)]
+        saw += " (no key was given)"
         fix = f"this channel needs a key: set {' or '.join(names[n] for n in SECRET_FIELDS if n in names)}"
     elif status == 403:
         fix = "the key is valid but not allowed here: check its permissions, group or quota with the channel's operator"
@@ -520,21 +743,42 @@ def _sent_as(ctx: Doctor) -> str:
 
 
 def check_model(ctx: Doctor) -> CheckResult:
-    """Unknown model id -> the channel's models and the closest match (mistake #3)."""
-    record = ctx.tiny()
+    """Served only when a request with it succeeded or the model list names it; unknown -> the list and a
+    close match (mistake #3)."""
+    record, timeline = ctx.tiny_exchange()
     model = ctx.channel.model
+    if accepted(record):
+        how = "a one-token request succeeded" if record["status"] == "ok" else \
+            f"HTTP {record['http_status']}, though the stream broke: see streaming"
+        return CheckResult("model", "model", OK, f"{model} is served by this channel ({how})")
     if record["error_kind"] != ek.NOT_FOUND_MODEL:
-        return CheckResult("model", "model", OK, f"{model} is served by this channel")
+        models = ctx.models()
+        if models and model in models:
+            return CheckResult("model", "model", OK,
+                               f"{model} is in the channel's model list, though the one-token request failed "
+                               f"({_said(record)})", details={"models": models})
+        return unverified(ctx, "model", "model", (record, timeline))
     models = ctx.models()
     saw = f"{model} is not served: HTTP {record['http_status']}: {record['error_message']}"
     details: dict[str, Any] = {"models": models}
     if not models:
         return CheckResult("model", "model", FAIL, saw + "; the channel offers no model list at /v1/models",
                            f"ask the channel's operator for the exact model id and set it in {ctx.where('model')}", details)
-    close = difflib.get_close_matches(model, models, n=1, cutoff=0.0)
-    details["closest"] = close[0]
+    close = closest_model(model, models)
+    details["closest"] = close
+    if close is None:
+        return CheckResult("model", "model", FAIL, f"{saw}; the channel serves {', '.join(models)}",
+                           f"set {ctx.where('model')} to one of the models this channel serves: {', '.join(models)} "
+                           "(none is close to the one given)", details)
     return CheckResult("model", "model", FAIL, f"{saw}; the channel serves {', '.join(models)}",
-                       f"set {ctx.where('model')} to {close[0]} (the closest match)", details)
+                       f"set {ctx.where('model')} to {close} (the closest match)", details)
+
+
+def closest_model(model: str, models: list[str]) -> str | None:
+    """The served id most like `model` (case ignored), or None when none is alike enough to suggest."""
+    by_lower = {m.lower(): m for m in models}
+    close = difflib.get_close_matches(model.lower(), list(by_lower), n=1, cutoff=MODEL_SIMILARITY)
+    return by_lower[close[0]] if close else None
 
 
 def check_latency(ctx: Doctor) -> CheckResult:
@@ -547,14 +791,18 @@ def check_latency(ctx: Doctor) -> CheckResult:
                                "cached_tokens": cached}
     if ttft is None:
         kind = record["error_kind"] or ek.MALFORMED_STREAM
-        saw = f"the probe got no token: {kind} (HTTP {record['http_status']}): {record['error_message']}"
-        if kind in STREAM_KINDS:
+        saw = f"the probe got no token: {kind} ({_said(record)})"
+        if kind in STREAM_KINDS and not upstream_failure(record["http_status"], record["error_message"] or ""):
             return CheckResult("latency", "latency", SKIP, saw + "; see the streaming check", details=details)
-        return CheckResult("latency", "latency", FAIL, saw, ek.FIXES[kind], details)
-    from_cache = f" ({cached} of them from the server's prompt cache)" if cached else ""
+        if error_class(kind) in ("config", "input"):
+            return CheckResult("latency", "latency", FAIL, saw, ek.FIXES[kind], details)
+        return unverified(ctx, "latency", "latency", ctx.probe())
+    # a token or so "cached" on every request (llama.cpp's shared first token) is no cache read worth naming
+    meaningful = cached is not None and cached >= CACHE_NOTE_SHARE * (record["input_tokens"] or 0) and cached > 1
+    from_cache = f" ({cached} of them from the server's prompt cache)" if meaningful else ""
     parts = [f"TTFT {_s(ttft)} with a {record['input_tokens']}-token prompt{from_cache}"]
     problems, fixes = [], []
-    if ttft > lim.ttft_s:
+    if lim.ttft_s is not None and ttft > lim.ttft_s:
         short = stream_exchange(ctx.channel, f"{fresh_nonce()} {_SHORT_PROMPT}", 1)[0]["ttft_s"]
         details["ttft_short_prompt_s"] = short
         parts.append(f"{_s(short)} with a short prompt")
@@ -566,18 +814,21 @@ def check_latency(ctx: Doctor) -> CheckResult:
                          "or compare at off-peak times (tokenload run at both, then tokenload compare)")
     if tpot is not None:
         parts.append(f"TPOT {tpot:.4f} s/token over {n} tokens")
-        if tpot > lim.tpot_s:
+        if lim.tpot_s is not None and tpot > lim.tpot_s:
             problems.append(f"TPOT above {lim.tpot_s:g} s/token")
             fixes.append("decode speed is set by model size and the channel's hardware: a smaller model"
                          f"{_smaller_models(ctx)} may meet the need")
-    if tpot is not None and not problems:
+    if tpot is not None and lim.e2e_s is not None and not problems:
         total = ttft + tpot * lim.expected_output_tokens
         details["projected_e2e_s"] = total
         parts.append(f"{lim.expected_output_tokens} tokens would take {total:.1f} s")
         if total > lim.e2e_s:
             cap = max(1, int((lim.e2e_s - ttft) / tpot))
-            problems.append(f"total above {lim.e2e_s:g} s although TTFT and TPOT are normal: the output is long")
+            normal = "TTFT and TPOT are" if lim.tpot_s is not None else "TTFT is"
+            problems.append(f"total above {lim.e2e_s:g} s although {normal} normal: the output is long")
             fixes.append(f"cap max tokens at about {cap} (TTFT + TPOT x {cap} = {lim.e2e_s:g} s)")
+            if lim.tpot_s is None:  # TPOT is not judged on its own: a faster model is the other way
+                fixes.append(f"or a lower TPOT: a smaller model{_smaller_models(ctx)} decodes faster")
     saw = ", ".join(parts)
     if problems:
         return CheckResult("latency", "latency", FAIL, f"{'; '.join(problems)}: {saw}", "; ".join(fixes), details)
@@ -598,6 +849,8 @@ def check_streaming(ctx: Doctor) -> CheckResult:
     times = timeline.chunk_times
     details: dict[str, Any] = {"chunks": len(times), "stop_reason": record["stop_reason"]}
     kind = record["error_kind"]
+    if kind is not None and upstream_failure(record["http_status"], record["error_message"] or ""):
+        return unverified(ctx, "streaming", "streaming", (record, timeline))
     if (kind is not None and times) or kind in STREAM_KINDS:
         saw = f"{kind} after {len(times)} token chunks: {record['error_message']}"
         return CheckResult("streaming", "streaming", FAIL, saw, ek.FIXES[kind], details)
@@ -619,25 +872,115 @@ def check_streaming(ctx: Doctor) -> CheckResult:
 
 
 def check_rate_limits(ctx: Doctor) -> CheckResult:
-    """The rate limits the channel announced on the latency probe (values only); a limit used up fails."""
+    """The rate limits the channel announced on doctor's newest request (values only); a 429 or a limit used up
+    says so, and when to retry: never ok while the channel refuses."""
     from tokenload.limits import parse_rate_headers
 
-    _, timeline = ctx.probe()
-    info = parse_rate_headers(timeline.response_headers, time.time())
-    details = {k: getattr(info, k) for k in ("requests_limit", "requests_remaining", "tokens_limit", "tokens_remaining")}
+    record, timeline = ctx.last_exchange()
+    headers = timeline.response_headers or {}
+    now = time.time()
+    info = parse_rate_headers(headers, now)
+    details: dict[str, Any] = {k: getattr(info, k)
+                               for k in ("requests_limit", "requests_remaining", "tokens_limit", "tokens_remaining")}
     parts = [f"{limit:,} {what}/min ({'?' if left is None else f'{left:,}'} left)"
              for what, limit, left in (("requests", info.requests_limit, info.requests_remaining),
                                        ("tokens", info.tokens_limit, info.tokens_remaining)) if limit is not None]
+    allows = "the channel allows " + " and ".join(parts) if parts else ""
+    lower = "lower the load: set [load] max_rps or max_tokens_per_min under these limits"
+
+    def used_up(saw: str, wait: tuple[float, str] | None) -> CheckResult:
+        details["retry_after_s"] = wait[0] if wait else None
+        when = f"retry in {wait[0]:.0f} s ({wait[1]})" if wait else "the channel did not say when to retry"
+        fix = (f"wait {wait[0]:.0f} s before sending again" if wait else "wait a minute before sending again") + \
+            f"; for a load test, {lower}"
+        return CheckResult("rate_limits", "rate limits", FAIL, f"the rate limit is used up: {when}; {saw}", fix,
+                           details, blocking=False)
+
+    if record["error_kind"] == ek.RATE_LIMITED or record["http_status"] == 429:
+        saw = f"the channel refused with {_said(record)}"
+        return used_up(saw + (f"; {allows}" if allows else ""), refusal_wait(headers, now))
+    wait = info.server_wait()
+    if wait is not None:
+        return used_up(allows or "the channel announced no limits",
+                       (wait, "retry-after" if info.retry_after_s is not None else "the limit's reset header"))
+    if not parts and not accepted(record):
+        return CheckResult("rate_limits", "rate limits", UNVERIFIED,
+                           f"could not verify: the request failed ({_said(record)}) and announced no limits",
+                           details=details, blocking=False)
     if not parts:
         return CheckResult("rate_limits", "rate limits", OK, "the channel sent no rate-limit headers", details=details,
                            blocking=False)
-    saw = "the channel allows " + " and ".join(parts)
-    wait = info.server_wait()
-    if wait is not None:
-        return CheckResult("rate_limits", "rate limits", FAIL, f"{saw}: a limit is used up for {wait:.0f} s",
-                           f"wait {wait:.0f} s, or lower the load: set [load] max_rps or max_tokens_per_min under "
-                           "these limits", details, blocking=False)
-    return CheckResult("rate_limits", "rate limits", OK, saw, details=details, blocking=False)
+    return CheckResult("rate_limits", "rate limits", OK, allows, details=details, blocking=False)
+
+
+def check_fidelity(ctx: Doctor) -> CheckResult:
+    """Does the channel do what it says? Read from the latency probe's answer; a relay can lie in five ways.
+
+    It ignores max_tokens (more tokens than asked), misreports the stop reason (a
+    natural end at exactly max_tokens), reports usage below the token deltas it
+    streamed (each delta carries at least one token; more usage than deltas is
+    normal, a delta may carry several), holds the response headers until the first
+    token (TTFB = TTFT: the client cannot see the network apart from the model), or
+    names another model than the one asked for (a dated id that extends the one
+    asked for is the same model).
+    """
+    record, timeline = ctx.probe()
+    lim = ctx.limits
+    if record["status"] != "ok":
+        return CheckResult("fidelity", "channel fidelity", SKIP, "the latency probe failed (see latency)",
+                           blocking=False)
+    asked, streamed, counted = lim.probe_tokens, record["chunks"], record["output_tokens"]
+    from_server = record["output_tokens_source"] == "server"
+    got = max(streamed, counted if from_server else 0)
+    stop = record["stop_reason"]
+    ttfb, ttft = record["ttfb_s"], record["ttft_s"]
+    served = [m for m in ctx.served_models if not _same_model(m, ctx.channel.model)]
+    details: dict[str, Any] = {"max_tokens": asked, "streamed": streamed, "usage_output_tokens": counted if from_server
+                               else None, "stop_reason": stop, "ttfb_s": ttfb, "ttft_s": ttft,
+                               "served_models": ctx.served_models}
+    found: list[str] = []
+    fixes: list[str] = []
+    tiny = ctx.tiny()
+    tiny_got = max(tiny["chunks"], tiny["output_tokens"] if tiny["output_tokens_source"] == "server" else 0)
+    details["one_token_request_got"] = tiny_got
+    if got > asked or tiny_got > 1:
+        said = (f"asked for {asked}, got {got} tokens" if got > asked else "") + \
+            ("; " if got > asked and tiny_got > 1 else "") + (f"asked for 1, got {tiny_got}" if tiny_got > 1 else "")
+        found.append(f"it ignores max_tokens: {said}")
+        fixes.append("expect longer (and costlier) answers than you cap; ask the relay's operator to pass max_tokens on")
+    if got == asked and stop in NATURAL_STOPS - {"completed"}:  # Responses servers say completed for both
+        found.append(f"it misreports the stop reason: {stop} (a natural end) at exactly max_tokens ({asked})")
+        fixes.append("do not trust the stop reason through this channel to tell a cut answer from a finished one")
+    eos = counted == streamed + 1 and stop in NATURAL_STOPS  # an end-of-sequence token counted, never streamed
+    if from_server and counted < streamed and not eos:
+        found.append(f"its usage disagrees with the stream: {counted} output tokens reported, {streamed} token "
+                     "deltas streamed")
+        fixes.append("token counts (and bills) from this channel undercount; compare with the streamed deltas")
+    judged_headers = held = False
+    if ttfb is not None and ttft is not None and ttft >= HEADER_HOLD_MIN_TTFT_S:
+        judged_headers, held = True, ttft - ttfb <= HEADER_HOLD_SHARE * ttft
+    if held:
+        found.append(f"it holds the response headers until the first token (TTFB {_s(ttfb)}, TTFT {_s(ttft)}): "
+                     "a relay buffers the response start")
+        fixes.append("time to first token, not TTFB, is what users feel here; TTFB says nothing of the network")
+    if served:
+        found.append(f"the answer names model {', '.join(served)}, not {ctx.channel.model} as asked")
+        fixes.append("ask the channel's operator which model really serves this id")
+    if found:
+        return CheckResult("fidelity", "channel fidelity", FAIL, "; ".join(found), "; ".join(fixes), details,
+                           blocking=False)
+    usage = "usage agrees with the stream" if from_server else "no usage reported"
+    headers = (f"headers before the first token (TTFB {_s(ttfb)}, TTFT {_s(ttft)})" if judged_headers
+               else f"TTFT {_s(ttft)} too short to tell whether headers wait for the first token")
+    return CheckResult("fidelity", "channel fidelity", OK,
+                       f"max_tokens {asked} honoured ({got} tokens, stop reason {stop}), {usage}, {headers}",
+                       details=details, blocking=False)
+
+
+def _same_model(served: str, asked: str) -> bool:
+    """`claude-sonnet-4` served as `claude-sonnet-4-20250514` (or the reverse) is the same model."""
+    a, b = served.lower(), asked.lower()
+    return a.startswith(b) or b.startswith(a)
 
 
 def check_caching(ctx: Doctor) -> CheckResult:
@@ -646,42 +989,80 @@ def check_caching(ctx: Doctor) -> CheckResult:
     Coding assistants resend the same long prefix every turn; a channel that honours
     caching answers those turns sooner and cheaper. Anthropic needs `cache_control`
     breakpoints (sent here); OpenAI caches long prefixes automatically. Evidence is
-    the usage fields (`cache_read_input_tokens`, `cached_tokens`); a channel that
-    reports none is judged by whether the second TTFT fell well below the first.
+    the usage fields (`cache_read_input_tokens`, `cached_tokens`): the repeat must
+    read a real share of its input, not the token or so some servers report on
+    every request; a channel that reports none is judged by whether the second
+    TTFT fell well below the first. The prefix shrinks to fit a context limit the
+    channel names when it refuses the first one; the repeat is sent only after the
+    first request succeeded.
     """
     lim = ctx.limits
-    prefix = synth_prompt(lim.cache_prefix_tokens, seed=int.from_bytes(os.urandom(4), "big"))
-    conversation = Conversation((("user", "Reply with OK."),), system=prefix, cache_control=True)
-    first, second = (stream_exchange(ctx.channel, conversation, 1)[0] for _ in range(2))
-    details: dict[str, Any] = {"prefix_tokens": first["input_tokens"], "ttft_first_s": first["ttft_s"],
-                               "ttft_second_s": second["ttft_s"],
-                               "cache_read_second": second["cache_read_input_tokens"],
-                               "cache_creation_first": first["cache_creation_input_tokens"]}
-    failed = next((r for r in (first, second) if r["status"] != "ok"), None)
-    if failed is not None:
-        return CheckResult("caching", "prompt caching", SKIP,
-                           f"a caching probe failed: {failed['error_kind']} (HTTP {failed['http_status']})",
+    seed = int.from_bytes(os.urandom(4), "big")
+
+    def ask(tokens: int) -> tuple[RequestRecord, Timeline]:
+        prefix = synth_prompt(tokens, seed=seed)
+        conversation = Conversation((("user", "Reply with OK."),), system=prefix, cache_control=True)
+        return stream_exchange(ctx.channel, conversation, 1)
+
+    def skipped(saw: str, exchange: tuple[RequestRecord, Timeline] | None = None) -> CheckResult:
+        story, fix = failure_story(ctx, *exchange) if exchange else ("", None)
+        return CheckResult("caching", "prompt caching", UNVERIFIED, f"could not verify: {saw}{story}", fix,
                            details=details, blocking=False)
+
+    tokens = lim.cache_prefix_tokens
+    details: dict[str, Any] = {"prefix_tokens_sent": tokens}
+    fitted = ""
+    first_exchange = ask(tokens)
+    first = first_exchange[0]
+    if first["error_kind"] == ek.CONTEXT_LENGTH:
+        limit = context_limit(first["error_message"] or "")
+        details["context_limit"] = limit
+        if limit is None:
+            return skipped(f"the channel refused a {tokens:,}-token prefix as longer than its context and named no "
+                           f"limit ({_said(first)}); the repeat was not sent")
+        tokens = int(limit * CACHE_PREFIX_SHARE_OF_CONTEXT)
+        details["prefix_tokens_sent"] = tokens
+        fitted = (f" (the channel's context is {limit:,} tokens, as its refusal of a {lim.cache_prefix_tokens:,}-token "
+                  f"prefix said, so the probe used {tokens:,})")
+        first_exchange = ask(tokens)
+        first = first_exchange[0]
+    if first["status"] != "ok":
+        return skipped(f"the first caching request failed and the repeat was not sent{fitted}: ", first_exchange)
+    second_exchange = ask(tokens)
+    second = second_exchange[0]
+    details.update({"prefix_tokens": first["input_tokens"], "ttft_first_s": first["ttft_s"],
+                    "ttft_second_s": second["ttft_s"], "cache_read_first": first["cache_read_input_tokens"],
+                    "cache_read_second": second["cache_read_input_tokens"],
+                    "cache_creation_first": first["cache_creation_input_tokens"]})
+    if second["status"] != "ok":
+        return skipped(f"the repeat request failed{fitted}: ", second_exchange)
     read = second["cache_read_input_tokens"]
+    size = second["input_tokens"] or first["input_tokens"] or tokens
     fix = ("prompt caching is lost between you and the model: ask the relay operator to pass cache_control through "
            "(Anthropic) and to keep a conversation on one backend; until then, long prompts pay full prefill every turn")
-    if read is not None:
-        if read > 0:
-            return CheckResult("caching", "prompt caching", OK,
-                               f"the repeat request read {read} of {second['input_tokens']} input tokens from the cache "
-                               f"(TTFT {_s(second['ttft_s'])} vs {_s(first['ttft_s'])})", details=details, blocking=False)
-        return CheckResult("caching", "prompt caching", FAIL,
-                           f"an identical {first['input_tokens']}-token prefix sent twice: the second read 0 tokens "
-                           f"from the cache (TTFT {_s(second['ttft_s'])} vs {_s(first['ttft_s'])})",
-                           fix, details, blocking=False)
+    timing = f"TTFT {_s(second['ttft_s'])} vs {_s(first['ttft_s'])}"
+
+    def result(status: str, saw: str) -> CheckResult:
+        return CheckResult("caching", "prompt caching", status, saw + fitted, fix if status != OK else None, details,
+                           blocking=False)
+
     ttft1, ttft2 = first["ttft_s"], second["ttft_s"]
-    if ttft1 is not None and ttft2 is not None and ttft2 <= CACHE_TTFT_GAIN * ttft1:
-        return CheckResult("caching", "prompt caching", OK,
-                           f"no cache usage reported, but the repeat's TTFT fell from {_s(ttft1)} to {_s(ttft2)}",
-                           details=details, blocking=False)
-    return CheckResult("caching", "prompt caching", FAIL,
-                       f"no cache usage reported and the repeat of a {first['input_tokens']}-token prefix was not faster "
-                       f"(TTFT {_s(ttft2)} vs {_s(ttft1)})", fix, details, blocking=False)
+    faster = (ttft1 is not None and ttft2 is not None and ttft2 <= CACHE_TTFT_GAIN * ttft1
+              and ttft1 - ttft2 >= CACHE_TTFT_MIN_GAIN_S)
+    if read is not None:
+        if read >= CACHE_HIT_SHARE * size:
+            return result(OK, f"the repeat request read {read:,} of {size:,} input tokens from the cache ({timing})")
+        if faster:
+            return result(OK, f"the repeat's TTFT fell from {_s(ttft1)} to {_s(ttft2)}, so the prefix was probably "
+                              f"read from a cache, although the usage reports {read:,} cached tokens (a relay may pass "
+                              "on zeros)")
+        trivial = f" (only {read:,}: a token or so every request reports, not a cache hit)" if read else ""
+        return result(FAIL, f"an identical {size:,}-token prefix sent twice: the second read {read:,} tokens from the "
+                            f"cache{trivial} ({timing})")
+    if faster:
+        return result(OK, f"no cache usage reported, but the repeat's TTFT fell from {_s(ttft1)} to {_s(ttft2)}")
+    return result(FAIL, f"no cache usage reported and the repeat of a {size:,}-token prefix was not faster "
+                        f"(TTFT {_s(ttft2)} vs {_s(ttft1)})")
 
 
 @dataclass(frozen=True)
@@ -690,6 +1071,10 @@ class Check:
     title: str
     run: Callable[[Doctor], CheckResult]
     requires: tuple[str, ...] = ()
+    # sends requests of its own: only worth it once the one-token request was accepted
+    sends: bool = False
+    # describes the channel rather than a mistake the user can fix (see CheckResult)
+    informational: bool = False
 
 
 CHECKS: tuple[Check, ...] = (
@@ -698,10 +1083,11 @@ CHECKS: tuple[Check, ...] = (
     Check("base_url", "base URL", check_base_url, ("config",)),
     Check("auth", "auth", check_auth, ("base_url",)),
     Check("model", "model", check_model, ("auth",)),
-    Check("latency", "latency", check_latency, ("model",)),
-    Check("streaming", "streaming", check_streaming, ("model",)),
-    Check("rate_limits", "rate limits", check_rate_limits, ("model",)),
-    Check("caching", "prompt caching", check_caching, ("model",)),
+    Check("latency", "latency", check_latency, ("model",), sends=True),
+    Check("streaming", "streaming", check_streaming, ("model",), sends=True),
+    Check("fidelity", "channel fidelity", check_fidelity, ("model",), sends=True, informational=True),
+    Check("rate_limits", "rate limits", check_rate_limits, ("auth",), informational=True),
+    Check("caching", "prompt caching", check_caching, ("model",), sends=True, informational=True),
 )
 
 
@@ -710,11 +1096,17 @@ def run_checks(ctx: Doctor) -> list[CheckResult]:
     results: dict[str, CheckResult] = {}
     for check in CHECKS:
         blocker = next((results[r] for r in check.requires if results[r].blocks), None)
-        if blocker is not None:
+        if blocker is None and check.sends and not accepted(ctx.tiny()):
+            result = CheckResult(check.name, check.title, SKIP,
+                                 "needs a request that succeeds first (the one-token request failed: see auth)")
+        elif blocker is not None and blocker.status == UNVERIFIED:
+            result = CheckResult(check.name, check.title, SKIP,
+                                 f"needs a request that succeeds first (the {blocker.title} check could not verify)")
+        elif blocker is not None:
             result = CheckResult(check.name, check.title, SKIP, f"needs the {blocker.title} check to pass first")
         else:
             result = check.run(ctx)
-        results[check.name] = _redacted(ctx, result)
+        results[check.name] = _redacted(ctx, replace(result, informational=check.informational))
     return list(results.values())
 
 
@@ -755,6 +1147,26 @@ def explain(channel: Channel, kind: str, timeout_s: float = 5.0,
     check = next(c for c in CHECKS if c.name == name)
     result = _redacted(ctx, check.run(ctx))
     return result if result.status == FAIL else None
+
+
+def explain_failure(resolution: Resolution, env: Mapping[str, str], record: RequestRecord, timeline: Timeline,
+                    timeout_s: float) -> tuple[str, str | None]:
+    """(what a failed request means, the fix) in doctor's words, for `probe`.
+
+    A configuration error gets the check that explains it (the exact base URL,
+    "no key was given" and which variable to set, the served models); anything
+    else gets the story doctor tells for a request that proved nothing (a relay
+    whose backend is down, a 429 and its wait, a refused connection or a
+    timeout, without an HTTP status that never came).
+    """
+    ctx = Doctor(resolution, env, Path.cwd(), Path.home(), Limits(timeout_s=timeout_s))
+    name = CHECK_FOR_KIND.get(record["error_kind"] or "")
+    if name is not None:
+        result = _redacted(ctx, next(c for c in CHECKS if c.name == name).run(ctx))
+        if result.status == FAIL:
+            return result.saw, result.fix
+    story, fix = failure_story(ctx, record, timeline)
+    return ctx.redact(story), ctx.redact(fix) if fix else None
 
 
 def diagnose_channel(

@@ -49,6 +49,7 @@ _TITLE = re.compile(rb"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 _CONTEXT = re.compile(r"context[_ ]length[_ ]exceeded|exceed_context_size|exceeds the available context size|"
                       r"maximum context length|prompt is too long|exceed context limit|context window", re.IGNORECASE)
 _CONTEXT_LIMIT = (
+    re.compile(r"^context limit (\d+) tokens", re.IGNORECASE),  # this module's own restatement
     re.compile(r"maximum context length is (\d+)", re.IGNORECASE),
     re.compile(r"available context size \((\d+) tokens?\)", re.IGNORECASE),
     re.compile(r"tokens? > (\d+) maximum", re.IGNORECASE),
@@ -68,6 +69,14 @@ _UNREACHABLE = frozenset({errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNRE
                           errno.EADDRNOTAVAIL, errno.EHOSTDOWN})
 _AUTH_WORDS = re.compile(r"invalid (api[ _-]?)?(key|token)|api[ _-]?key (is )?(invalid|missing|expired)|"
                          r"unauthori[sz]ed|authentication", re.IGNORECASE)
+# How relays say their backend (the model server behind them) could not be reached: LiteLLM
+# `OpenAIException - Connection error.`, `litellm.APIConnectionError: ...`, nginx/envoy `upstream ...`,
+# `no healthy upstream`, `Cannot connect to host ...`, `connection refused`.
+_UPSTREAM = re.compile(r"\bupstream\b|api ?connection ?error|connection (error|refused|reset|aborted|timed out)|"
+                       r"(could not|cannot|can't|couldn't|failed to|unable to) connect|connect(ion)? ?timeout|"
+                       r"econnrefused|no healthy", re.IGNORECASE)
+# Gateways say "my upstream failed" with the status alone: 502 Bad Gateway, 504 Gateway Timeout.
+_GATEWAY_STATUSES = frozenset({502, 504})
 _DNS_WORDS = ("name or service not known", "nodename nor servname", "name resolution", "getaddrinfo",
               "no address associated")
 _PLAIN_HTTP_WORDS = ("wrong version number", "record layer failure", "packet length too long", "http request")
@@ -207,6 +216,23 @@ def context_length_message(message: str, obj: Any = None) -> str:
     if prompt is not None:
         said.append(f"request {prompt} tokens")
     return f"{', '.join(said)}: {message}" if said else message
+
+
+def context_limit(message: str) -> int | None:
+    """The context window (tokens) a context-length refusal names, or None when it names none."""
+    return _first_int(_CONTEXT_LIMIT, message)
+
+
+def upstream_failure(status: int | None, message: str) -> bool:
+    """Does this failure say a relay answered but its backend did not?
+
+    A 502/504, or a 5xx or an in-stream error after a 200 whose message names a
+    failed connection upstream. The relay itself is up (it answered); only its
+    operator can bring the backend back.
+    """
+    if status in _GATEWAY_STATUSES:
+        return True
+    return (status is not None and (status >= 500 or status == 200)) and bool(_UPSTREAM.search(message))
 
 
 def _first_int(patterns: tuple[re.Pattern[str], ...], text: str) -> int | None:

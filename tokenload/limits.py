@@ -8,7 +8,10 @@ to wait, in one of several dialects:
 - Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`
   (reset: an RFC 3339 time);
 - OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (reset: a
-  duration such as `1s`, `6m0s`, `20ms`).
+  duration such as `1s`, `6m0s`, `20ms`);
+- any of these behind a relay's prefix: LiteLLM passes its backend's headers on as
+  `llm_provider-<name>`, and its own router's 429 carries only `llm_provider-retry-after`.
+  A header without the prefix wins over the prefixed one (it is the relay's own word).
 
 Values only: no header that could hold a secret is kept. The load generator
 paces itself with them (`tokenload.load.pacing`) and `doctor` reports them.
@@ -28,6 +31,8 @@ _ANTHROPIC = "anthropic-ratelimit-"
 
 
 _OPENAI = "x-ratelimit-"
+# Prefixes under which relays pass on the rate-limit headers of the provider behind them.
+_RELAY_PREFIXES = ("llm_provider-",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +112,10 @@ def parse_rate_headers(headers: dict[str, str] | None, now: float) -> RateInfo:
     """
     if not headers:
         return RateInfo()
+    relayed = {name[len(prefix):]: value for name, value in headers.items()
+               for prefix in _RELAY_PREFIXES if name.startswith(prefix)}
+    if relayed:
+        headers = {**relayed, **headers}
     retry: float | None = None
     if "retry-after-ms" in headers:
         ms = parse_duration(headers["retry-after-ms"])

@@ -16,6 +16,13 @@ definition testable on a hand-written timeline:
 - `itl_*`: gaps between consecutive content chunks, as they arrived.
 - `connect_s`: TCP + TLS setup before t0 (0 on a reused connection); t0 is taken
   once the connection is ready, just before the request is written.
+- `input_tokens`: the whole prompt the server processed, cached part included (OpenAI's
+  `prompt_tokens`; Anthropic's `input_tokens` + cache reads + cache writes), so every protocol
+  counts the same thing; the cached parts stay in their own columns. A 0 is not a count (a
+  prompt has at least one token; relays send 0 as a placeholder): the local estimate stands in.
+- `truncated`: the stream ended for length (`LENGTH_STOPS`) with fewer output tokens, as the
+  server counted them, than the `max_tokens` asked: the server cut the answer (its context
+  slot was full), not the client's limit.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ TOKEN_THINKING = "thinking"
 TOKEN_OTHER = "other"  # tool-use input and similar output that is neither text nor thinking
 # Stop reasons that mean the model ended on its own (an end-of-sequence token), per protocol.
 NATURAL_STOPS = frozenset({"end_turn", "stop", "completed"})
+# Stop reasons that mean the answer hit an output limit: Anthropic, OpenAI Chat, OpenAI Responses (incomplete).
+LENGTH_STOPS = frozenset({"max_tokens", "length", "max_output_tokens"})
 
 
 @dataclass(slots=True)
@@ -116,13 +125,13 @@ def quantile(ordered: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def measure(tl: Timeline, estimated_input_tokens: int | None = None) -> RequestRecord:
-    """The record's per-request fields from a timeline (no run/user context)."""
+def measure(tl: Timeline, estimated_input_tokens: int | None = None, max_tokens: int | None = None) -> RequestRecord:
+    """The record's per-request fields from a timeline (no run/user context); `max_tokens` as asked."""
     if tl.output_tokens is not None:
         output_tokens, output_source = tl.output_tokens, "server"
     else:
         output_tokens, output_source = tl.chunks, "chunks"
-    if tl.input_tokens is not None:
+    if tl.input_tokens:
         input_tokens, input_source = tl.input_tokens, "server"
     elif estimated_input_tokens is not None:
         input_tokens, input_source = estimated_input_tokens, "estimate"
@@ -170,6 +179,8 @@ def measure(tl: Timeline, estimated_input_tokens: int | None = None) -> RequestR
         "connect_s": tl.connect_s,
         "reconnects": tl.reconnects,
         "eos_only": eos_unstreamed and streamed == 0,
+        "truncated": (tl.error_kind is None and tl.stop_reason in LENGTH_STOPS and tl.output_tokens is not None
+                      and max_tokens is not None and tl.output_tokens < max_tokens),
     }
 
 

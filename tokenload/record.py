@@ -84,6 +84,8 @@ class RequestRecord(SpecRecord, total=False):
     connect_s: float | None  # DNS + TCP + TLS before t0; 0 on a reused keep-alive connection
     reconnects: int  # resends on a fresh connection after a reused one died before any response byte
     eos_only: bool  # the answer was only the end-of-sequence token (counted, never streamed): no latency
+    # ended for length below the max_tokens asked (server's count): the server cut it (a full context slot)
+    truncated: bool
     # being kind to the channel (tokenload.load.pacing); rate-limit values only, never the headers
     backoff_s: float | None  # after a push-back (429/529/503): how long this process then held back
     held_s: float | None  # how long the process's gate (holds, caps) held this request before it was sent

@@ -6,3 +6,5 @@ neither can drift from the other.
 
 REQUESTS_FILE = "requests.parquet"
 MANIFEST_FILE = "manifest.json"
+# The server's own Prometheus samples during the run (tokenload.servermetrics), when it publishes any.
+SERVER_METRICS_FILE = "server_metrics.parquet"

@@ -74,6 +74,13 @@ class Slo:
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Slo:
+        """An SLO as a resolved scenario stores it (thresholds not set are absent); None or {}: `DEFAULT`."""
+        if not data:
+            return DEFAULT
+        return cls(**{**{f"{m}_s": None for m in METRICS}, **data})
+
 
 DEFAULT = Slo()
 

@@ -20,13 +20,17 @@ from tokenload.record import RequestRecord
 from tokenload.sse import SSEDecoder
 
 _MAX_ERROR_BODY = 64 * 1024
+# Response headers that name the exchange on the server's side, first found wins: the vendors' request ids,
+# then relays' own call ids (a relay with no request id of its own). Without any, the stream's own id
+# (`msg_...`, `chatcmpl-...`, `resp_...`, read by the adapter) names it.
+REQUEST_ID_HEADERS = ("request-id", "x-request-id", "x-litellm-call-id")
 
 
 class StreamSession:
     """One request/response, from just before the request is written to the end."""
 
-    __slots__ = ("_aligned", "_body", "_content_type", "_decoder", "_estimate", "_shapes", "_streaming", "adapter",
-                 "timeline")
+    __slots__ = ("_aligned", "_body", "_content_type", "_decoder", "_estimate", "_max_tokens", "_shapes", "_streaming",
+                 "adapter", "timeline")
 
     def __init__(
         self,
@@ -34,6 +38,7 @@ class StreamSession:
         t0: float,
         *,
         estimated_input_tokens: int | None = None,
+        max_tokens: int | None = None,
         on_text: Callable[[str, str], None] | None = None,
     ) -> None:
         self.adapter = adapter
@@ -46,6 +51,7 @@ class StreamSession:
         self._body = bytearray()
         self._content_type = ""
         self._estimate = estimated_input_tokens
+        self._max_tokens = max_tokens  # as asked: a length stop below it is a truncation
 
     def on_headers(self, t: float, status: int, headers: Mapping[str, str]) -> None:
         tl = self.timeline
@@ -54,7 +60,7 @@ class StreamSession:
         headers = {k.lower(): v for k, v in headers.items()}  # clients differ in header-name case
         tl.response_headers = headers
         self._content_type = headers.get("content-type", "")
-        tl.request_id = headers.get("request-id") or headers.get("x-request-id")
+        tl.request_id = next((headers[name] for name in REQUEST_ID_HEADERS if headers.get(name)), None)
         self._streaming = status == 200 and not looks_like_html(self._content_type, b"") and (
             "json" not in self._content_type.lower()
         )
@@ -121,7 +127,7 @@ class StreamSession:
 
     def record(self) -> RequestRecord:
         """The record's per-request fields for this exchange (error messages redacted: servers echo keys)."""
-        record = measure(self.timeline, self._estimate)
+        record = measure(self.timeline, self._estimate, self._max_tokens)
         if record["error_message"]:
             record["error_message"] = self.adapter.channel.redact(record["error_message"])
         return record

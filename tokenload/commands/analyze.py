@@ -17,6 +17,11 @@ requests of the low-load steps only (steps whose median TTFT and TPOT are
 within 1.25x of the lowest-load step's, or those up to --low-load-users), so
 queueing does not masquerade as prefill or decode cost.
 
+The SLO is the run's own (its scenario's [slo] table, as manifest.json
+recorded it); each --slo-* flag replaces one of its fields. Configuration and
+input errors (auth, model, base URL, bad request, context_length) are not
+judged: they count neither for nor against the SLO.
+
 Exit codes: 0 the report was written (even when it finds the channel broke:
 read the verdict or summary.json's `breakpoint` and `diagnosis`); 2 bad input
 (not a run directory, missing columns, an empty run: the report, when one could
@@ -35,29 +40,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tokenload.commands.slo_flags import add_slo_arguments, slo_overrides
+
 if TYPE_CHECKING:
     from rich.console import Console
 
 HELP = "analyse a run: summary.json, plots and report.html, verdict table"
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return value
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by `tokenload run`")
-    parser.add_argument("--slo-ttft", type=_positive, default=1.0, metavar="S", help="TTFT objective in seconds (default 1)")
-    parser.add_argument("--slo-e2e", type=_positive, default=3.0, metavar="S",
-                        help="end-to-end latency objective in seconds (default 3)")
-    parser.add_argument("--slo-target", type=_positive, default=0.90, metavar="FRACTION",
-                        help="share of requests that must meet the SLO at a step (default 0.90)")
     parser.add_argument("--low-load-users", type=int, default=None, metavar="N",
                         help="fit TTFT/e2e on steps with at most N users (default: chosen from the data)")
     parser.add_argument("--warmup", type=float, default=None, metavar="S",
@@ -72,6 +64,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no verdict table, only the report path")
     parser.add_argument("--csv", action="store_true",
                         help="also export every record, all columns, to RUN_DIR/requests.csv (for spreadsheets)")
+    add_slo_arguments(parser)
 
 
 def export_csv(run_dir: Path) -> Path:
@@ -140,16 +133,14 @@ def run(args: argparse.Namespace) -> int:
     from tokenload.analysis.steps import StepOptions
     from tokenload.errors import ConfigError
 
-    if args.slo_target > 1:
-        raise ConfigError("--slo-target is a fraction between 0 and 1")
     if args.warmup is not None and args.warmup < 0:
         raise ConfigError(f"--warmup must be 0 or more seconds, got {args.warmup:g}")
     options = StepOptions(percentiles=parse_percentiles(args.percentiles), warmup_s=args.warmup,
                           goodput=parse_goodput(args.goodput))
     console = Console(stderr=args.quiet)
     _recover(Path(args.run_dir), console)
-    summary = analyze_run(args.run_dir, args.slo_ttft, args.slo_e2e, slo_target=args.slo_target,
-                          low_load_users=args.low_load_users, console=console, options=options)
+    summary = analyze_run(args.run_dir, slo_overrides=slo_overrides(args), low_load_users=args.low_load_users,
+                          console=console, options=options)
     if not args.quiet:
         print_verdict(summary, console)
     print(f"{summary['run']['run_dir']}/report.html")

@@ -16,13 +16,16 @@ Writes into --out (default: compare-<time> next to the first run):
   comparison.html   self-contained: delta table, run table, charts, verdicts
   plots/*.png       overlaid CDFs, per-concurrency curves, each run's fit lines
 
-Labels default to the runs' start times.
+Labels default to the runs' start times. Every run is judged by one SLO: the
+baseline's (its scenario's [slo]), with the --slo-* flags applied.
 Exit codes: 0 the comparison was written; 2 bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+
+from tokenload.commands.slo_flags import add_slo_arguments, slo_overrides
 
 HELP = "compare runs (off-peak vs peak) level by level: deltas, intervals, significance, overlaid charts"
 
@@ -31,9 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="two or more run directories; the first is the baseline")
     parser.add_argument("--labels", metavar="A,B,...", help="comma-separated label per run (default: start times)")
     parser.add_argument("--out", metavar="DIR", help="output directory (default: compare-<time> next to the first run)")
-    parser.add_argument("--slo-ttft", type=float, default=1.0, metavar="S", help="TTFT objective in seconds (default 1)")
-    parser.add_argument("--slo-e2e", type=float, default=3.0, metavar="S", help="end-to-end objective in seconds (default 3)")
     parser.add_argument("--quiet", action="store_true", help="no delta table, only the comparison path")
+    add_slo_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,8 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     labels = [x.strip() for x in args.labels.split(",")] if args.labels else None
     console = Console(stderr=args.quiet)
-    comparison = compare_runs(args.run_dirs, labels, args.out, slo_ttft=args.slo_ttft, slo_e2e=args.slo_e2e,
-                              console=console)
+    comparison = compare_runs(args.run_dirs, labels, args.out, slo_overrides=slo_overrides(args), console=console)
     if not args.quiet:
         console.print(comparison_table(comparison))
     print(f"{comparison['out_dir']}/comparison.html")

@@ -1,14 +1,14 @@
-"""See everything tokenload does in about two minutes, with no key and no network.
+"""See everything tokenload does in about a minute, with no key and no network.
 
 The demo starts the built-in channel simulator on a free loopback port with its
-`offpeak` profile, runs the packaged `demo` scenario against it (a ramp of 2,
-4, 8, 16 and 32 users, each step held until 30 requests finished, 3-30 s;
-prompts of 50-2000 tokens and outputs of 16-96 tokens, so TTFT can be fitted
-against input length and total latency against output length), analyses the
-run and prints the verdict table. Then it does the same against the
-simulator's `peak` profile (other tenants slow every step and take slots) and
-compares the two runs, as you would compare a channel at night and at noon.
-`--duration S` caps each run at S seconds.
+`demo-offpeak` profile (8 batch slots to ourselves), runs the packaged `demo`
+scenario against it (a breakpoint search from 4 users for the highest load whose
+TTFT stays within 0.3 s for 85% of requests), analyses the run and prints the
+verdict table with the capacity found. Then it does the same against the
+`demo-peak` profile (other tenants slow every step and take half the slots) and
+compares the two: the capacities with the intervals their boundaries lie in, and
+the latencies at the load levels both runs held, as you would compare a channel
+at night and at noon.
 
 Everything lands under one directory (default results/demo-<time>/):
 offpeak/ and peak/ are ordinary run directories (requests.parquet,
@@ -31,10 +31,10 @@ from typing import Any
 
 from tokenload.channel import PROTOCOLS
 
-HELP = "run the whole pipeline against the built-in simulator: off-peak and peak runs, reports, comparison"
+HELP = "run the whole pipeline against the built-in simulator: off-peak and peak capacity searches, reports, comparison"
 
 # (label, simulator profile, run directory name)
-PHASES: tuple[tuple[str, str, str], ...] = (("off-peak", "offpeak", "offpeak"), ("peak", "peak", "peak"))
+PHASES: tuple[tuple[str, str, str], ...] = (("off-peak", "demo-offpeak", "offpeak"), ("peak", "demo-peak", "peak"))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protocol", choices=PROTOCOLS, default="anthropic",
                         help="wire protocol the simulator is spoken to with (default anthropic)")
     parser.add_argument("--duration", type=float, metavar="S",
-                        help="cap each run at S seconds (default: the scenario's ~35 s)")
+                        help="cap each run at S seconds (default: until the search ends, about 25 s)")
     parser.add_argument("--offpeak-only", action="store_true", help="skip the peak run and the comparison")
     parser.add_argument("--history", action="store_true",
                         help="watch a simulated day (compressed into --duration seconds, default 120) and find its "
@@ -51,6 +51,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.rule import Rule
 
     from tokenload.analysis import analyze_run, compare_runs, comparison_table, print_verdict
@@ -88,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if len(run_dirs) > 1:
         console.print(Rule("off-peak vs peak"))
         comparison = compare_runs(run_dirs, [label for label, _, _ in phases], root / "comparison", console=console)
+        for line in (comparison.get("capacity") or {}).get("headline", []):
+            console.print(f"[bold]{escape(line)}[/bold]")
         console.print(comparison_table(comparison))
         console.print(f"comparison: {root / 'comparison' / 'comparison.html'}")
     for run_dir in run_dirs:

@@ -1,10 +1,13 @@
 """Diagnose a channel configuration the way an expert would: the seven common mistakes, in order.
 
-One line per check: `ok`, `FAIL` with what it saw and the exact fix, or `skip`
-when an earlier check it depends on failed (a broken channel is not hammered).
-The order follows the common mistakes, most frequent first, except that
-"configuration not read" (the last of them) comes first and the base URL (the
-second) comes before the key is tried online (the first), because neither means anything until the earlier one holds:
+One line per check: `ok` only for what a successful request proved; `FAIL` with
+what it saw and the exact fix; `????` ("could not verify", with the HTTP status
+and the channel's message; status `unverified` in --json) when the channel
+answered in a way that proves nothing either way (a 5xx, a timeout, a 429);
+`note` for an informational finding; or `skip` when an earlier check it depends
+on did not pass (a broken channel is not hammered). "Configuration
+not read" (mistake 7 of the usual list) comes first and the base URL (2) before
+the key is tried online (1), because neither means anything until the earlier one holds:
 
   1 configuration   which source supplied each field; invalid JSON (line, column);
                     misspelt variable names; settings shadowed by the environment
@@ -13,21 +16,35 @@ second) comes before the key is tried online (the first), because neither means 
   3 base URL        reachable (DNS, refused, TLS, timeout); HTML instead of an API;
                     404 with the variant that works (/api added, /v1 removed, path dropped);
                     redirects; plain http to a public host
-  4 auth            401/403 from a one-token request, with the server's message
-  5 model           unknown model id: the channel's models and the closest match
+  4 auth            a one-token request: ok when it succeeded, FAIL on 401/403 with the
+                    server's message; a relay whose backend is down, hung or refusing (5xx
+                    naming an upstream connection, an error inside the stream, no answer while
+                    its /v1/models or /health answers) is said as such, with who can fix it
+  5 model           served when that request succeeded or the model list names it; unknown:
+                    the channel's models and a close match when one is alike
   6 latency         TTFT > --slo-ttft (then a short-prompt probe: prompt length or load?),
                     TPOT > --slo-tpot (a smaller model), TTFT + TPOT x --expected-output-tokens
-                    > --slo-e2e (cap max tokens)
+                    > --slo-e2e (cap max tokens); the same SLO flags and defaults as run
+                    and analyze (TPOT is not checked unless --slo-tpot is given)
   7 streaming       tokens arrive incrementally (not one burst from a buffering proxy)
                     and the stream ends with its final event
-  8 rate limits     the limits the channel announced on the latency probe (values only);
-                    one used up fails
-  9 caching         two identical requests with a long new prefix: the second reads it from
-                    the prompt cache (usage fields, else a TTFT drop); a relay may strip caching
+  8 fidelity        (informational) the channel honours max_tokens, reports the stop reason
+                    and usage truthfully, sends headers before the first token, serves the
+                    model named
+  9 rate limits     (informational) the limits the channel announced; a 429 or a limit used
+                    up says when to retry (retry-after, retry-after-ms, llm_provider-retry-after,
+                    the Anthropic and OpenAI reset headers)
+ 10 caching         (informational) two identical requests with a long new prefix: the second
+                    reads it from the prompt cache; the prefix shrinks to a context limit the
+                    channel names; a relay may strip caching
 
-`--json` prints the same as a list of objects {name, title, status, saw, fix, details}.
-Exit 0 when every check passes, 1 when one fails, 2 when the configuration
-could not be read at all.
+`--json` prints the same as a list of objects {name, title, status, saw, fix, details, informational}.
+
+Exit status: 1 when a check you can fix failed (configuration, key, base URL,
+auth, model, latency, streaming). "Could not verify" lines (the channel answered
+with a 5xx, a 429 or not at all) and informational findings (fidelity, rate
+limits, caching, shown as `note`) leave it at 0 unless --strict. 2 when the
+configuration cannot be read at all.
 """
 
 from __future__ import annotations
@@ -39,25 +56,26 @@ import sys
 from pathlib import Path
 
 from tokenload.channel import add_channel_arguments, channel_flags
+from tokenload.commands.slo_flags import add_slo_arguments, slo_from_args
 
-HELP = ("check the seven common channel mistakes in order, then rate limits and prompt caching: ok, or FAIL "
-        "with what was seen and the fix")
+HELP = ("check the seven common channel mistakes in order, then channel fidelity, rate limits and prompt caching: "
+        "ok, FAIL with what was seen and the fix, or could not verify")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the checks as a JSON list of objects")
-    parser.add_argument("--slo-ttft", type=float, default=1.0, metavar="S", help="TTFT limit in seconds (default 1.0)")
-    parser.add_argument("--slo-tpot", type=float, default=0.1, metavar="S", help="TPOT limit in s/token (default 0.1)")
-    parser.add_argument("--slo-e2e", type=float, default=10.0, metavar="S",
-                        help="limit for the total of an answer of --expected-output-tokens (default 10)")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 1 also when a check could not be verified or an informational finding is not ok")
     parser.add_argument("--expected-output-tokens", type=int, default=256, metavar="N",
-                        help="typical answer length of your application (default 256)")
+                        help="typical answer length of your application: --slo-e2e bounds an answer this long "
+                             "(default 256)")
     parser.add_argument("--prompt-tokens", type=int, default=1000, metavar="N",
                         help="prompt length of the latency probe (default 1000)")
     parser.add_argument("--burst-ms", type=float, default=10.0, metavar="MS",
                         help="all tokens within this window after a wait = a buffering proxy (default 10)")
     parser.add_argument("--timeout", type=float, default=20.0, metavar="S",
                         help="seconds to wait for a connection, a response or the next token (default 20)")
+    add_slo_arguments(parser)
     add_channel_arguments(parser)
 
 
@@ -65,16 +83,17 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from tokenload.doctor import FAIL, OK, Limits, diagnose_channel
+    from tokenload.doctor import FAIL, OK, UNVERIFIED, Limits, diagnose_channel, exit_code
     from tokenload.errors import ConfigError
 
-    for flag in ("slo_ttft", "slo_tpot", "slo_e2e", "burst_ms", "timeout"):
+    for flag in ("burst_ms", "timeout"):
         if getattr(args, flag) <= 0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     for flag in ("expected_output_tokens", "prompt_tokens"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    limits = Limits(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot, e2e_s=args.slo_e2e,
+    slo = slo_from_args(args)
+    limits = Limits(ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s,
                     expected_output_tokens=args.expected_output_tokens, burst_s=args.burst_ms / 1000,
                     timeout_s=args.timeout, prompt_tokens=args.prompt_tokens)
     results, channel = diagnose_channel(flags=channel_flags(args), env=os.environ, cwd=Path.cwd(), home=Path.home(), limits=limits)
@@ -85,13 +104,15 @@ def run(args: argparse.Namespace) -> int:
         out = Console(highlight=False, soft_wrap=True)
         if channel is not None:
             out.print(f"[bold]tokenload doctor[/] {channel}")
-        styles = {OK: ("green", "ok  "), FAIL: ("red", "FAIL")}
+        styles = {OK: ("green", "ok  "), FAIL: ("red", "FAIL"), UNVERIFIED: ("yellow", "????")}
         for i, result in enumerate(results, 1):
             style, label = styles.get(result.status, ("dim", "skip"))
+            if result.status == FAIL and result.informational:
+                style, label = "yellow", "note"
             fix = f"  [bold]fix:[/] {escape(result.fix)}" if result.fix else ""
             line = f"{i} [{style}]{label}[/] [bold]{result.title}[/]: {escape(result.saw)}{fix}"
             out.print(line, style="dim" if result.status not in styles else None)
     if channel is None:
         print(f"tokenload: error: {results[0].saw}", file=sys.stderr)
         return 2
-    return 0 if all(r.status == OK for r in results) else 1
+    return exit_code(results, strict=args.strict)

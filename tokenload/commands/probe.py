@@ -2,9 +2,13 @@
 
 The answer streams live to the terminal, then TTFT, TPOT, output tokens, total
 latency and the formula line `TTFT + TPOT x N = predicted vs measured` are
-printed. `--json` prints one JSON object with the field names of
-requests.parquet instead.
-Exit 0 when the request succeeded, 1 with the classified error and its fix when
+printed. With `--server-metrics URL` (the server's Prometheus metrics) the
+server is scraped before and after the request, and a last line says whether
+the TTFT was spent in the server or added between you and it (a relay).
+`--json` prints one JSON object with the request record's field names
+(those of requests.parquet) instead. Exit 0 when the request succeeded, 1 with
+the classified error, what it means and the fix (in doctor's words: the exact
+base URL, a missing key and where to set it, a relay whose backend is down) when
 it did not, 2 when the configuration could not be read.
 """
 
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 
 from tokenload.channel import add_channel_arguments
@@ -25,9 +30,13 @@ DEFAULT_PROMPT = "Count from 1 to 30, one number per word, separated by spaces."
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (default: a short counting task)")
     parser.add_argument("--max-tokens", type=int, default=64, help="maximum output tokens (default 64)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object with the field names of requests.parquet")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object with the request record's field names (those of requests.parquet)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="seconds to wait for the first token, and between tokens (default 60)")
+    parser.add_argument("--server-metrics", action="append", metavar="URL",
+                        help="the inference server's Prometheus metrics address (repeatable), scraped before and "
+                             "after the request: what the server saw of it, and what was added in between")
     add_channel_arguments(parser)
 
 
@@ -36,9 +45,10 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from tokenload.channel import resolve_from_args
-    from tokenload.errors import FIXES, ConfigError
+    from tokenload.doctor import explain_failure
+    from tokenload.errors import ConfigError
     from tokenload.measure import formula
-    from tokenload.transport.httpx_client import stream_once
+    from tokenload.transport.httpx_client import stream_exchange
 
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1, got {args.max_tokens}")
@@ -58,22 +68,33 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         out.print(f"[bold]{escape(str(channel))}[/]", soft_wrap=True)
         err.print(f"[dim]{escape(resolution.describe())}[/]", soft_wrap=True, highlight=False)
-    record = stream_once(channel, args.prompt, args.max_tokens, on_text=None if args.json else show)
+    bracket = None
+    if args.server_metrics:
+        from tokenload.servermetrics.single import Bracket
+        from tokenload.workload.scenario import Scenario
+
+        bracket = Bracket(Scenario.server_metrics_urls(args.server_metrics))
+        bracket.scrape()
+    record, timeline = stream_exchange(channel, args.prompt, args.max_tokens, on_text=None if args.json else show)
+    server = None
+    if bracket is not None:
+        bracket.scrape()
+        server = bracket.view(record["ttft_s"])
     check = formula(record["ttft_s"], record["tpot_s"], record["output_tokens"], record["e2e_s"])
     if args.json:
-        print(json.dumps({**record, "formula": check, "channel": channel.public()}, indent=2))
+        print(json.dumps({**record, "formula": check, "channel": channel.public(),
+                          **({"server": server} if server is not None else {})}, indent=2))
         return 0 if record["status"] == "ok" else 1
     out.print()
     if record["status"] != "ok":
-        kind = record["error_kind"]
-        assert kind is not None  # measure() sets status "error" only with a kind
-        err.print(
-            f"[red]FAIL[/] {kind} (HTTP {record['http_status']}): {escape(str(record['error_message']))}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        err.print(f"fix: {FIXES[kind]}", highlight=False, markup=False, soft_wrap=True)
+        saw, fix = explain_failure(resolution, os.environ, record, timeline, args.timeout)
+        err.print(f"[red]FAIL[/] {record['error_kind']}: {escape(saw)}", highlight=False, soft_wrap=True)
+        if fix:
+            err.print(f"fix: {fix}", highlight=False, markup=False, soft_wrap=True)
     _print_summary(out, record, check)
+    if server is not None:
+        out.print(f"server ({', '.join(server['servers']) or 'metrics'}): {server['note']}", soft_wrap=True,
+                  markup=False)
     return 0 if record["status"] == "ok" else 1
 
 

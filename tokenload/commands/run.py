@@ -17,7 +17,9 @@ they are all printed, the last one last.
 The scenario's [channel] values are defaults: the CHANNEL flags, the
 environment and settings.json win over them, and the channel line says where
 each value came from. Everything (scenario, dataset, options, --out) is checked
-before Locust starts: a problem is one line and exit code 2.
+before Locust starts: a problem is one line and exit code 2. The --slo-*
+flags override the scenario's [slo] table before the run, so manifest.json's
+resolved scenario carries the SLO that `tokenload analyze` then judges by.
 
 Records are flushed to RUN_DIR at least once a second, so Ctrl-C or SIGTERM
 keeps them (a second one kills Locust and may lose the last second); Ctrl-C
@@ -63,6 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenload.channel import add_channel_arguments
+from tokenload.commands.slo_flags import add_slo_arguments, slo_from_args
 from tokenload.workload.scenario import SCHEMA_HELP
 
 if TYPE_CHECKING:
@@ -88,6 +91,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="--web: interface the UI listens on (default 127.0.0.1)")
     parser.add_argument("--web-port", type=int, metavar="N",
                         help="--web: the UI's port (default $LOCUST_WEB_PORT, else 8089)")
+    parser.add_argument("--server-metrics", action="append", metavar="URL",
+                        help="the inference server's Prometheus metrics address, sampled every second during the "
+                             "run into server_metrics.parquet (repeatable; replaces [server] metrics_url); without "
+                             "it the base URL's origin + /metrics is tried once (see docs/server-metrics.md)")
+    add_slo_arguments(parser)
     dist = parser.add_argument_group("distributed across machines")
     dist.add_argument("--master", action="store_true", help="run as Locust master")
     dist.add_argument("--expect-workers", type=int, default=1, metavar="N", help="master: workers to wait for (default 1)")
@@ -107,9 +115,12 @@ def live_line(live: dict) -> str:
         value = live.get(key)
         return "-" if value is None else f"{value * 1000:.0f}"
 
+    server = live.get("server") or {}
+    seen = " · server " + " ".join(f"{v:g} {k}" if k != "kv_cache_usage" else f"KV {100 * v:.0f}%"
+                                    for k, v in sorted(server.items())) if server else ""
     return (f"step {live['step']} · {live['users']}/{live['target_users']} users · {live['step_rps']:.1f} req/s · "
             f"TTFT p50/p95 {ms('ttft_p50_s')}/{ms('ttft_p95_s')} ms · TPOT p50/p95 {ms('tpot_p50_s')}/"
-            f"{ms('tpot_p95_s')} ms · {live['requests']} req · {live['errors']} errors · {live['elapsed_s']:.0f} s")
+            f"{ms('tpot_p95_s')} ms · {live['requests']} req · {live['errors']} errors{seen} · {live['elapsed_s']:.0f} s")
 
 
 def _live_reporter(err: Console, show: Callable[[str], None]) -> Callable[[dict], None]:
@@ -131,6 +142,8 @@ def _live_reporter(err: Console, show: Callable[[str], None]) -> Callable[[dict]
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from rich.console import Console
 
     from tokenload.channel import channel_flags
@@ -142,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
     distribution = ProcessLayout(processes=ProcessLayout.process_count(args.processes), master=args.master, worker=args.worker,
                                  master_host=args.master_host, master_port=args.master_port,
                                  master_bind_host=args.master_bind_host, expect_workers=args.expect_workers)
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(args.scenario).with_server_metrics(args.server_metrics)
+    scenario = dataclasses.replace(scenario, slo=slo_from_args(args, scenario.slo))
     scenario, resolution = resolve_scenario_channel(scenario, f"scenario {scenario.name} [channel]",
                                                     channel_flags(args))
     plan = plan_run(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
@@ -153,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
     err.print(f"[bold]{plan.scenario.name}[/] against {plan.channel}")
     err.print(f"[dim]{resolution.describe()}[/]", markup=True, soft_wrap=True)
     if args.web:
+        if plan.scenario.server.metrics_url:
+            err.print("[yellow]note:[/] in a --web session the server's metrics feed the tab's live view only; "
+                      "they are not stored in the run directories (headless runs store them)")
         return _run_web(args, plan.scenario, plan.channel, distribution, err)
     with err.status("starting Locust") as status:
         run_dir = execute(plan, on_live=_live_reporter(err, status.update))
@@ -236,10 +253,20 @@ def _print_summary(err: Console, path: Path) -> bool:
         status = "" if first.http_status != first.http_status else f" HTTP {int(first.http_status)}"
         err.print(f"  {len(group)} x {kind}{status}: {first.error_message}", markup=False, soft_wrap=True)
         err.print(f"    fix: {FIXES.get(str(kind), '')}", markup=False, soft_wrap=True)
+    server = manifest.get("server_metrics") or {}
+    if server:
+        err.print(f"server metrics: {', '.join(server['sources'])} ({', '.join(server.get('servers') or []) or 'no known names'}; "
+                  f"{server.get('scrapes', 0)} scrapes)" if server.get("sources") else server.get("note"),
+                  markup=False, soft_wrap=True)
     if manifest.get("stop_reason"):
         err.print(f"stopped: {manifest['stop_reason']}", markup=False, soft_wrap=True)
     for warning in manifest.get("warnings", []):
         err.print(f"[bold red]WARNING:[/] {warning}")
-    if done.empty:
+    seen = df.ttft_s.dropna().to_numpy()
+    if done.empty and len(seen):  # a channel slower than the run: first tokens came, no answer finished
+        err.print(f"[bold red]no request finished[/]: {len(seen)} TTFT(s) recorded (p50 {np.median(seen):.3f} s, "
+                  f"max {seen.max():.3f} s) on requests still open or cut mid-stream; the channel is slower than "
+                  "the run: lengthen the steps or the run, or lower [output] max_tokens", soft_wrap=True)
+    elif done.empty:
         err.print("[bold red]no request succeeded[/]: nothing was measured")
     return done.empty or bool(manifest.get("workers_lost"))

@@ -19,7 +19,8 @@ database.
 --stress SCENARIO@HH:MM,... also runs a load test at those local times (e.g.
 ramp@03:00,14:00 to compare the breakpoint at night and at peak): the run
 directory goes to runs/ beside the database and its requests into the database
-(`tokenload history` compares like with like, by load level). Under a budget the
+(`tokenload history` compares like with like, by load level); the --slo-*
+flags override its [slo] as on `tokenload run`. Under a budget the
 run's [stop] max_tokens is capped so that even the requests in flight when it
 runs out fit in what is left of the day. Several watchers (of several channels) may share one file.
 
@@ -45,6 +46,7 @@ from __future__ import annotations
 import argparse
 
 from tokenload.channel import add_channel_arguments
+from tokenload.commands.slo_flags import add_slo_arguments, slo_from_args
 
 HELP = "long-running low-cost sampler of a channel into the history database (peak-hour finding)"
 
@@ -66,6 +68,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, metavar="N", help="stop after N samples (default: run until stopped)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="seconds to wait for the first token, and between tokens (default 60)")
+    add_slo_arguments(parser)
     add_channel_arguments(parser)
 
 
@@ -101,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     db_path = Path(args.db).expanduser() if args.db else default_db_path()
     stress = parse_stress(args.stress, db_path.parent / "runs") if args.stress else None
+    if stress is not None:  # the --slo-* flags judge the stress runs, as on `tokenload run`
+        stress = dataclasses.replace(stress, scenario=dataclasses.replace(
+            stress.scenario, slo=slo_from_args(args, stress.scenario.slo)))
     if stress is not None and args.max_tokens_per_day:
         stress.worst_overshoot()  # a scenario without bounded lengths cannot keep a budget: say so now
     plan = WatchPlan(every_s=every, requests=args.requests, period_s=period, max_tokens_per_day=args.max_tokens_per_day,

@@ -50,9 +50,10 @@ from tokenload.channel import Channel
 from tokenload.load import stoprules
 from tokenload.load.drain import DRAIN_MESSAGE, derive, initial
 from tokenload.load.pacing import Pacer
+from tokenload.load.probing import Prober
 from tokenload.load.records import SEGMENTS_DIR, write_json
 from tokenload.load.shapes import Phase, build_plan
-from tokenload.load.stoprules import Counts, FailFast, Live
+from tokenload.load.stoprules import Counts, FailFast, FailureStreak, Live
 from tokenload.load.tokenstats import Snapshot, current_run
 from tokenload.workload.scenario import Scenario
 
@@ -198,6 +199,8 @@ class RunControl:
         self.channel = channel  # for doctor's fix and the breaker's probe
         self.sources = sources
         self.plan = build_plan(scenario)
+        run_id = str(getattr(environment.parsed_options, "run_id", "") or "")
+        self.prober = Prober(scenario, run_dir, run_id) if scenario.load.search is not None else None
         self.state = state
         self.path = run_dir / SEGMENTS_DIR / CONTROL_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -211,6 +214,7 @@ class RunControl:
         self.config_errors: dict[str, dict[str, Any]] = {}  # master: each worker's latest streak report
         self.storms: list[dict[str, Any]] = []  # every breaker pause: when, why, probes, outcome
         self._window: deque[tuple[float, Counts]] = deque()  # the breaker's recent snapshots
+        self._streak = FailureStreak(time.monotonic())  # the breaker's load failures in a row
         runner = environment.runner
         if isinstance(runner, MasterRunner):
             for name, listener in ((BUDGET_MESSAGE, self._on_spent), (FAILFAST_MESSAGE, self._on_config_errors)):
@@ -333,11 +337,14 @@ class RunControl:
         stop, now = self.scenario.stop, time.monotonic()
         if storm is None:
             self._window.append((now, totals))
+            self._streak.observe(totals, now)
             while len(self._window) > 1 and self._window[1][0] <= now - stop.storm_s:  # keep one at the window's start
                 self._window.popleft()
             if now - self._window[0][0] < stop.storm_s * 0.9:  # not a whole window yet
                 return None
-            detail = stoprules.storm(totals.minus(self._window[0][1]), stop)
+            runner = self.environment.runner
+            detail = stoprules.storm(totals.minus(self._window[0][1]), stop, runner.user_count if runner else 0,
+                                     self._streak.streak, self._streak.quiet_s(now))
             if detail is None:
                 return None
             storm = {"paused_at": time.time(), "detail": detail, "failed_probes": 0, "outcome": None,
@@ -351,6 +358,7 @@ class RunControl:
         if ok:
             storm.update(outcome="resumed", resumed_at=time.time())
             self._window.clear()
+            self._streak.restart(now)
             self._pause(False)
             return None
         storm["failed_probes"] += 1
@@ -378,6 +386,8 @@ class RunControl:
         """The run ends (`reason`): close its step; a plan that ended by itself derives its drain."""
         if self.stopped is None:
             self.stopped = reason
+            if self.prober is not None:
+                self.prober.stop(reason)
             self._close_step()
             if reason != INTERRUPTED and self.drain.source == "floor":
                 self._derive_drain()
@@ -408,6 +418,7 @@ class RunControl:
             "errors": snap.failures,
             "step_rps": current.get("requests", 0) / max(1e-9, time.time() - started),
             **{k: current.get(k) for k in ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s")},
+            **({"search": self.prober.live()} if self.prober is not None else {}),
         }
 
     def write_live(self) -> None:

@@ -8,7 +8,9 @@ to wait, in one of several dialects:
 - Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`
   (reset: an RFC 3339 time);
 - OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (reset: a
-  duration such as `1s`, `6m0s`, `20ms`).
+  duration such as `1s`, `6m0s`, `20ms`);
+- any of them behind a relay's `llm_provider-` prefix (LiteLLM's router sends a 429 with
+  only `llm_provider-retry-after: 60`, and those 60 s are waited, not 1, 2, 4 ...).
 
 `parse_rate_headers` reads any of them into one `RateInfo` (values only: no
 header that could hold a secret is kept). `Pacer` is one process's gate in

@@ -86,7 +86,7 @@ def _init(environment: Environment, **_: Any) -> None:
     scenario = load_scenario(opts.scenario)
     state = LoadState.for_scenario(scenario)
     environment.tokenload_state = state  # type: ignore[attr-defined]
-    tokenstats.install(environment)
+    tokenstats.install(environment, scenario.slo)
     if isinstance(environment.runner, WorkerRunner):
         install_step_listener(environment, state)
         census.follow_census(environment, state)
@@ -230,7 +230,8 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
     state: LoadState = environment.tokenload_state  # type: ignore[attr-defined]
     load = scenario.load
     arrivals: Arrivals | TraceArrivals | None = None
-    if load.kind == "poisson":
+    probe_warmup = load.search.probe_warmup_s if load.search is not None else 0.0
+    if load.kind == "poisson" or (load.open_loop and load.search is not None):
         # Seeded by the worker id: a single-process run repeats its schedule exactly, workers differ.
         arrivals = Arrivals(state, random.Random(f"{scenario.seed}:arrivals:{worker}"), load.arrival, load.burstiness,
                             load.ramp, load.step_s)
@@ -251,7 +252,8 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         extra_body=scenario.output.extra_body(),
         think_time_s=load.think_time_s,
         retry=load.retry,
-        warmup=Warmup(load.warmup_requests, load.warmup_s, state) if load.warmup_requests or load.warmup_s else None,
+        warmup=Warmup(load.warmup_requests, load.warmup_s, state, probe_warmup)
+        if load.warmup_requests or load.warmup_s or probe_warmup else None,
     )
     environment.tokenload_process = ctx  # type: ignore[attr-defined]
     probe = LagProbe()

@@ -29,10 +29,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from locust import LoadTestShape
 
-from tokenload.load.tokenstats import Snapshot
+if TYPE_CHECKING:
+    from tokenload.load.control import RunControl
+
+from tokenload.load.tokenstats import Snapshot, current_run
 from tokenload.workload.scenario import OPEN_LOOP_KINDS, Scenario
 
 
@@ -48,8 +52,10 @@ class Phase:
 
 
 def build_plan(scenario: Scenario) -> list[Phase]:
-    """The scenario's phases, cut at `[stop] duration_s` when set."""
+    """The scenario's phases, cut at `[stop] duration_s` when set (a search plans its probes as it goes: none)."""
     load = scenario.load
+    if load.search is not None:
+        return []
     levels: list[tuple[int, float | None]]
     if load.kind in OPEN_LOOP_KINDS:  # a trace is one phase at its mean rate
         levels = [(load.max_users, r) for r in load.rate]
@@ -110,6 +116,8 @@ class ScenarioShape(LoadTestShape):
         if cap and elapsed >= cap:
             control.finish("duration")
             return None
+        if control.prober is not None:
+            return self._tick_search(control, elapsed)
         plan_time = elapsed - self._held_s
         phase = phase_at(control.plan, plan_time)
         if self._phase is not None and phase != self._phase and plan_time > self._phase.end_s - 1e-6:
@@ -127,5 +135,25 @@ class ScenarioShape(LoadTestShape):
             self._entered_s = elapsed
             self._entry = self._finished()
             control.enter(phase, time.time() - plan_time)
+        control.write_live()
+        return phase.users, control.scenario.load.spawn_rate
+
+    def _tick_search(self, control: RunControl, elapsed: float) -> tuple[int, float] | None:
+        """A search: hold the current probe until its evidence decides it, then move to the next level."""
+        prober = control.prober
+        assert prober is not None
+        phase = self._phase
+        environment = self.runner.environment  # type: ignore[union-attr]  # set while ticking
+        if phase is None or prober.look(current_run(environment).steps.get(phase.step), elapsed):
+            phase = prober.next_phase(elapsed)
+            if phase is not None:
+                control.plan.append(phase)
+        reason = control.stop_reason(elapsed, phase, self._phase)
+        if reason is not None or phase is None:
+            control.finish(reason or prober.end_reason())
+            return None
+        if phase != self._phase:
+            self._phase = phase
+            control.enter(phase, time.time() - elapsed)
         control.write_live()
         return phase.users, control.scenario.load.spawn_rate

@@ -23,8 +23,16 @@ from typing import Any
 from tokenload.errors import error_class
 from tokenload.workload.scenario import StopSection
 
-# The breaker needs this many requests in its window before a share means anything.
+# The breaker's share needs this many requests in its window before it means anything, scaled to the load:
+# as many as there are users, at least STORM_FLOOR and at most STORM_MIN_REQUESTS. A fixed 10 per window was
+# out of reach of 4 users whose failures each took 4-5 s (a relay retrying a dead backend): no pause, ever.
 STORM_MIN_REQUESTS = 10
+STORM_FLOOR = 3
+
+
+def storm_minimum(users: int) -> int:
+    """Requests the breaker needs to judge: one per user (every user has seen it), within the floor and cap."""
+    return max(STORM_FLOOR, min(STORM_MIN_REQUESTS, users))
 
 
 class FailFast:
@@ -141,7 +149,7 @@ def breakpoint_errors(live: Live) -> str | None:
     step, limit = live.ended_step, live.stop.breakpoint_error_rate
     if not limit or step is None or not step["requests"] or step["load_error_rate"] <= limit:
         return None
-    return f"breakpoint: {_at(step)} load error rate {step['load_error_rate']:.2f} > {limit:g}"
+    return f"auto-stop: {_at(step)} load error rate {step['load_error_rate']:.2f} > {limit:g} ([stop] breakpoint_error_rate)"
 
 
 def breakpoint_ttft(live: Live) -> str | None:
@@ -149,7 +157,7 @@ def breakpoint_ttft(live: Live) -> str | None:
     p95 = None if step is None else step.get("ttft_p95_s")
     if not limit or step is None or p95 is None or p95 <= limit:
         return None
-    return f"breakpoint: {_at(step)} TTFT p95 {p95:.2f} s > {limit:g} s"
+    return f"auto-stop: {_at(step)} TTFT p95 {p95:.2f} s > {limit:g} s ([stop] breakpoint_ttft_p95_s)"
 
 
 def storm_unresolved(live: Live) -> str | None:
@@ -182,14 +190,55 @@ def first_stop(live: Live) -> tuple[str, str] | None:
     return None
 
 
-def storm(window: Counts, stop: StopSection) -> str | None:
-    """The breaker's trigger: over `storm_error_rate` load errors across a window of `storm_s` seconds.
+class FailureStreak:
+    """Load failures in a row across every user, from the cumulative counts at each tick.
 
-    Not a stop rule: when it fires the users pause and a probe decides (see `RunControl`).
+    A tick in which any request ended other than by a load error ends the streak (the order
+    within one tick is unknown, so a mixed tick counts as a success). `quiet_s` is how long no
+    request has succeeded: failures slower than the breaker's window (a hung backend's timeouts)
+    still add up here.
     """
-    if not stop.storm_error_rate or window.requests < STORM_MIN_REQUESTS:
+
+    __slots__ = ("_last", "last_ok", "streak")
+
+    def __init__(self, now: float) -> None:
+        self.streak = 0
+        self.last_ok = now
+        self._last: Counts | None = None
+
+    def observe(self, totals: Counts, now: float) -> None:
+        new = totals.minus(self._last) if self._last is not None else Counts()
+        self._last = totals
+        if new.requests < 0:  # the statistics were reset (a new test from the web UI)
+            self.restart(now)
+        elif new.requests > new.load_failures:
+            self.streak, self.last_ok = 0, now
+        else:
+            self.streak += new.load_failures
+
+    def restart(self, now: float) -> None:
+        """After a pause, or with new statistics: nothing failed yet."""
+        self.streak, self.last_ok = 0, now
+
+    def quiet_s(self, now: float) -> float:
+        return now - self.last_ok
+
+
+def storm(window: Counts, stop: StopSection, users: int, streak: int = 0, quiet_s: float = 0.0) -> str | None:
+    """The breaker's trigger, scaled to the load (`users` running), so 2 users or 2,000 are protected alike.
+
+    Either over `storm_error_rate` load errors among at least `storm_minimum(users)` requests across a
+    window of `storm_s` seconds, or at least that many load failures in a row across all users with no
+    success for `storm_s` seconds. A brief blip trips neither: the share is over a whole window, and a
+    streak must outlast one. Not a stop rule: when it fires the users pause and a probe decides (see
+    `RunControl`).
+    """
+    if not stop.storm_error_rate:
         return None
-    if window.load_error_rate <= stop.storm_error_rate:
-        return None
-    return (f"{window.load_failures} of {window.requests} requests failed under load in {stop.storm_s:g} s "
-            f"({window.load_error_rate:.0%} > {stop.storm_error_rate:.0%})")
+    needed = storm_minimum(users)
+    if window.requests >= needed and window.load_error_rate > stop.storm_error_rate:
+        return (f"{window.load_failures} of {window.requests} requests failed under load in {stop.storm_s:g} s "
+                f"({window.load_error_rate:.0%} > {stop.storm_error_rate:.0%})")
+    if streak >= needed and quiet_s >= stop.storm_s:
+        return f"{streak} requests in a row failed under load and none succeeded for {quiet_s:.0f} s"
+    return None

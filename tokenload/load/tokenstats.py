@@ -34,6 +34,9 @@ import numpy as np
 
 from tokenload.errors import LOAD_KINDS, error_class
 from tokenload.load.stoprules import Counts
+from tokenload.load.warmup import WARMUP
+from tokenload.search.evidence import Evidence
+from tokenload.slo import Slo
 
 if TYPE_CHECKING:  # importing Locust patches the interpreter with gevent: only where Locust runs
     from locust.env import Environment
@@ -113,8 +116,11 @@ class Cell:
     last_at: float = 0.0  # latest finish (wall time)
     kinds: Counter[str] = field(default_factory=Counter)
     hists: dict[str, Hist] = field(default_factory=lambda: {m: Hist() for m in METRICS})
+    evidence: Evidence = field(default_factory=Evidence)  # measured requests against the run's SLO
 
-    def observe(self, record: dict[str, Any], gaps: np.ndarray | None) -> None:
+    def observe(self, record: dict[str, Any], gaps: np.ndarray | None, slo: Slo | None = None) -> None:
+        if slo is not None and record.get("phase") != WARMUP:
+            self.evidence.count(slo, record)
         self.requests += 1
         self.users = max(self.users, int(record.get("active_users") or 0))
         self.first_at = min(self.first_at, record["started_at"])
@@ -143,12 +149,14 @@ class Cell:
         self.kinds.update(other.kinds)
         for metric in METRICS:
             self.hists[metric].update(other.hists[metric])
+        self.evidence.merge(other.evidence)
 
     def to_wire(self) -> dict[str, Any]:
         return {"requests": self.requests, "errors": self.errors, "input_tokens": self.input_tokens,
                 "output_tokens": self.output_tokens, "users": self.users,
                 "first_at": None if math.isinf(self.first_at) else self.first_at, "last_at": self.last_at,
-                "kinds": dict(self.kinds), "hists": {m: h.pairs() for m, h in self.hists.items()}}
+                "kinds": dict(self.kinds), "hists": {m: h.pairs() for m, h in self.hists.items()},
+                "evidence": self.evidence.to_dict()}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> Cell:
@@ -157,7 +165,8 @@ class Cell:
                    output_tokens=data["output_tokens"], users=data["users"],
                    first_at=math.inf if first is None else first, last_at=data["last_at"],
                    kinds=Counter(data["kinds"]),
-                   hists={m: Hist.from_pairs(data["hists"].get(m, [])) for m in METRICS})
+                   hists={m: Hist.from_pairs(data["hists"].get(m, [])) for m in METRICS},
+                   evidence=Evidence.from_dict(data.get("evidence") or {}))
 
     @property
     def span_s(self) -> float:
@@ -193,9 +202,9 @@ class RunStats:
     steps: dict[int, Cell] = field(default_factory=dict)
     series: dict[int, Cell] = field(default_factory=dict)
 
-    def observe(self, record: dict[str, Any], gaps: np.ndarray | None) -> None:
+    def observe(self, record: dict[str, Any], gaps: np.ndarray | None, slo: Slo | None = None) -> None:
         step = int(record.get("step") or 0)
-        self.steps.setdefault(step, Cell()).observe(record, gaps)
+        self.steps.setdefault(step, Cell()).observe(record, gaps, slo)
         point = int((record.get("finished_at") or record["started_at"]) // SERIES_S)
         self.series.setdefault(point, Cell()).observe(record, None)
 
@@ -244,15 +253,16 @@ class TokenStats:
     only what has not been sent to the master yet (`take_wire`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, slo: Slo | None = None) -> None:
         self.runs: dict[str, RunStats] = {}
+        self.slo = slo  # each finished request is judged against it where it finished (a search decides by it)
 
     def run(self, run_id: str) -> RunStats:
         return self.runs.setdefault(run_id, RunStats())
 
     def observe(self, record: dict[str, Any], chunk_times: Sequence[float] | None = None) -> None:
         gaps = np.diff(np.asarray(chunk_times)) if chunk_times is not None and len(chunk_times) > 1 else None
-        self.run(str(record.get("run_id") or "")).observe(record, gaps)
+        self.run(str(record.get("run_id") or "")).observe(record, gaps, self.slo)
 
     def take_wire(self) -> dict[str, Any]:
         """Everything not sent yet, as msgpack-friendly data, and forget it."""
@@ -264,11 +274,11 @@ class TokenStats:
             self.run(run_id).merge(RunStats.from_wire(wire))
 
 
-def install(environment: Environment) -> TokenStats:
+def install(environment: Environment, slo: Slo | None = None) -> TokenStats:
     """Feed this process's `TokenStats` from the request events and merge workers' deltas on the master."""
     from locust.runners import MasterRunner, WorkerRunner
 
-    stats = TokenStats()
+    stats = TokenStats(slo)
     environment.tokenload_tokens = stats  # type: ignore[attr-defined]
     events = environment.events
 

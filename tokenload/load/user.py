@@ -198,7 +198,7 @@ class LLMUser(User):
                 answer.append(text)
 
         session = StreamSession(adapter, time.perf_counter(), estimated_input_tokens=plan.estimated_input_tokens,
-                                on_text=None if answer is None else keep_answer)
+                                max_tokens=plan.max_tokens, on_text=None if answer is None else keep_answer)
         in_flight = False
         try:
             request = adapter.prepare(plan.conversation, plan.max_tokens, ctx.extra_body)

@@ -6,7 +6,8 @@ them. A request is warm-up (`phase = "warmup"` in the records; the others are
 `"measure"`) when it is one of its load process's first `[load] warmup_requests`
 or is sent within the run's first `[load] warmup_s` seconds (counted from the
 first step's start on the shape's clock, the same in every process), and the
-analysis drops warm-up rows when it loads a run. (`[load] step_warmup_s` is the
+analysis drops warm-up rows when it loads a run; a search also marks each probe's first
+`[load] probe_warmup_s` seconds. (`[load] step_warmup_s` is the
 analysis' per-step exclusion by time, applied when it computes each step.)
 """
 
@@ -24,20 +25,27 @@ MEASURE: Phase = "measure"
 
 
 class Warmup:
-    """Marks this process's warm-up requests (one per process): its first `requests`, and any sent in the
-    run's first `seconds` (the run's start is `state.run_started_at`, set by the first step)."""
+    """Marks this process's warm-up requests (one per process): its first `requests`, any sent in the
+    run's first `seconds` (the run's start is `state.run_started_at`, set by the first step), and any sent
+    in each step's first `step_seconds` (a search's probes: the users of a new level are still starting)."""
 
-    def __init__(self, requests: int, seconds: float = 0.0, state: LoadState | None = None) -> None:
+    def __init__(self, requests: int, seconds: float = 0.0, state: LoadState | None = None,
+                 step_seconds: float = 0.0) -> None:
         self._left = requests
         self._seconds = seconds
         self._state = state
+        self._step_seconds = step_seconds
 
     def phase(self) -> Phase:
         if self._left > 0:
             self._left -= 1
             return WARMUP
         state = self._state
-        if self._seconds and state is not None and state.run_started_at \
-                and time.time() < state.run_started_at + self._seconds:
+        if state is None:
+            return MEASURE
+        now = time.time()
+        if self._seconds and state.run_started_at and now < state.run_started_at + self._seconds:
+            return WARMUP
+        if self._step_seconds and state.started_at and now < state.started_at + self._step_seconds:
             return WARMUP
         return MEASURE

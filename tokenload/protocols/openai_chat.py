@@ -3,7 +3,9 @@
 Content arrives in `choices[0].delta.content`; reasoning models send
 `delta.reasoning_content` or `delta.reasoning`. The role-only first chunk that
 vLLM sends after prefill is not a token. With `stream_options.include_usage`
-one chunk with empty (or null) `choices` carries usage before `data: [DONE]`.
+one chunk with empty (or null) `choices` carries usage before `data: [DONE]`
+(vLLM's `continuous_usage_stats` sends it on every chunk: the later count wins, and
+a 0 never replaces a count). Every chunk carries the completion's id (`chatcmpl-...`).
 A line with a top-level `error` key is an in-stream error.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenload.measure import TOKEN_OTHER, TOKEN_TEXT, TOKEN_THINKING, Timeline
-from tokenload.protocols.base import Conversation, ProtocolAdapter
+from tokenload.protocols.base import Conversation, ProtocolAdapter, newer, stream_id
 
 
 class OpenAIChat(ProtocolAdapter):
@@ -36,6 +38,8 @@ class OpenAIChat(ProtocolAdapter):
         if "error" in obj and obj["error"]:
             self.in_stream_error(obj, tl)
             return
+        if tl.request_id is None:
+            stream_id(tl, obj.get("id"))
         for choice in obj.get("choices") or ():
             delta = choice.get("delta") or {}
             text = delta.get("content")
@@ -50,16 +54,12 @@ class OpenAIChat(ProtocolAdapter):
                 tl.stop_reason = choice["finish_reason"]
         usage = obj.get("usage")
         if isinstance(usage, dict):
-            if isinstance(usage.get("prompt_tokens"), int):
-                tl.input_tokens = usage["prompt_tokens"]
-            if isinstance(usage.get("completion_tokens"), int):
-                tl.output_tokens = usage["completion_tokens"]
+            tl.input_tokens = newer(tl.input_tokens, usage.get("prompt_tokens"))
+            tl.output_tokens = newer(tl.output_tokens, usage.get("completion_tokens"))
             details = usage.get("completion_tokens_details") or {}
-            if isinstance(details.get("reasoning_tokens"), int):
-                tl.reasoning_tokens = details["reasoning_tokens"]
+            tl.reasoning_tokens = newer(tl.reasoning_tokens, details.get("reasoning_tokens"))
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-            if isinstance(cached, int):
-                tl.cache_read_tokens = cached
+            tl.cache_read_tokens = newer(tl.cache_read_tokens, cached)
 
     def finish(self, tl: Timeline) -> None:
         # Some backends end with a finish_reason but no `[DONE]`: complete enough.

@@ -3,8 +3,9 @@
 Typed events with `sequence_number`, no `[DONE]`: output text arrives in
 `response.output_text.delta`, reasoning in `response.reasoning_*text.delta`;
 `response.completed` (or `response.incomplete`) carries usage and ends the
-stream; `response.failed` and `error` are errors. A stream closed before the
-final event is an error.
+stream (a 0 there never replaces a count); `response.failed` and `error` are
+errors. A stream closed before the final event is an error. The response's id
+(`resp_...`) comes with `response.created` and again with the final event.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenload.measure import TOKEN_OTHER, TOKEN_TEXT, TOKEN_THINKING, Timeline
-from tokenload.protocols.base import Conversation, ProtocolAdapter
+from tokenload.protocols.base import Conversation, ProtocolAdapter, newer, stream_id
 
 _DELTA_KINDS = {
     "response.output_text.delta": TOKEN_TEXT,
@@ -47,19 +48,18 @@ class OpenAIResponses(ProtocolAdapter):
             delta = obj.get("delta")
             if delta and isinstance(delta, str):
                 tl.token(t, token_kind, delta)
+        elif kind == "response.created":
+            stream_id(tl, (obj.get("response") or {}).get("id"))
         elif kind in ("response.completed", "response.incomplete"):
             response = obj.get("response") or {}
+            stream_id(tl, response.get("id"))
             usage = response.get("usage") or {}
-            if isinstance(usage.get("input_tokens"), int):
-                tl.input_tokens = usage["input_tokens"]
-            if isinstance(usage.get("output_tokens"), int):
-                tl.output_tokens = usage["output_tokens"]
+            tl.input_tokens = newer(tl.input_tokens, usage.get("input_tokens"))
+            tl.output_tokens = newer(tl.output_tokens, usage.get("output_tokens"))
             reasoning = (usage.get("output_tokens_details") or {}).get("reasoning_tokens")
-            if isinstance(reasoning, int):
-                tl.reasoning_tokens = reasoning
+            tl.reasoning_tokens = newer(tl.reasoning_tokens, reasoning)
             cached = (usage.get("input_tokens_details") or {}).get("cached_tokens")
-            if isinstance(cached, int):
-                tl.cache_read_tokens = cached
+            tl.cache_read_tokens = newer(tl.cache_read_tokens, cached)
             incomplete = (response.get("incomplete_details") or {}).get("reason")
             tl.stop_reason = incomplete or response.get("status") or "completed"
             tl.complete = True

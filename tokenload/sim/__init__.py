@@ -3,7 +3,8 @@
 It serves, under a path prefix (default `/api`): `POST /v1/messages` (also
 `?beta=true`), `POST /v1/messages/count_tokens`, `POST /v1/chat/completions`,
 `POST /v1/responses`, `GET /v1/models`, `GET /health` and `GET /metrics`
-(Prometheus text with vLLM's metric names). Any other path or method gets an
+(Prometheus text with vLLM's metric names; also at the root, `/metrics`,
+where vLLM serves it). Any other path or method gets an
 HTML page (200 for `/` and the prefix root, 404 elsewhere), as a wrong base URL
 does in real life. With an API key set, `x-api-key: K` or `Authorization:
 Bearer K` is required (401 with the protocol's body otherwise); an unknown model

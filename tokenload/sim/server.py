@@ -333,6 +333,8 @@ class SimServer:
         route = None
         if request.path.startswith(self.prefix + "/"):
             route = _ROUTES.get((request.method, request.path[len(self.prefix):].rstrip("/") or "/"))
+        elif (request.method, request.path) == ("GET", "/metrics"):  # at the root too, where vLLM serves it
+            route = "metrics"
         if route is None:
             root = request.path.rstrip("/") in ("", self.prefix)
             self._write_truth(_record(wire.new_request_id(), request, None) | {"status": 200 if root else 404, "error": "html"})

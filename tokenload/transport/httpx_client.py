@@ -19,7 +19,7 @@ from tokenload import errors as ek
 from tokenload.channel import Channel
 from tokenload.failures import classify_exception
 from tokenload.measure import Timeline
-from tokenload.protocols import adapter_for
+from tokenload.protocols import ProtocolAdapter, adapter_for
 from tokenload.protocols.base import Conversation
 from tokenload.record import RequestRecord
 from tokenload.stream import StreamSession
@@ -131,15 +131,19 @@ def stream_exchange(
     extra_body: Mapping[str, Any] | None = None,
     on_text: Callable[[str, str], None] | None = None,
     client: httpx.Client | None = None,
+    adapter: ProtocolAdapter | None = None,
 ) -> tuple[RequestRecord, Timeline]:
-    """`stream_once`, plus the raw timeline: `doctor` reads its chunk arrival times to spot buffering proxies."""
-    adapter = adapter_for(channel)
+    """`stream_once`, plus the raw timeline: `doctor` reads its chunk arrival times to spot buffering proxies.
+
+    `adapter`: the channel's protocol adapter, for a caller that watches the events (doctor reads the model
+    the response names)."""
+    adapter = adapter or adapter_for(channel)
     request = adapter.prepare(prompt, max_tokens, extra_body)
     own = client is None
     http = client or httpx.Client(timeout=timeouts(channel), follow_redirects=False)
     t0 = time.perf_counter()
     estimate = estimate_tokens(prompt) if isinstance(prompt, str) else prompt.estimated_tokens()
-    session = StreamSession(adapter, t0, estimated_input_tokens=estimate, on_text=on_text)
+    session = StreamSession(adapter, t0, estimated_input_tokens=estimate, max_tokens=max_tokens, on_text=on_text)
     tl = session.timeline
 
     def sending(t0: float, connect_s: float) -> None:

@@ -37,6 +37,7 @@ from locust.env import Environment
 
 from tokenload.load.series import REPORT_FILE, Series
 from tokenload.load.tokenstats import METRICS, PERCENTILES, Cell, RunStats, current_run
+from tokenload.servermetrics.scrape import read_live
 
 TAB = "tokenload"
 STATIC_DIR = Path(__file__).parent / "static"
@@ -120,7 +121,8 @@ def stats_payload(environment: Environment, series: Series) -> dict[str, Any]:
     elapsed = windows(environment)
     return {"run": series.current.public(), "rows": table_rows(stats, elapsed),
             "summary": stats.total().summary(elapsed.get("Aggregated")),
-            "series": stats.timeline(), "runs": [run.public() for run in series.runs]}
+            "series": stats.timeline(), "runs": [run.public() for run in series.runs],
+            "server": (read_live() or {}).get("gauges")}
 
 
 @events.init.add_listener
@@ -179,7 +181,7 @@ def _install_tab(environment: Environment, series: Series) -> None:
     def extend(response: Response) -> Response:
         if request.path == stats_path and response.is_json:
             data = response.get_json()
-            data["extended_stats"] = [{"key": TAB, "data": table_rows(current_run(environment))}]
+            data["extended_stats"] = [{"key": TAB, "data": table_rows(current_run(environment), windows(environment))}]
             response.set_data(json.dumps(data))
         elif request.path == index and response.mimetype == "text/html" and not response.direct_passthrough:
             response.set_data(response.get_data().replace(b"</body>", script, 1))

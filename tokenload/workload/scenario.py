@@ -50,7 +50,7 @@ Schema (all sections optional except `[load]`):
     min_tokens = 0                # sent as "min_tokens" when > 0
 
     [load]
-    kind = "steps"                # steps | constant | poisson | trace
+    kind = "steps"                # steps | constant | poisson | trace | search
     warmup_requests = 0           # any kind: each load process's first N requests are warm-up (phase = "warmup"
                                   # in the records, left out of the analysis)
     warmup_s = 0                  # any kind: requests sent in the run's first S seconds are warm-up (the same)
@@ -75,6 +75,14 @@ Schema (all sections optional except `[load]`):
     min_requests = 0              # steps/constant: hold a step past step_s until N requests finished; 0 = off
     max_step_s = 0                # steps/constant: longest a step is held for min_requests; 0 = 4 x step_s
     step_warmup_s = 0             # analysis leaves requests started in each step's first S seconds out
+    over = "users"                # search: users (closed loop) or rate (open loop, requests/s; max_users pool)
+    min = 1                       # search: the lowest level probed (users or requests/s)
+    max = 256                     # search: the highest level probed
+    resolution = 1                # search: stop when the boundary is this close (users: 1; rate: 0.1 = 10%)
+    max_probe_s = 60              # search: a probe undecided after this long says "undecided"
+    probe_warmup_s = 2            # search: requests sent in each probe's first S seconds are warm-up
+    confirm = true                # search: hold the last passing level again; it must pass twice
+    max_probes = 12               # search: at most this many probes
 
     [stop]
     duration_s = 0                # cap on the whole run; 0 = the load plan's length
@@ -91,6 +99,11 @@ Schema (all sections optional except `[load]`):
     storm_error_rate = 0.8        # error-storm breaker (0 = off): more than this share of load errors (429, 5xx,
     storm_s = 10                  # timeouts, ...) for storm_s seconds pauses every user; a probe request
     storm_probes = 3              # every storm_s then resumes the run or, after this many failed, stops it
+
+    [server]                      # the inference server's own Prometheus metrics, sampled during the run
+    metrics_url = ["http://gpu-host:8000/metrics"]  # default: <base URL's origin>/metrics when it answers
+    interval_s = 1                # seconds between scrapes
+    discover = true               # false: without metrics_url, do not try <origin>/metrics
 """
 
 from __future__ import annotations
@@ -102,6 +115,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from tokenload.channel import PROTOCOLS
 from tokenload.compat import tomllib
@@ -123,7 +137,8 @@ DISTRIBUTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "lognormal": (("median", "sigma"), ("min", "max")),
     "sweep": (("values",), ()),
 }
-LOAD_KINDS = ("steps", "constant", "poisson", "trace")
+LOAD_KINDS = ("steps", "constant", "poisson", "trace", "search")
+SEARCH_OVER = ("users", "rate")
 OPEN_LOOP_KINDS = ("poisson", "trace")
 DATASET_ORDERS = ("sequential", "shuffle")
 _ANY_KIND = ("max_rps", "max_tokens_per_min", "retry", "step_warmup_s", "warmup_s", "warmup_requests")  # [load] keys every kind takes
@@ -138,7 +153,7 @@ class _Ctx:
         self.source = source
 
     def fail(self, where: str, problem: str) -> ConfigError:
-        return ConfigError(f"{self.source}: {where}: {problem}")
+        return ConfigError(f"{self.source}: {where}: {problem}" if self.source else f"{where}: {problem}")
 
     def table(self, data: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
         if data is None:
@@ -361,6 +376,51 @@ class OutputSection:
         return extra
 
 
+SEARCH_KEYS = ("over", "min", "max", "resolution", "max_probe_s", "probe_warmup_s", "confirm", "max_probes")
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """`[load] kind = "search"`: where to look for the highest level that meets the SLO, and how hard."""
+
+    over: str = "users"
+    min_level: float = 1.0
+    max_level: float = 256.0
+    resolution: float = 1.0
+    max_probe_s: float = 60.0
+    probe_warmup_s: float = 2.0
+    confirm: bool = True
+    max_probes: int = 12
+
+    @classmethod
+    def parse(cls, d: dict[str, Any], ctx: _Ctx) -> SearchSpec:
+        w = "[load]"
+        over = ctx.text(d, "over", w, "users", choices=SEARCH_OVER) or "users"
+        users = over == "users"
+        low = ctx.number(d, "min", w, 1, integer=users, above=0)
+        high = ctx.number(d, "max", w, 256 if users else 100.0, integer=users, above=0)
+        if high < low:
+            raise ctx.fail(f"{w} max", f"must be at least min ({low:g}), got {high:g}")
+        resolution = ctx.number(d, "resolution", w, 1 if users else 0.1, integer=users, above=0)
+        max_probe_s = ctx.number(d, "max_probe_s", w, 60.0, above=0)
+        warmup = ctx.number(d, "probe_warmup_s", w, 2.0, minimum=0)
+        if warmup >= max_probe_s:
+            raise ctx.fail(f"{w} probe_warmup_s", f"must be shorter than max_probe_s ({max_probe_s:g}), got {warmup:g}")
+        confirm = d.get("confirm", True)
+        if not isinstance(confirm, bool):
+            raise ctx.fail(f"{w} confirm", f"expected true or false, got {_show(confirm)}")
+        return cls(over=over, min_level=float(low), max_level=float(high), resolution=float(resolution),
+                   max_probe_s=max_probe_s, probe_warmup_s=warmup, confirm=confirm,
+                   max_probes=ctx.number(d, "max_probes", w, 12, integer=True, minimum=1))
+
+    def to_dict(self) -> dict[str, Any]:
+        users = self.over == "users"
+        level = (lambda v: int(v)) if users else float
+        return {"over": self.over, "min": level(self.min_level), "max": level(self.max_level),
+                "resolution": level(self.resolution), "max_probe_s": self.max_probe_s,
+                "probe_warmup_s": self.probe_warmup_s, "confirm": self.confirm, "max_probes": self.max_probes}
+
+
 @dataclass(frozen=True)
 class LoadSection:
     kind: str = "steps"
@@ -384,6 +444,12 @@ class LoadSection:
     max_step_s: float = 0.0
     step_warmup_s: float = 0.0
     warmup_s: float = 0.0
+    search: SearchSpec | None = None
+
+    @property
+    def open_loop(self) -> bool:
+        """Arrivals are scheduled (requests/s), whatever the channel does: Poisson, a trace, a search over rate."""
+        return self.kind in OPEN_LOOP_KINDS or (self.search is not None and self.search.over == "rate")
 
     @property
     def step_cap_s(self) -> float:
@@ -397,7 +463,8 @@ class LoadSection:
             raise ctx.fail(w, "missing; every scenario needs a [load] section")
         evidence = ("min_requests", "max_step_s")
         d = ctx.table(data, w, ("kind", "users", "step_s", "spawn_rate", "think_time_s", "rate", "max_users", "arrival",
-                                "burstiness", "ramp", "trace", "speed", "time_unit", *evidence, *_ANY_KIND))
+                                "burstiness", "ramp", "trace", "speed", "time_unit", *evidence, *SEARCH_KEYS,
+                                *_ANY_KIND))
         kind = ctx.text(d, "kind", w, "steps", choices=LOAD_KINDS)
         assert kind is not None
         allowed = {
@@ -405,6 +472,7 @@ class LoadSection:
             "constant": {"users", "step_s", "spawn_rate", "think_time_s", *evidence},
             "poisson": {"rate", "step_s", "spawn_rate", "max_users", "arrival", "burstiness", "ramp"},
             "trace": {"trace", "speed", "time_unit", "spawn_rate", "max_users"},
+            "search": {"spawn_rate", "think_time_s", "max_users", "arrival", *SEARCH_KEYS},
         }[kind]
         extra = sorted(set(d) - allowed - {"kind", *_ANY_KIND})
         if extra:
@@ -423,8 +491,14 @@ class LoadSection:
         if common["step_warmup_s"] >= common["step_s"]:
             raise ctx.fail(f"{w} step_warmup_s", f"must be shorter than step_s ({common['step_s']:g}), "
                                                  f"got {common['step_warmup_s']:g}")
+        if kind == "search":
+            search = SearchSpec.parse(d, ctx)
+            return cls(**{**common, "step_s": search.max_probe_s}, search=search,
+                       think_time_s=ctx.number(d, "think_time_s", w, 0.0, minimum=0),
+                       max_users=ctx.number(d, "max_users", w, math.ceil(search.max_level) if search.over == "users"
+                                            else 256, integer=True, minimum=1),
+                       arrival=ctx.text(d, "arrival", w, "poisson", choices=ARRIVALS) or "poisson")
         if kind == "trace":
-
             trace = ctx.text(d, "trace", w)
             if trace is None:
                 raise ctx.fail(f"{w} trace", "missing; kind = \"trace\" replays a trace file (JSONL or CSV)")
@@ -468,6 +542,9 @@ class LoadSection:
             return {"kind": self.kind, "trace": self.trace, "speed": self.speed, "time_unit": self.time_unit,
                     "spawn_rate": self.spawn_rate, "max_users": self.max_users, **common}
         out: dict[str, Any] = {"kind": self.kind, "step_s": self.step_s, "spawn_rate": self.spawn_rate, **common}
+        if self.search is not None:
+            return {"kind": self.kind, "spawn_rate": self.spawn_rate, "think_time_s": self.think_time_s,
+                    "max_users": self.max_users, "arrival": self.arrival, **self.search.to_dict(), **common}
         if self.kind == "poisson":
             extra = {"burstiness": self.burstiness} if self.arrival == "gamma" else {}
             return {**out, "rate": list(self.rate), "max_users": self.max_users, "arrival": self.arrival, **extra,
@@ -477,8 +554,11 @@ class LoadSection:
                 "max_step_s": self.max_step_s}
 
     def limit_users(self, cap: int) -> LoadSection:
-        """`--users N`: constant runs N users, a ramp stops at N, a Poisson pool holds N."""
-        if self.kind in OPEN_LOOP_KINDS:
+        """`--users N`: constant runs N users, a ramp stops at N, a Poisson pool holds N, a search tops at N."""
+        if self.search is not None and self.search.over == "users":
+            spec = dataclasses.replace(self.search, max_level=float(cap), min_level=min(self.search.min_level, cap))
+            return dataclasses.replace(self, search=spec, max_users=cap)
+        if self.open_loop:
             return dataclasses.replace(self, max_users=cap)
         if self.kind == "constant":
             return dataclasses.replace(self, users=(cap,))
@@ -558,6 +638,34 @@ def parse_slo(data: Any, ctx: _Ctx) -> Slo:
 
 
 @dataclass(frozen=True)
+class ServerSection:
+    """`[server]`: where the inference server publishes Prometheus metrics (see docs/server-metrics.md)."""
+
+    metrics_url: tuple[str, ...] = ()
+    interval_s: float = 1.0
+    discover: bool = True
+
+    @classmethod
+    def parse(cls, data: Any, ctx: _Ctx) -> ServerSection:
+        w = "[server]"
+        d = ctx.table(data, w, tuple(f.name for f in dataclasses.fields(cls)))
+        urls: Any = d.get("metrics_url", [])
+        urls = [urls] if isinstance(urls, str) else urls
+        if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+            raise ctx.fail(f"{w} metrics_url", f"expected a list of URLs, got {_show(urls)}")
+        return cls(metrics_url=tuple(cls.url(u, ctx, f"{w} metrics_url") for u in urls),
+                   interval_s=ctx.number(d, "interval_s", w, 1.0, minimum=0.1),
+                   discover=ctx.flag(d, "discover", w, True))
+
+    @staticmethod
+    def url(value: str, ctx: _Ctx, where: str) -> str:
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ctx.fail(where, f"expected an http(s) URL such as http://host:8000/metrics, got {_show(value)}")
+        return value.strip()
+
+
+@dataclass(frozen=True)
 class Scenario:
     """A validated scenario; immutable, JSON round-trippable via `to_dict` / `from_dict`."""
 
@@ -571,12 +679,13 @@ class Scenario:
     stop: StopSection = field(default_factory=StopSection)
     session: SessionSection | None = None
     slo: Slo = DEFAULT_SLO
+    server: ServerSection = field(default_factory=ServerSection)
 
     @classmethod
     def from_dict(cls, data: Any, source: str, base_dir: Path, default_name: str) -> Scenario:
         ctx = _Ctx(source)
         d = ctx.table(data, "top level", ("name", "description", "seed", "channel", "prompt", "session", "output", "load",
-                                          "stop", "slo"))
+                                          "stop", "slo", "server"))
         session = SessionSection.parse(d["session"], ctx) if "session" in d else None
         if session is not None and isinstance(d.get("load"), dict) and d["load"].get("kind") == "trace":
             raise ctx.fail("[session]", "a trace replay sends the trace's own lengths; remove [session]")
@@ -591,6 +700,7 @@ class Scenario:
             load=LoadSection.parse(d.get("load"), ctx, base_dir),
             stop=StopSection.parse(d.get("stop"), ctx),
             slo=parse_slo(d["slo"], ctx) if "slo" in d else DEFAULT_SLO,
+            server=ServerSection.parse(d.get("server"), ctx),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -610,6 +720,18 @@ class Scenario:
         if not data["channel"]["models"]:
             del data["channel"]["models"]
         return data
+
+    def with_server_metrics(self, urls: list[str] | None) -> Scenario:
+        """`tokenload run --server-metrics URL ...`: these URLs instead of the scenario's (validated alike)."""
+        if not urls:
+            return self
+        given = self.server_metrics_urls(urls)
+        return dataclasses.replace(self, server=dataclasses.replace(self.server, metrics_url=given))
+
+    @staticmethod
+    def server_metrics_urls(urls: list[str]) -> tuple[str, ...]:
+        """`--server-metrics URL ...` (run, probe) checked like `[server] metrics_url`."""
+        return tuple(ServerSection.url(u, _Ctx(""), "--server-metrics") for u in urls)
 
     def with_overrides(self, *, users: int | None = None, duration_s: float | None = None) -> Scenario:
         """Apply `tokenload run --users/--duration` (validated like the file's own values)."""

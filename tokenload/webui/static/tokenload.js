@@ -24,9 +24,11 @@
 
   var panel = el("section", { id: "tokenload-panel", style: "display:none;padding:16px 24px;font-family:sans-serif" });
   var runInfo = el("p", { id: "tokenload-run" });
+  var serverInfo = el("p", { id: "tokenload-server" });
   var chartsBox = el("div", { style: "display:flex;flex-wrap:wrap;gap:16px" });
   var runsList = el("ul", { id: "tokenload-runs" });
   panel.appendChild(runInfo);
+  panel.appendChild(serverInfo);
   panel.appendChild(chartsBox);
   panel.appendChild(el("h3", {}, "Runs (one per start)"));
   panel.appendChild(runsList);
@@ -67,6 +69,11 @@
       ": " + s.requests + " requests, " + s.errors + " failures";
     runInfo.setAttribute("data-ttft-p50-s", s.ttft_p50_s === null ? "" : s.ttft_p50_s);
     runInfo.setAttribute("data-tpot-p50-s", s.tpot_p50_s === null ? "" : s.tpot_p50_s);
+    var g = data.server;  // the inference server's own gauges from its /metrics, when it publishes them
+    serverInfo.textContent = g ? "Server (its /metrics): " + ["running", "waiting"].filter(function (k) {
+      return g[k] !== undefined;
+    }).map(function (k) { return g[k] + " " + k; }).concat(g.kv_cache_usage === undefined ? [] :
+      ["KV cache " + Math.round(100 * g.kv_cache_usage) + "%"]).join(" · ") : "";
     chartsBox.replaceChildren.apply(chartsBox, CHARTS.map(function (spec) { return chart(spec, data.series); }));
     runsList.replaceChildren.apply(runsList, data.runs.map(function (r) {
       var item = el("li", { "data-run": r.number, "data-state": r.state });

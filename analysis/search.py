@@ -1,0 +1,193 @@
+"""summary.json's `search`: a searched run's capacity, where the boundary lies, and how the probes went.
+
+The run decided each probe live (`tokenload.search.evidence`, from the counts
+every process sent the master) and wrote its record to RUN_DIR/search.json.
+Here every probe of this run is recounted from its own records (the probe's
+step, warm-up rows already dropped by `records.load_run`) against the same
+SLO, so `n`, `attainment` and its interval are the records' truth; the
+verdicts stay the ones the run acted on. Probes of earlier runs that a
+`--resume` continued keep the numbers their run recorded.
+
+The answer: `capacity` (the highest passing level below every failing one),
+`first_failing` (decided), `interval` ([capacity, the lowest level that failed
+or stayed undecided below the target]: the boundary lies there), `binding` (the SLO term the first failing level missed most), `shape`
+("cliff" or "gradual"), the probes in order, and the tokens and time spent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokenload.analysis.records import Run
+from tokenload.search.bisect import Probe, Search
+from tokenload.search.evidence import Evidence, wilson_interval
+from tokenload.slo import COLUMN, LABEL, Slo
+
+SEARCH_FILE = "search.json"
+
+
+def _level(value: float | None, over: str) -> float | int | None:
+    if value is None:
+        return None
+    return int(value) if over == "users" else value
+
+
+def _unit(over: str) -> str:
+    return "users" if over == "users" else "req/s"
+
+
+def _recount(rows: pd.DataFrame, slo: Slo) -> Evidence:
+    evidence = Evidence()
+    for record in rows.to_dict("records"):
+        evidence.count(slo, {str(k): (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.items()})
+    return evidence
+
+
+def _binding_detail(rows: pd.DataFrame, binding: str | None, slo: Slo) -> str:
+    """`TTFT p90 1.1 s > 0.5 s`: the binding term's value at the target share (what the SLO asks of it)."""
+    if binding is None:
+        return "no SLO term decided it"
+    if binding == "errors":
+        n = len(rows)
+        errors = int(rows["status"].ne("ok").sum()) if n else 0
+        return f"load errors {errors} of {n} requests > {slo.max_error_rate:.0%}"
+    limit = slo.thresholds.get(binding)
+    ok = rows[rows["status"].eq("ok")] if len(rows) else rows
+    values = ok[COLUMN[binding]].dropna().to_numpy(dtype=float) if len(ok) else np.array([])
+    pct = round(100 * slo.target)
+    if not len(values) or limit is None:
+        return f"{LABEL[binding]} over {limit:g} s" if limit is not None else LABEL[binding]
+    return f"{LABEL[binding]} p{pct} {float(np.percentile(values, pct)):.3g} s > {limit:g} s"
+
+
+def search_summary(run: Run, slo: Slo) -> dict[str, Any] | None:
+    """The `search` block of a searched run (None for any other run)."""
+    path = Path(run.run_dir) / SEARCH_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    search = Search.from_dict(data)
+    over = search.over
+    run_id = run.manifest.get("run_id")
+    df = run.df
+    probes: list[dict[str, Any]] = []
+    details: dict[float, str] = {}
+    for p in search.probes:
+        entry = _probe_entry(p, over)
+        if (not p.run_id or p.run_id == run_id) and "step" in df:
+            rows = df[df["step"].eq(p.step)]
+            ev = _recount(rows, slo)
+            ci = wilson_interval(ev.met, ev.judged)
+            entry.update(n=ev.judged, attainment=ev.attainment, ci=list(ci) if ci else None,
+                         goodput_rps=ev.met / p.duration_s if p.duration_s else None)
+            details[p.level] = _binding_detail(rows, p.binding, slo)
+        probes.append(entry)
+    capacity, first_failing = search.capacity, search.first_failing
+    upper = search.bounds()[1]  # the lowest level failing for steering: a decided fail or an undecided one below target
+    tokens = sum(p.tokens for p in search.probes)
+    duration = sum(p.duration_s for p in search.probes)
+    out: dict[str, Any] = {
+        "over": over, "unit": _unit(over),
+        "capacity": _level(capacity, over), "first_failing": _level(first_failing, over),
+        "interval": [_level(capacity if capacity is not None else 0.0, over), _level(upper, over)],
+        "binding": None, "shape": search.shape(), "probes": probes, "tokens": tokens,
+        "duration_s": round(duration, 3), "range": [_level(search.min_level, over), _level(search.max_level, over)],
+        "below_range": capacity is None and first_failing is not None and first_failing <= search.min_level,
+        "above_range": first_failing is None and capacity is not None and capacity >= search.max_level,
+        "stopped": search.stopped, "disagreements": [_level(x, over) for x in search.disagreements],
+        "undecided": [_level(p.level, over) for p in search.probes if p.verdict == "undecided"],
+        "slo": slo.to_dict(),
+    }
+    if first_failing is not None:
+        failing = [p for p in search.probes if p.level == first_failing and p.verdict == "fail"]
+        out["binding"] = failing[-1].binding if failing else None
+        out["binding_detail"] = details.get(first_failing)
+    out["verdict"] = verdict_text(out)
+    return out
+
+
+def _probe_entry(p: Probe, over: str) -> dict[str, Any]:
+    return {"level": _level(p.level, over), "verdict": p.verdict, "trial": p.trial, "n": p.n,
+            "attainment": p.attainment, "ci": p.ci, "error_rate": p.error_rate, "binding": p.binding,
+            "duration_s": p.duration_s, "tokens": p.tokens, "step": p.step, "run_id": p.run_id}
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1000:.0f}k" if n >= 10_000 else f"{n / 1000:.1f}k" if n >= 1000 else str(n)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def verdict_text(s: dict[str, Any]) -> str:
+    """"capacity 8 users (9 fails: TTFT p90 1.1 s > 0.5 s; boundary in [8, 9]; 7 probes, 3 min, 41k tokens)"."""
+    unit = s["unit"]
+    cost = f"{len(s['probes'])} probes, {_minutes(s['duration_s'])}, {_tokens(s['tokens'])} tokens"
+    cap, ff = s["capacity"], s["first_failing"]
+    if s["below_range"]:
+        head = f"capacity below {s['range'][0]} {unit}: the lowest level probed already fails"
+        parts = [f"{s['binding_detail']}" if s.get("binding_detail") else None]
+    elif cap is None:
+        head = "no capacity found"
+        parts = []
+    elif ff is None:
+        head = (f"capacity at least {cap} {unit}: every level up to the range's top passed"
+                if s["above_range"] else f"capacity at least {cap} {unit}: no level failed before the search ended")
+        parts = [] if s["interval"][1] is None else [f"boundary in [{cap}, {s['interval'][1]}]"]
+    else:
+        head = f"capacity {cap} {unit}"
+        parts = [f"{ff} fails: {s.get('binding_detail') or s['binding']}", f"boundary in [{cap}, {s['interval'][1]}]"]
+    if s["disagreements"]:
+        parts.append(f"trials disagreed at {', '.join(map(str, s['disagreements']))}")
+    if s["undecided"]:
+        parts.append(f"undecided at {', '.join(map(str, s['undecided']))}")
+    parts.append(cost)
+    text = f"{head} ({'; '.join(p for p in parts if p)})"
+    if s["stopped"]:
+        text += f"; {s['stopped']}"
+    return text
+
+
+def compare_capacities(searches: list[tuple[str, dict[str, Any] | None]]) -> dict[str, Any] | None:
+    """Searched runs side by side: each capacity with its interval, and whether the intervals tell them apart.
+
+    The first run is the baseline. Two capacities differ only when their boundary intervals do not
+    overlap; otherwise the probes' evidence cannot order them, and the line says so.
+    """
+    searched = [(label, s) for label, s in searches if s is not None]
+    if len(searched) < 2 or len({s["over"] for _, s in searched}) > 1:
+        return None
+    rows = [{"label": label, "capacity": s["capacity"], "first_failing": s["first_failing"], "interval": s["interval"],
+             "unit": s["unit"], "below_range": s["below_range"], "verdict": s["verdict"]} for label, s in searched]
+    base_label, base = searched[0]
+    lines = []
+    for label, s in searched[1:]:
+        lines.append(f"{label}: {_capacity_text(s)} against {base_label}'s {_capacity_text(base)}: "
+                     f"{_order(base, s)}")
+    return {"runs": rows, "headline": lines}
+
+
+def _capacity_text(s: dict[str, Any]) -> str:
+    lo, hi = s["interval"]
+    if s["capacity"] is None:
+        return f"capacity below {s['range'][0]} {s['unit']}" if s["below_range"] else "no capacity decided"
+    return f"capacity {s['capacity']} {s['unit']} (boundary in [{lo}, {hi if hi is not None else '?'}])"
+
+
+def _order(base: dict[str, Any], other: dict[str, Any]) -> str:
+    """'lower', 'higher' or 'not told apart', from the boundary intervals."""
+    b_lo, b_hi = base["interval"]
+    o_lo, o_hi = other["interval"]
+    if o_hi is not None and o_hi <= b_lo:
+        return "lower (the boundary intervals do not overlap)"
+    if b_hi is not None and b_hi <= o_lo:
+        return "higher (the boundary intervals do not overlap)"
+    return "not told apart (the boundary intervals overlap)"

@@ -1,0 +1,158 @@
+"""The breakpoint search's logic: levels probed, verdicts from evidence, the answer, its record on disk."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tokenload.search.bisect import Probe, Search
+from tokenload.search.evidence import MIN_FAIL_REQUESTS, Evidence, decide, wilson_interval
+from tokenload.slo import Slo
+
+
+def run_search(search: Search, passes: Callable[[float, int], str]) -> list[float]:
+    """Play a search against a channel whose verdict per (level, trial) is scripted; the levels probed."""
+    levels = []
+    while (level := search.next_level()) is not None:
+        trial = 1 + sum(p.level == level for p in search.probes)
+        verdict = passes(level, trial)
+        levels.append(level)
+        attainment = {"pass": 1.0, "fail": 0.2, "undecided": 0.85}[verdict]
+        search.record(Probe(level, verdict, trial, 40, attainment, None, 0.0, None, 10.0, 100))  # type: ignore[arg-type]
+        assert len(levels) <= 50
+    return levels
+
+
+@pytest.mark.parametrize("capacity,expected", [
+    (8, [1, 2, 4, 8, 16, 12, 10, 9, 8]),
+    (4, [1, 2, 4, 8, 6, 5, 4]),
+    (1, [1, 2, 1]),
+    (24, [1, 2, 4, 8, 16, 32, 24, 28, 26, 25, 24]),
+])
+def test_users_search_finds_the_capacity_to_one_user_and_confirms_it(capacity: int, expected: list[int]) -> None:
+    search = Search("users", 1, 256, 1)
+    levels = run_search(search, lambda level, _t: "pass" if level <= capacity else "fail")
+    assert levels == expected
+    assert search.capacity == capacity and search.first_failing == capacity + 1
+    assert levels.count(capacity) == 2  # the boundary level held twice
+
+
+def test_at_most_ten_probes_for_a_capacity_of_eight() -> None:
+    search = Search("users", 1, 64, 1)
+    assert len(run_search(search, lambda level, _t: "pass" if level <= 8 else "fail")) <= 10
+
+
+def test_the_lowest_level_failing_means_below_the_range() -> None:
+    search = Search("users", 2, 64, 1)
+    assert run_search(search, lambda *_: "fail") == [2]
+    assert search.capacity is None and search.first_failing == 2
+
+
+def test_every_level_passing_means_at_least_the_top() -> None:
+    search = Search("users", 1, 8, 1)
+    levels = run_search(search, lambda *_: "pass")
+    assert levels == [1, 2, 4, 8, 8]
+    assert search.capacity == 8 and search.first_failing is None
+
+
+def test_a_confirmation_that_fails_is_reported_and_the_search_goes_on_below() -> None:
+    search = Search("users", 1, 64, 1)
+    # 8 passes the first time only (a lucky trial): the second trial fails
+    levels = run_search(search, lambda level, trial: "pass" if level < 8 or (level == 8 and trial == 1) else "fail")
+    assert search.disagreements == [8]
+    assert search.capacity == 7 and search.first_failing == 8
+    assert levels[-2:] == [7, 7]  # 7 probed and then confirmed
+
+
+def test_rate_search_stops_within_ten_percent() -> None:
+    search = Search("rate", 1.0, 100.0, 0.1)
+    run_search(search, lambda level, _t: "pass" if level <= 13.3 else "fail")
+    assert search.capacity is not None and search.first_failing is not None
+    assert search.capacity <= 13.3 < search.first_failing <= search.capacity * 1.1 + 1e-9
+
+
+def test_an_undecided_probe_steers_but_is_never_the_answer() -> None:
+    search = Search("users", 1, 64, 1)
+    run_search(search, lambda level, _t: "pass" if level <= 4 else "undecided" if level <= 8 else "fail")
+    # undecided at attainment 0.85 (< 0.9): treated as failing for steering (8, then 6, then 5), never named
+    assert [p.level for p in search.probes] == [1, 2, 4, 8, 6, 5, 4]
+    assert search.capacity == 4 and search.first_failing is None and search.bounds() == (4, 5)
+
+
+def test_the_search_is_resumed_from_its_record() -> None:
+    search = Search("users", 1, 64, 1, target=0.95)
+    run_search(search, lambda level, _t: "pass" if level <= 8 else "fail")
+    partial = Search.from_dict({**search.to_dict(), "probes": search.to_dict()["probes"][:5]})
+    assert partial.target == 0.95
+    assert partial.next_level() == 12  # 1, 2, 4, 8, 16 are decided: no probe repeated
+    assert Search.from_dict(search.to_dict()).to_dict() == search.to_dict()
+
+
+def test_max_probes_ends_the_search_with_the_boundary_it_has() -> None:
+    search = Search("users", 1, 256, 1, max_probes=6)
+    levels = run_search(search, lambda level, _t: "pass" if level <= 24 else "fail")
+    assert len(levels) == 6 and search.capacity == 16 and search.first_failing == 32
+
+
+# ------------------------------------------------------------------- evidence
+
+SLO = Slo(ttft_s=0.5, e2e_s=None, target=0.9, max_error_rate=0.05)
+
+
+def evidence(met: int, judged: int, load_errors: int = 0) -> Evidence:
+    return Evidence(judged=judged, met=met, load_errors=load_errors)
+
+
+def test_a_perfect_level_passes_once_the_interval_clears_the_target() -> None:
+    assert decide(evidence(20, 20), SLO, 5, 60) is None  # lower end of the interval still below 0.9
+    decision = decide(evidence(40, 40), SLO, 5, 60)
+    assert decision is not None and decision.verdict == "pass"
+    assert decision.ci is not None and decision.ci[0] >= 0.9
+
+
+def test_a_clearly_failing_level_fails_after_a_handful_but_not_on_one_request() -> None:
+    assert decide(evidence(0, 1), SLO, 1, 60) is None
+    decision = decide(evidence(0, MIN_FAIL_REQUESTS), SLO, 1, 60)
+    assert decision is not None and decision.verdict == "fail"
+
+
+def test_a_level_at_the_boundary_is_undecided_when_time_runs_out() -> None:
+    assert decide(evidence(27, 30), SLO, 10, 60) is None
+    decision = decide(evidence(27, 30), SLO, 60, 60)
+    assert decision is not None and decision.verdict == "undecided" and decision.attainment == 0.9
+
+
+def test_load_errors_above_the_limit_fail_the_level_with_errors_binding() -> None:
+    ev = evidence(14, 20, load_errors=6)
+    ev.missed_by["errors"] = 6
+    decision = decide(ev, SLO, 5, 60)
+    assert decision is not None and decision.verdict == "fail" and decision.binding == "errors"
+
+
+def record(status: str = "ok", kind: str | None = None, ttft: float | None = 0.2, **extra: float) -> dict[str, object]:
+    return {"status": status, "error_kind": kind, "ttft_s": ttft, "tpot_s": 0.02, "itl_p99_s": 0.03, "e2e_s": 1.0,
+            **extra}
+
+
+def test_configuration_and_input_errors_are_not_judged_load_errors_are() -> None:
+    ev = Evidence()
+    for r in (record(), record(ttft=0.7), record("error", "context_length", None), record("error", "auth", None),
+              record("error", "rate_limited", None), record("cancelled", None, None)):
+        ev.count(SLO, r)
+    assert (ev.judged, ev.met, ev.load_errors) == (3, 1, 1)
+    assert ev.missed_by == {"ttft": 1, "errors": 1} and ev.error_kinds == {"rate_limited": 1}
+
+
+def test_every_set_threshold_is_judged_and_unset_ones_are_not() -> None:
+    strict = Slo(ttft_s=0.5, tpot_s=0.01, itl_s=None, e2e_s=None)
+    ev = Evidence()
+    ev.count(strict, record())  # tpot 0.02 > 0.01
+    ev.count(Slo(ttft_s=0.5, tpot_s=None, itl_s=None, e2e_s=None), record())
+    assert ev.met == 1 and ev.missed_by == {"tpot": 1}
+
+
+def test_wilson_interval_is_the_known_one() -> None:
+    lo, hi = wilson_interval(9, 10)  # type: ignore[misc]
+    assert lo == pytest.approx(0.5958, abs=1e-4) and hi == pytest.approx(0.9821, abs=1e-4)
+    assert wilson_interval(0, 0) is None

@@ -1,0 +1,140 @@
+"""A `[load] kind = "search"` run: the shape's probes, each held until its evidence decides it.
+
+The master (or local runner) owns one `Prober`. Each probe is a step of the run
+(its records carry the step number): the shape asks `next_phase()` for the
+level to hold, looks at the probe's live evidence once a tick (`look`), and on
+a decision records the probe in the search and asks again. The evidence is
+the probe step's `Evidence` in the run's live token statistics: every process
+judges each measured request against the SLO where it finished (warm-up
+requests of each probe, sent in its first `probe_warmup_s`, are not counted),
+and workers' counts reach the master with their stats reports.
+
+The search's state is written to `RUN_DIR/search.json` after every probe (and
+read back at start, so `tokenload run --resume` continues a stopped search);
+the analysis turns it into summary.json's `search`.
+
+A probe that failed on the channel's rate limit (its load errors mostly 429s)
+is not a capacity verdict: the search stops and says the rate limit bound it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tokenload import errors as ek
+from tokenload.load.records import write_json
+from tokenload.load.shapes import Phase
+from tokenload.load.tokenstats import Cell
+from tokenload.search.bisect import Probe, Search
+from tokenload.search.evidence import Decision, decide
+from tokenload.slo import Slo
+from tokenload.workload.scenario import Scenario
+
+SEARCH_FILE = "search.json"
+# A failing probe whose load errors are mostly rate limits (429) is the channel's quota, not its capacity.
+RATE_LIMIT_SHARE = 0.5
+
+
+def new_search(scenario: Scenario) -> Search:
+    spec = scenario.load.search
+    assert spec is not None
+    return Search(over="users" if spec.over == "users" else "rate", min_level=spec.min_level,
+                  max_level=spec.max_level, resolution=spec.resolution, target=scenario.slo.target,
+                  confirm=spec.confirm, max_probes=spec.max_probes)
+
+
+class Prober:
+    """The search as the shape plays it: which level now, and is the current probe decided yet."""
+
+    def __init__(self, scenario: Scenario, run_dir: Path, run_id: str) -> None:
+        self.scenario = scenario
+        self.slo: Slo = scenario.slo
+        spec = scenario.load.search
+        assert spec is not None
+        self.spec = spec
+        self.path = run_dir / SEARCH_FILE
+        self.run_id = run_id
+        self.search = self._load() or new_search(scenario)
+        self.step = 0
+        self.current: Phase | None = None
+        self._started_at = 0.0
+        self.write()
+
+    def _load(self) -> Search | None:
+        """A search already under way in this run directory (`--resume` copied it here)."""
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return Search.from_dict(data)
+
+    def next_phase(self, elapsed_s: float) -> Phase | None:
+        """The next probe's phase starting now on the shape's clock, or None when the search is over."""
+        level = self.search.next_level()
+        if level is None:
+            self.current = None
+            return None
+        self.step += 1
+        users, rate = (int(level), None) if self.spec.over == "users" else (self.scenario.load.max_users, level)
+        self.current = Phase(self.step, elapsed_s, elapsed_s + self.spec.max_probe_s, users, rate)
+        self._started_at = time.time()
+        return self.current
+
+    def look(self, cell: Cell | None, elapsed_s: float) -> bool:
+        """Decide the current probe if its evidence allows (True: it was decided and recorded)."""
+        phase = self.current
+        if phase is None:
+            return False
+        decision = decide(cell.evidence if cell is not None else _EMPTY.evidence, self.slo,
+                          elapsed_s - phase.start_s, self.spec.max_probe_s)
+        if decision is None:
+            return False
+        self._record(phase, decision, cell, elapsed_s)
+        return True
+
+    def _record(self, phase: Phase, decision: Decision, cell: Cell | None, elapsed_s: float) -> None:
+        level = float(phase.users if phase.rate is None else phase.rate)
+        evidence = (cell or _EMPTY).evidence
+        trial = 1 + sum(1 for p in self.search.probes if p.level == level)
+        tokens = (cell.input_tokens + cell.output_tokens) if cell is not None else 0
+        self.search.record(Probe(
+            level=level, verdict=decision.verdict, trial=trial, n=evidence.judged, attainment=decision.attainment,
+            ci=list(decision.ci) if decision.ci is not None else None, error_rate=decision.error_rate,
+            binding=decision.binding, duration_s=round(elapsed_s - phase.start_s, 3), tokens=tokens,
+            step=phase.step, started_at=self._started_at, run_id=self.run_id,
+            error_kinds=dict(evidence.error_kinds), missed_by=dict(evidence.missed_by)))
+        rate_limited = evidence.error_kinds.get(ek.RATE_LIMITED, 0)
+        if decision.verdict == "fail" and decision.binding == "errors" and evidence.load_errors \
+                and rate_limited >= RATE_LIMIT_SHARE * evidence.load_errors:
+            span = max(elapsed_s - phase.start_s, 1e-9)
+            per_min = (cell.requests if cell is not None else 0) / span * 60
+            self.search.stopped = (f"limited by the channel's rate limit at about {per_min:.0f} requests/min "
+                                   f"({rate_limited} of {evidence.load_errors} load errors were 429s); "
+                                   "that is a quota, not the channel's capacity")
+        self.write()
+
+    def stop(self, reason: str) -> None:
+        """The run ends before the search did (budget, duration, Ctrl-C): say so in the record."""
+        if self.search.stopped is None and self.search.next_level() is not None:
+            self.search.stopped = f"run stopped before the search ended: {reason}"
+            self.write()
+
+    def end_reason(self) -> str:
+        if self.search.stopped is not None:
+            return f"search stopped: {self.search.stopped}"
+        return "search complete"
+
+    def write(self) -> None:
+        write_json(self.path, self.search.to_dict())
+
+    def live(self) -> dict[str, Any]:
+        """For the live line: the probes so far and the current one."""
+        return {"probes": len(self.search.probes), "capacity": self.search.capacity,
+                "first_failing": self.search.first_failing,
+                "probing": None if self.current is None else (self.current.rate or self.current.users)}
+
+
+_EMPTY = Cell()

@@ -1,0 +1,185 @@
+"""The search for the highest load level that meets the SLO: exponential probe, bisection, confirmation.
+
+Levels are users (closed loop, integers) or requests/s (open loop). The search
+starts at `min` and doubles until a level fails (or `max` passes: the capacity
+is above the range). Then it bisects between the highest passing level below
+the failure and the lowest failing one until they are `resolution` apart
+(users: an absolute step; rate: a relative one, 0.1 = 10%). Finally the
+highest passing level is held again: it must pass a second time. A second
+trial that fails is a disagreement: it is kept in the record, the level counts
+as failing from then on, and the search continues below it.
+
+An undecided probe (its time ran out first) steers by its point estimate (at
+or above the target: upward) but never becomes the reported capacity or first
+failing level: those are decided levels only, so `interval` ([capacity,
+first_failing]) is where the evidence puts the boundary.
+
+The state is plain data (`to_dict` / `from_dict`): the run writes it after each
+probe as `search.json`, so `tokenload run --resume` continues where a stopped
+run left off without repeating decided probes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tokenload.search.evidence import Verdict
+
+Over = Literal["users", "rate"]
+# `shape`: past the capacity, a first failing level whose attainment is below this share of the target is a cliff.
+CLIFF_SHARE = 0.5
+
+
+@dataclass
+class Probe:
+    """One held level and what it showed (levels can be probed twice: the confirmation trial)."""
+
+    level: float
+    verdict: Verdict
+    trial: int
+    n: int
+    attainment: float | None
+    ci: list[float] | None
+    error_rate: float | None
+    binding: str | None
+    duration_s: float
+    tokens: int
+    step: int = 0  # the run's step number of this probe (records carry it)
+    started_at: float = 0.0
+    run_id: str = ""  # the run whose records hold this probe (a resumed search holds earlier runs' probes)
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    missed_by: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Search:
+    """The search's plan and record; `next_level()` is the question the load shape asks."""
+
+    over: Over
+    min_level: float
+    max_level: float
+    resolution: float
+    target: float = 0.9  # the SLO's: steers undecided probes and tells a cliff from a gradual fall
+    confirm: bool = True
+    max_probes: int = 12
+    probes: list[Probe] = field(default_factory=list)
+    stopped: str | None = None  # why the search ended early (a rate limit, the token budget, ...)
+
+    # -- levels -------------------------------------------------------------------------------------------
+    def _round(self, level: float) -> float:
+        if self.over == "users":
+            return float(max(1, round(level)))
+        return float(f"{level:.3g}")
+
+    def _close(self, lo: float, hi: float) -> bool:
+        """lo and hi are within the resolution: nothing worth probing between them."""
+        if self.over == "users":
+            return hi - lo <= max(1.0, self.resolution)
+        return hi <= lo * (1 + self.resolution) + 1e-9
+
+    def _between(self, lo: float, hi: float) -> float:
+        mid = (lo + hi) / 2 if self.over == "users" else math.sqrt(lo * hi)
+        level = self._round(mid)
+        if level <= lo:
+            level = self._round(lo + 1) if self.over == "users" else lo * (1 + self.resolution)
+        return min(level, hi)
+
+    # -- verdicts per level ---------------------------------------------------------------------------------
+    def _latest(self) -> dict[float, Probe]:
+        """Each level's latest probe (a confirmation trial overrides the first)."""
+        out: dict[float, Probe] = {}
+        for p in self.probes:
+            out[p.level] = p
+        return out
+
+    def _failed(self, p: Probe) -> bool:
+        """Failing for steering: a fail, a disagreement, or an undecided probe below the target."""
+        return p.verdict == "fail" or (p.verdict == "undecided" and p.attainment is not None
+                                       and p.attainment < self.target)
+
+    def bounds(self) -> tuple[float | None, float | None]:
+        """(highest level passing for steering below every failing one, lowest failing level)."""
+        latest = self._latest()
+        fails = [lvl for lvl, p in latest.items() if self._failed(p)]
+        hi = min(fails) if fails else None
+        passes = [lvl for lvl, p in latest.items() if not self._failed(p) and (hi is None or lvl < hi)]
+        return (max(passes) if passes else None), hi
+
+    @property
+    def capacity(self) -> float | None:
+        """The highest decided passing level below every failing one (confirmed when a second trial ran)."""
+        latest = self._latest()
+        _, hi = self.bounds()
+        passes = [lvl for lvl, p in latest.items() if p.verdict == "pass" and (hi is None or lvl < hi)]
+        return max(passes) if passes else None
+
+    @property
+    def first_failing(self) -> float | None:
+        fails = [lvl for lvl, p in self._latest().items() if p.verdict == "fail"]
+        return min(fails) if fails else None
+
+    # -- the question --------------------------------------------------------------------------------------
+    def next_level(self) -> float | None:
+        """The level to probe next, or None when the search is over."""
+        if self.stopped is not None or len(self.probes) >= self.max_probes:
+            return None
+        if not self.probes:
+            return self._round(self.min_level)
+        lo, hi = self.bounds()
+        if hi is None:  # nothing failed yet: keep doubling up to max
+            assert lo is not None
+            if lo >= self.max_level:
+                return self._confirmation(lo)
+            return min(self._round(lo * 2), self._round(self.max_level))
+        if lo is None:  # the lowest level probed failed
+            if hi <= self._round(self.min_level):
+                return None
+            return self._round(self.min_level)
+        if not self._close(lo, hi):
+            return self._between(lo, hi)
+        return self._confirmation(lo)
+
+    def _confirmation(self, level: float) -> float | None:
+        trials = [p for p in self.probes if p.level == level]
+        if not self.confirm or len(trials) >= 2 or trials[-1].verdict != "pass":
+            return None
+        return level
+
+    def record(self, probe: Probe) -> None:
+        self.probes.append(probe)
+
+    @property
+    def disagreements(self) -> list[float]:
+        """Levels whose two trials gave different decided verdicts."""
+        out = []
+        for level in sorted({p.level for p in self.probes}):
+            verdicts = {p.verdict for p in self.probes if p.level == level and p.verdict != "undecided"}
+            if len(verdicts) > 1:
+                out.append(level)
+        return out
+
+    def shape(self) -> str | None:
+        """"cliff" when the first failing level's attainment fell below half the target, else "gradual"."""
+        ff = self.first_failing
+        att = None if ff is None else self._latest()[ff].attainment
+        if att is None:
+            return None
+        return "cliff" if att < CLIFF_SHARE * self.target else "gradual"
+
+    # -- persistence ---------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"over": self.over, "min": self.min_level, "max": self.max_level, "resolution": self.resolution,
+                "confirm": self.confirm, "max_probes": self.max_probes, "target": self.target,
+                "stopped": self.stopped, "probes": [p.to_dict() for p in self.probes]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Search:
+        return cls(over=data["over"], min_level=float(data["min"]), max_level=float(data["max"]),
+                     resolution=float(data["resolution"]), target=float(data.get("target", 0.9)),
+                     confirm=bool(data.get("confirm", True)), max_probes=int(data.get("max_probes", 12)),
+                     stopped=data.get("stopped"), probes=[Probe(**p) for p in data.get("probes", [])])

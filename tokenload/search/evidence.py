@@ -1,0 +1,138 @@
+"""One probe's verdict from its requests: a sequential decision on the SLO attainment and the error rate.
+
+A probe holds its load level and looks at its evidence about once a second.
+Each look computes the 95% Wilson interval of the attainment (the share of
+judged requests that met every SLO term) and of the load-error rate:
+
+- fail: the attainment's interval lies wholly below `target`, or the error
+  rate's lies wholly above `max_error_rate`;
+- pass: the attainment's interval lies wholly above `target` (`min_requests`
+  judged requests at least, so one lucky early answer decides nothing; a fail
+  needs `MIN_FAIL_REQUESTS`, since the first answers at a new level still meet
+  the queue the change of level left);
+- undecided: neither before `max_probe_s` (a level right at the boundary can
+  need more requests than a probe may spend: the search says so instead of
+  guessing).
+
+Repeated looks at a growing sample make a 95% interval somewhat optimistic;
+the confirmation trial of the boundary level (`bisect`) is the guard that
+catches a verdict decided by chance. A perfect level needs about 35 requests to
+pass a 0.9 target (the interval's lower end reaches 0.9 there); a clearly
+failing one is decided after a handful.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tokenload.slo import COLUMN, Slo, missed_terms, verdict
+
+Verdict = Literal["pass", "fail", "undecided"]
+Z95 = 1.959963984540054
+MIN_REQUESTS = 10
+# A fail needs this many judged requests too: the first answers after a level change meet the queue it left.
+MIN_FAIL_REQUESTS = 5
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float] | None:
+    """95% Wilson score interval of a proportion (sound at small n and near 0 or 1); None without data."""
+    if n <= 0:
+        return None
+    p = successes / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class Evidence:
+    """What one probe's measured requests showed so far (counted where the requests finish)."""
+
+    judged: int = 0  # successes and load-class failures (configuration and input errors are not judged)
+    met: int = 0  # judged requests that met every SLO term
+    load_errors: int = 0
+    missed_by: Counter[str] = field(default_factory=Counter)  # SLO term ("ttft", ..., "errors") -> misses
+    error_kinds: Counter[str] = field(default_factory=Counter)  # load-class error kind -> count
+
+    @property
+    def attainment(self) -> float | None:
+        return self.met / self.judged if self.judged else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"judged": self.judged, "met": self.met, "load_errors": self.load_errors,
+                "missed_by": dict(self.missed_by), "error_kinds": dict(self.error_kinds)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Evidence:
+        return cls(judged=int(data.get("judged", 0)), met=int(data.get("met", 0)),
+                   load_errors=int(data.get("load_errors", 0)), missed_by=Counter(data.get("missed_by") or {}),
+                   error_kinds=Counter(data.get("error_kinds") or {}))
+
+    def minus(self, earlier: Evidence) -> Evidence:
+        """The evidence gathered since `earlier` (a snapshot of the same, growing counts)."""
+        return Evidence(self.judged - earlier.judged, self.met - earlier.met, self.load_errors - earlier.load_errors,
+                        self.missed_by - earlier.missed_by, self.error_kinds - earlier.error_kinds)
+
+    def merge(self, other: Evidence) -> None:
+        self.judged += other.judged
+        self.met += other.met
+        self.load_errors += other.load_errors
+        self.missed_by.update(other.missed_by)
+        self.error_kinds.update(other.error_kinds)
+
+    def count(self, slo: Slo, record: dict[str, Any]) -> None:
+        """Add one finished request (a record's fields) judged against `slo`."""
+        status, kind = record["status"], record.get("error_kind")
+        values = {m: record.get(column) for m, column in COLUMN.items()}
+        met = verdict(slo, status, kind, values)
+        if met is None:
+            return
+        self.judged += 1
+        if status != "ok":
+            self.load_errors += 1
+            self.missed_by["errors"] += 1
+            self.error_kinds[kind or "unknown"] += 1
+        elif met:
+            self.met += 1
+        else:
+            self.missed_by.update(missed_terms(slo, values))
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    attainment: float | None
+    ci: tuple[float, float] | None
+    error_rate: float | None
+    binding: str | None  # the SLO term missed most ("errors" when the error rate decided), for a fail
+
+
+def binding_term(evidence: Evidence) -> str | None:
+    """The SLO term that failed most often (ties: the earlier in ttft, tpot, itl, e2e, errors)."""
+    order = ("ttft", "tpot", "itl", "e2e", "errors")
+    ranked = sorted((t for t in order if evidence.missed_by.get(t)), key=lambda t: (-evidence.missed_by[t], order.index(t)))
+    return ranked[0] if ranked else None
+
+
+def decide(evidence: Evidence, slo: Slo, elapsed_s: float, max_probe_s: float,
+           min_requests: int = MIN_REQUESTS) -> Decision | None:
+    """The probe's verdict now, or None to keep gathering evidence."""
+    n = evidence.judged
+    ci = wilson_interval(evidence.met, n)
+    errors = wilson_interval(evidence.load_errors, n)
+    attainment = evidence.attainment
+    error_rate = evidence.load_errors / n if n else None
+    if ci is not None and errors is not None and n >= MIN_FAIL_REQUESTS:
+        if errors[0] > slo.max_error_rate:
+            return Decision("fail", attainment, ci, error_rate, "errors")
+        if ci[1] < slo.target:
+            return Decision("fail", attainment, ci, error_rate, binding_term(evidence))
+        if n >= min_requests and ci[0] >= slo.target:
+            return Decision("pass", attainment, ci, error_rate, None)
+    if elapsed_s >= max_probe_s:
+        return Decision("undecided", attainment, ci, error_rate, binding_term(evidence))
+    return None
