@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from fakeserver import FakeServer, json_script
 from loadkit import run_cli, write_scenario
 from slotserver import SlotServer
 
@@ -38,11 +39,11 @@ target = 0.9
 """
 
 
-def searched(tmp_path: Path, server: SlotServer, low: int) -> tuple[dict, pd.DataFrame]:
+def searched(tmp_path: Path, server: FakeServer, low: int, rc: int = 0) -> tuple[dict, pd.DataFrame]:
     out = tmp_path / "run"
     proc = run_cli(write_scenario(tmp_path, SCENARIO.format(min=low)), server.url + "/v1", out,
                    "--protocol", "openai-chat", model="gpt-test", timeout=400)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == rc, proc.stderr[-2000:]
     analysed = run_cli_analyze(out)
     assert analysed.returncode == 0, analysed.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -133,3 +134,19 @@ def test_resume_refuses_a_different_search_before_any_load(tmp_path: Path) -> No
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "min_level = 4.0, this scenario 1.0" in proc.stderr
     assert not (tmp_path / "new").exists()
+
+
+def test_a_channel_refusing_with_its_rate_limit_stops_the_search_without_a_capacity_verdict(tmp_path: Path) -> None:
+    server = FakeServer().play(json_script(429, {"error": {"message": "Rate limit reached", "type": "rate_limit_error"}},
+                                           headers=[("retry-after", "1")]))
+    try:
+        summary, _ = searched(tmp_path, server, low=2, rc=1)  # rc 1: no request succeeded
+    finally:
+        server.close()
+    s = summary["search"]
+    assert [p["verdict"] for p in s["probes"]] == ["fail"] and s["binding"] == "errors"
+    assert s["stopped"].startswith("limited by the channel's rate limit at about")
+    assert "that is a quota, not the channel's capacity" in s["verdict"]
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["stop_reason"].startswith("search stopped: limited by the channel's rate limit")
+    assert len(server.requests) < 40  # back-off honoured: no hammering of a refusing channel
