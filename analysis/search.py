@@ -27,9 +27,8 @@ import pandas as pd
 from tokenload.analysis.records import Run
 from tokenload.search.bisect import Probe, Search
 from tokenload.search.evidence import Evidence, wilson_interval
+from tokenload.search.resume import SEARCH_FILE
 from tokenload.slo import COLUMN, LABEL, Slo
-
-SEARCH_FILE = "search.json"
 
 
 def _level(value: float | None, over: str) -> float | int | None:

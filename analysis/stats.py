@@ -118,17 +118,6 @@ def order_statistic_ci(values: np.ndarray, q: float) -> tuple[float, float]:
     return float(part[lo]), float(part[hi])
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float] | None:
-    """95% Wilson score interval of a proportion (sound at small n and near 0 or 1)."""
-    if n <= 0:
-        return None
-    p = successes / n
-    denom = 1.0 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
-
-
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm-Bonferroni adjusted p-values (NaN stays NaN): family-wise error control."""
     p = np.asarray(p_values, dtype=np.float64)

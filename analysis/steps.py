@@ -24,9 +24,10 @@ import numpy as np
 import pandas as pd
 
 from tokenload.analysis.fits import grouped_linear, planned_ttft
-from tokenload.analysis.stats import Quantile, bootstrap_ci, km_quantiles, wilson_interval
+from tokenload.analysis.stats import Quantile, bootstrap_ci, km_quantiles
 from tokenload.analysis.windows import by_time
 from tokenload.errors import error_class
+from tokenload.search.evidence import wilson_interval
 from tokenload.slo import COLUMN as SLO_COLUMNS
 from tokenload.slo import Slo, judged
 

@@ -30,3 +30,33 @@ def fake_server(_fake_server_session: FakeServer) -> Iterator[FakeServer]:
     _fake_server_session.reset()
     yield _fake_server_session
     _fake_server_session.reset()
+
+
+# The fast tier (`pytest -m "not slow"`, about 3 minutes) leaves out every test that starts Locust, a whole
+# run or a long-lived process, or that computes statistics over a large run. Mark such a test with
+# `@pytest.mark.slow`; a module made of them is listed here, and a test that uses the long side-by-side runs
+# (`demo_run`, `history_demo_run`, `diurnal_watch`) is slow by that alone.
+SLOW_MODULES = frozenset({
+    "test_analysis_sim", "test_demo", "test_drain", "test_history_demo", "test_history_report", "test_load_cores",
+    "test_load_kind", "test_load_netns", "test_load_process", "test_load_run", "test_load_stop", "test_search_run",
+    "test_slo_runs", "test_watch", "test_watch_stress", "test_webui", "test_workloads",
+})
+SLOW_TESTS = frozenset({
+    "test_cut_requests_are_censored_not_dropped", "test_interrupted_run_is_flagged_and_gets_no_clean_verdict",
+    "test_warmup_goodput_and_percentiles_options", "test_compare_cli_writes_files_and_flags_only_real_shifts",
+    "test_compare_pairs_steps_by_load_level_and_says_when_none_are_shared",
+    "test_connections_opening_one_new_file_together_all_open", "test_two_writer_processes_on_one_file_lose_nothing",
+    "test_any_rechunking_gives_the_events_of_one_feed", "test_cli_writes_summary_plots_and_self_contained_report",
+    "test_csv_export_on_demand_has_every_record_and_column",
+    "test_run_against_a_server_that_closes_after_each_answer_has_no_disconnected",
+    "test_stream_faults_are_recorded_and_the_pool_recovers",
+})
+LONG_FIXTURES = frozenset({"demo_run", "history_demo_run", "diurnal_watch"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if isinstance(item, pytest.Function) else ""
+        name = item.name.partition("[")[0]
+        if module in SLOW_MODULES or name in SLOW_TESTS or LONG_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

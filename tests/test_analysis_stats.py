@@ -11,9 +11,10 @@ import pytest
 from tokenload.analysis import analyze_run
 from tokenload.analysis.records import write_run
 from tokenload.analysis.report import verdict_rows
-from tokenload.analysis.stats import bootstrap_ci, km_quantiles, wilson_interval
+from tokenload.analysis.stats import bootstrap_ci, km_quantiles
 from tokenload.analysis.synthetic import Law, generate, manifest_for
 from tokenload.cli import main
+from tokenload.search.evidence import wilson_interval
 
 NO_QUEUE = 10_000
 

@@ -177,7 +177,9 @@ def test_validation_error_is_one_line_naming_the_field(tmp_path: Path, body: str
 def test_overrides_are_validated_like_the_file() -> None:
     smoke = load_scenario("smoke")
     assert smoke.with_overrides(users=5).load.users == (5,)
-    assert load_scenario("demo").with_overrides(users=6).load.users == (2, 4, 6)
+    assert load_scenario("ramp").with_overrides(users=6).load.users == (1, 2, 4, 6)
+    search = load_scenario("demo").with_overrides(users=6).load  # a search tops at N users
+    assert search.search is not None and search.search.max_level == 6 and search.search.min_level == 4
     assert smoke.with_overrides(duration_s=3).stop.duration_s == 3
     with pytest.raises(ConfigError, match="--users"):
         smoke.with_overrides(users=0)

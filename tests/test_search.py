@@ -156,3 +156,20 @@ def test_wilson_interval_is_the_known_one() -> None:
     lo, hi = wilson_interval(9, 10)  # type: ignore[misc]
     assert lo == pytest.approx(0.5958, abs=1e-4) and hi == pytest.approx(0.9821, abs=1e-4)
     assert wilson_interval(0, 0) is None
+
+
+def test_a_search_can_be_the_watchers_stress_run_within_its_budget(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import math
+
+    from tokenload.history.sampler import ESTIMATE_MARGIN, _capacity, parse_stress
+
+    stress = parse_stress("search@03:00,14:00", tmp_path)
+    assert stress.hours == (3.0, 14.0)
+    # the worst case in flight is every user of the search's top level with its largest request
+    assert stress.worst_overshoot() == 256 * (math.ceil(500 * ESTIMATE_MARGIN) + 8 + 200)
+    search = Search("users", 1, 64, 1)
+    run_search(search, lambda level, _t: "pass" if level <= 8 else "fail")
+    (tmp_path / "search.json").write_text(json.dumps(search.to_dict()))
+    assert _capacity(tmp_path) == ", capacity 8 users (boundary in [8, 9])"
+    assert _capacity(tmp_path / "nothing") == ""

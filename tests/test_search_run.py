@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from fakeserver import FakeServer, json_script
 from loadkit import run_cli, write_scenario
 from slotserver import SlotServer
 
@@ -38,11 +39,11 @@ target = 0.9
 """
 
 
-def searched(tmp_path: Path, server: SlotServer, low: int) -> tuple[dict, pd.DataFrame]:
+def searched(tmp_path: Path, server: FakeServer, low: int, rc: int = 0) -> tuple[dict, pd.DataFrame]:
     out = tmp_path / "run"
     proc = run_cli(write_scenario(tmp_path, SCENARIO.format(min=low)), server.url + "/v1", out,
                    "--protocol", "openai-chat", model="gpt-test", timeout=400)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == rc, proc.stderr[-2000:]
     analysed = run_cli_analyze(out)
     assert analysed.returncode == 0, analysed.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -93,3 +94,59 @@ def test_a_server_too_slow_for_the_lowest_level_has_its_capacity_below_the_range
     assert s["capacity"] is None and s["below_range"] and s["first_failing"] == 2
     assert [p["verdict"] for p in s["probes"]] == ["fail"]
     assert "capacity below 2 users" in s["verdict"]
+
+
+def test_a_stopped_search_resumes_without_repeating_decided_probes(tmp_path: Path) -> None:
+    server = SlotServer(slots=4, ttft_base_s=0.1, ttft_per_token_s=0.0, tpot_s=0.01)
+    body = SCENARIO.format(min=2).replace("ttft_s = 0.5", "ttft_s = 0.3").replace("max_tokens = 32", "max_tokens = 16")
+    scenario = write_scenario(tmp_path, body)
+    try:
+        first = run_cli(scenario, server.url + "/v1", tmp_path / "a", "--protocol", "openai-chat", "--duration", "12",
+                        model="gpt-test", timeout=200)
+        assert first.returncode == 0, first.stderr[-2000:]
+        before = json.loads((tmp_path / "a" / "search.json").read_text())
+        assert before["stopped"].startswith("run stopped before the search ended")
+        decided = [(p["level"], p["trial"]) for p in before["probes"]]
+        assert decided, "the first run decided no probe in 12 s"
+        second = run_cli(scenario, server.url + "/v1", tmp_path / "b", "--protocol", "openai-chat",
+                         "--resume", str(tmp_path / "a"), model="gpt-test", timeout=300)
+        assert second.returncode == 0, second.stderr[-2000:]
+    finally:
+        server.close()
+    after = json.loads((tmp_path / "b" / "search.json").read_text())
+    assert after["stopped"] is None
+    assert [(p["level"], p["trial"]) for p in after["probes"][:len(decided)]] == decided
+    new = after["probes"][len(decided):]
+    assert new and all((p["level"], p["trial"]) not in decided for p in new)  # nothing decided is probed again
+    assert {p["run_id"] for p in new} != {p["run_id"] for p in after["probes"][:len(decided)]}
+    analysed = run_cli_analyze(tmp_path / "b")
+    assert analysed.returncode == 0, analysed.stderr[-2000:]
+    s = json.loads((tmp_path / "b" / "summary.json").read_text())["search"]
+    assert len(s["probes"]) == len(after["probes"]) and s["capacity"] is not None
+
+
+def test_resume_refuses_a_different_search_before_any_load(tmp_path: Path) -> None:
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "search.json").write_text(json.dumps(
+        {"over": "users", "min": 4, "max": 32, "resolution": 1, "target": 0.9, "probes": []}))
+    proc = run_cli(write_scenario(tmp_path, SCENARIO.format(min=1)), "http://127.0.0.1:9/v1", tmp_path / "new",
+                   "--protocol", "openai-chat", "--resume", str(tmp_path / "old"), model="gpt-test", timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "min_level = 4.0, this scenario 1.0" in proc.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_channel_refusing_with_its_rate_limit_stops_the_search_without_a_capacity_verdict(tmp_path: Path) -> None:
+    server = FakeServer().play(json_script(429, {"error": {"message": "Rate limit reached", "type": "rate_limit_error"}},
+                                           headers=[("retry-after", "1")]))
+    try:
+        summary, _ = searched(tmp_path, server, low=2, rc=1)  # rc 1: no request succeeded
+    finally:
+        server.close()
+    s = summary["search"]
+    assert [p["verdict"] for p in s["probes"]] == ["fail"] and s["binding"] == "errors"
+    assert s["stopped"].startswith("limited by the channel's rate limit at about")
+    assert "that is a quota, not the channel's capacity" in s["verdict"]
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["stop_reason"].startswith("search stopped: limited by the channel's rate limit")
+    assert len(server.requests) < 40  # back-off honoured: no hammering of a refusing channel

@@ -80,6 +80,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="run directory (default results/<scenario>-<timestamp>)")
     parser.add_argument("--users", type=int, help="cap users: constant load of N, a ramp up to N, or an open-loop pool of N")
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (caps the scenario's plan)")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue the breakpoint search of a stopped run (Ctrl-C, crash, budget) in a new run "
+                             "directory: its decided probes are not repeated; same scenario and SLO required")
     parser.add_argument("--processes", metavar="N|auto",
                         help="fork N >= 1 local Locust worker processes; auto: one per core this command may use "
                              "(one process on a single core)")
@@ -161,6 +164,13 @@ def run(args: argparse.Namespace) -> int:
                                                     channel_flags(args))
     plan = plan_run(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
                     distribution=distribution, web=args.web, web_host=args.web_host, web_port=args.web_port)
+    if args.resume:
+        from tokenload.errors import ConfigError
+        from tokenload.search import resume
+
+        if args.web or args.worker:
+            raise ConfigError("--resume continues a headless search run; drop --web / --worker")
+        resume.write(plan.run_dir, resume.resumed(Path(args.resume), plan.scenario))
     err = Console(stderr=True, highlight=False)
     for warning in resolution.warnings:
         err.print(f"[yellow]warning:[/] {warning}")

@@ -20,6 +20,7 @@ same channel on the same file) spends from the same budget.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 import statistics
@@ -39,7 +40,7 @@ from tokenload.errors import ConfigError, HarnessError
 from tokenload.history.store import HistoryStore, Sample, fingerprint_of, row_tokens
 from tokenload.transport.httpx_client import stream_once, timeouts
 from tokenload.workload.prompts import PromptSource, RequestPlan
-from tokenload.workload.scenario import OPEN_LOOP_KINDS, Scenario
+from tokenload.workload.scenario import Scenario
 
 JITTER = 0.1  # each interval is `every` +- 10%, so samples do not lock onto a channel's own cycles
 ESTIMATE_MARGIN = 1.5  # a server's tokenizer may count more than our estimate; the budget must hold anyway
@@ -102,7 +103,7 @@ class Stress:
         when it runs out still finish; their worst case is kept out of the cap.
         """
         sc = self.scenario
-        users = sc.load.max_users if sc.load.kind in OPEN_LOOP_KINDS else max(sc.load.users)
+        users = sc.load.max_users if sc.load.open_loop or sc.load.search is not None else max(sc.load.users)
         if sc.prompt.dataset:
             from tokenload.workload.datasets import load_dataset
 
@@ -262,7 +263,7 @@ class Watcher:
             self.store.release(booking)  # the run's own sample now carries what it spent
         left = self.budget_left(time.time())
         budget = "" if left is None else f", {left:,} tokens left today"
-        return f"{stamp}  stress {scenario.name}: {added} requests -> {run_dir}{budget}"
+        return f"{stamp}  stress {scenario.name}: {added} requests{_capacity(run_dir)} -> {run_dir}{budget}"
 
     def run(self, max_samples: int | None = None, on_stress: Callable[[str], None] | None = None) -> int:
         """Sample until `stop` is set (or `max_samples` are done); returns the samples taken.
@@ -301,3 +302,19 @@ def status_line(result: SampleResult) -> str:
     skipped = f"  SKIPPED {result.skipped} (budget)" if result.skipped else ""
     return (f"{stamp}  TTFT p50 {seconds(result.p50('ttft_s'))}  TPOT p50 {seconds(result.p50('tpot_s'))}  "
             f"errors {errors}  {budget}{skipped}")
+
+
+def _capacity(run_dir: Path) -> str:
+    """`, capacity 8 users (boundary in [8, 9])` for a searched stress run, else nothing."""
+    from tokenload.search.bisect import Search
+    from tokenload.search.resume import SEARCH_FILE
+
+    try:
+        search = Search.from_dict(json.loads((run_dir / SEARCH_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    unit = "users" if search.over == "users" else "req/s"
+    lo, hi = search.capacity, search.bounds()[1]
+    if lo is None:
+        return f", capacity below {search.min_level:g} {unit}" if hi is not None else ", no capacity decided"
+    return f", capacity {lo:g} {unit} (boundary in [{lo:g}, {'?' if hi is None else f'{hi:g}'}])"

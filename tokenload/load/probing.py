@@ -30,20 +30,12 @@ from tokenload.load.shapes import Phase
 from tokenload.load.tokenstats import Cell
 from tokenload.search.bisect import Probe, Search
 from tokenload.search.evidence import Decision, decide
+from tokenload.search.resume import SEARCH_FILE, new_search
 from tokenload.slo import Slo
 from tokenload.workload.scenario import Scenario
 
-SEARCH_FILE = "search.json"
 # A failing probe whose load errors are mostly rate limits (429) is the channel's quota, not its capacity.
 RATE_LIMIT_SHARE = 0.5
-
-
-def new_search(scenario: Scenario) -> Search:
-    spec = scenario.load.search
-    assert spec is not None
-    return Search(over="users" if spec.over == "users" else "rate", min_level=spec.min_level,
-                  max_level=spec.max_level, resolution=spec.resolution, target=scenario.slo.target,
-                  confirm=spec.confirm, max_probes=spec.max_probes)
 
 
 class Prober:

@@ -146,11 +146,13 @@ class ScenarioShape(LoadTestShape):
         environment = self.runner.environment  # type: ignore[union-attr]  # set while ticking
         if phase is None or prober.look(current_run(environment).steps.get(phase.step), elapsed):
             phase = prober.next_phase(elapsed)
-            if phase is not None:
-                control.plan.append(phase)
+            if phase is None:  # the search is over: its own words, not "plan complete"
+                control.finish(prober.end_reason())
+                return None
+            control.plan.append(phase)
         reason = control.stop_reason(elapsed, phase, self._phase)
-        if reason is not None or phase is None:
-            control.finish(reason or prober.end_reason())
+        if reason is not None:
+            control.finish(reason)
             return None
         if phase != self._phase:
             self._phase = phase
