@@ -178,7 +178,9 @@ def test_sigkill_of_the_master_stops_its_workers_and_the_run_waits_for_them(tmp_
     assert not any("did not finish" in w for w in manifest["warnings"]), manifest["warnings"]
     assert manifest["workers_lost"] == sorted(df.worker.unique())
     assert any("workers stopped early" in w and "is gone" in w for w in manifest["warnings"])
-    assert sorted(p.name for p in out.iterdir()) == ["locust.log", "manifest.json", "requests.parquet"]
+    # the simulator serves /metrics, so the run keeps the server's samples beside its records
+    assert sorted(p.name for p in out.iterdir()) == ["locust.log", "manifest.json", "requests.parquet",
+                                                     "server_metrics.parquet"]
 
 
 # ---------------------------------------------------------------- processes left behind (issue 22.7)

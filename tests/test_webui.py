@@ -334,7 +334,7 @@ def test_browser_sees_live_token_stats_and_two_runs(tmp_path: Path) -> None:
 
 
 def test_tokenload_options_are_documented_where_locust_help_cannot_show_them() -> None:
-    """Locust prints `--help` before it loads a locustfile: the locustfile's docstring and the README list them."""
+    """Locust prints `--help` before it loads a locustfile: the locustfile's docstring and docs/locust.md list them."""
     from tokenload.load.runner import locustfile
 
     probe = ("import tokenload.load.plugin\n"
@@ -348,7 +348,7 @@ def test_tokenload_options_are_documented_where_locust_help_cannot_show_them() -
                            capture_output=True, text=True, timeout=60).stdout
     assert "--headless" in shown
     docstring = locustfile().read_text()
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "locust.md").read_text()
     for option in ours:
         if option not in shown:
             assert option in docstring and f"`{option}" in readme, option
