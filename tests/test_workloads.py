@@ -188,8 +188,8 @@ def test_coding_session_is_packaged_and_documented() -> None:
 
     scenario = load_scenario("coding-session")
     assert scenario.session is not None and scenario.session.cache_control and scenario.session.system_tokens >= 2048
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert "`coding-session`" in readme and "tokenload run coding-session" in readme
+    scenarios_doc = (Path(__file__).parents[1] / "docs" / "scenarios.md").read_text()
+    assert "`coding-session`" in scenarios_doc and "tokenload run coding-session" in scenarios_doc
 
 
 # ------------------------------------------------------------------------------------------- datasets
