@@ -16,7 +16,8 @@ request (its connection is new, all of them at once) and for the later ones, thr
 Also printed: `send_lag_s` and `connect_s` percentiles per group, how many records joined the truth
 (every ok record must), the scheduler-lag stalls the manifest names, and the share of the error the
 client cannot see: the time between the request leaving the client (`started_at`, wall clock) and the
-simulator reading it (`arrival`), i.e. the server's own accept and read queue, which its truth leaves out.
+simulator reading it (`arrival`), i.e. the server's own accept and read queue, which its truth leaves out:
+in the runs of docs/benchmarks.md it matched the first requests' remaining TTFT error within 0.2 ms.
 
     python benchmarks/startup_burst.py              # about 30 s on 2 cores
 """

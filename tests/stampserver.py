@@ -11,8 +11,8 @@ ran late. One thread per connection (keep-alive), Anthropic Messages streams fro
 `fakeserver.anthropic_stream`, each named by its id in `x-request-id` and `message_start`.
 
 `read_delay_s` holds each new connection that long before its first read, with a
-small receive buffer (`rcvbuf`): a large request then cannot be written until the
-server starts reading, the client-side wait a request's t0 must not include.
+small receive buffer until then (`rcvbuf`): a large request cannot be written until
+the server starts reading, the client-side wait a request's t0 must not include.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ class StampServer:
     def _serve(self, conn: socket.socket) -> None:
         conn.setsockopt(socket.SOL_SOCKET, _TIMESTAMPNS, 1)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        time.sleep(self.read_delay_s)
+        if self.read_delay_s:
+            time.sleep(self.read_delay_s)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)  # then read at full speed
         buffered = b""
         with conn:
             try:
@@ -86,7 +88,8 @@ class StampServer:
 
     def _answer(self, conn: socket.socket, size: int, arrival: float) -> None:
         request_id = f"msg_stamp{next(self._ids):05d}"
-        writes = anthropic_stream([f"t{i} " for i in range(self.tokens)], message_id=request_id)
+        # Non-zero delays mark the token writes; their times come from the arrival, not from these.
+        writes = anthropic_stream([f"t{i} " for i in range(self.tokens)], 1.0, 1.0, message_id=request_id)
         conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
                      + f"x-request-id: {request_id}\r\n\r\n".encode())
         first = None
