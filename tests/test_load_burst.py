@@ -15,9 +15,9 @@ import gevent
 import numpy as np
 import pandas as pd
 import pytest
+from stampserver import StampServer
 
 from loadkit import run_cli, write_scenario
-from stampserver import StampServer
 
 from tokenload.analysis import analyze_run
 from tokenload.load import lag

@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 import pandas as pd
 import pytest
+from stampserver import StampServer
 
 from fakeserver import FakeServer, Script, Write, anthropic_stream, chat_stream, json_script, sse, stream_script
 from loadkit import free_port, run_cli, write_scenario
-from stampserver import StampServer
 
 from tokenload import errors as ek
 from tokenload.channel import Channel, redact_secrets, resolve
