@@ -177,9 +177,6 @@ def run(args: argparse.Namespace) -> int:
     err.print(f"[bold]{plan.scenario.name}[/] against {plan.channel}")
     err.print(f"[dim]{resolution.describe()}[/]", markup=True, soft_wrap=True)
     if args.web:
-        if plan.scenario.server.metrics_url:
-            err.print("[yellow]note:[/] in a --web session the server's metrics feed the tab's live view only; "
-                      "they are not stored in the run directories (headless runs store them)")
         return _run_web(args, plan.scenario, plan.channel, distribution, err)
     with err.status("starting Locust") as status:
         run_dir = execute(plan, on_live=_live_reporter(err, status.update))
