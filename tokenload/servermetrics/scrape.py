@@ -204,8 +204,9 @@ class Sampler:
             while True:
                 batch: list[tuple[float, str, Row]] = []
                 scraped = failed = 0
+                last = self._stop.is_set()  # stopping: one last scrape of every source, due or not
                 for url in self.sources.urls:
-                    if time.monotonic() < due[url]:
+                    if time.monotonic() < due[url] and not last:
                         continue
                     sent = time.time()
                     try:
@@ -229,7 +230,7 @@ class Sampler:
                 if batch:
                     self._show(batch[-1][0])
                 self._write(batch, scraped, failed)
-                if self._stop.is_set():
+                if last:
                     return
                 next_due = min(due.values(), default=time.monotonic() + interval)
                 self._stop.wait(max(0.0, next_due - time.monotonic()))
@@ -293,7 +294,7 @@ class Sampler:
         return out
 
     def stop(self) -> None:
-        """Stop sampling after one last round, so the samples up to now are written."""
+        """Stop sampling after one last scrape of every source, so the samples up to now are written."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(SCRAPE_TIMEOUT_S * len(self.sources.urls) + 1.0)
