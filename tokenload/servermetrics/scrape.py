@@ -97,6 +97,33 @@ def gauges(rows: list[Row]) -> dict[str, float]:
     return {term: sum(v) if TERMS[term].how == "sum" else sum(v) / len(v) for term, v in found.items()}
 
 
+def combine(per_source: list[dict[str, float]]) -> dict[str, float]:
+    """Several sources' gauges as one server's: added or averaged as `TERMS` says (replicas add their queues)."""
+    out: dict[str, float] = {}
+    for term in {t for g in per_source for t in g}:
+        values = [g[term] for g in per_source if term in g]
+        out[term] = sum(values) if TERMS[term].how == "sum" else sum(values) / len(values)
+    return out
+
+
+def describe(found: dict[str, float]) -> str:
+    """Gauges in a few words for a status line: "KV 80% 4 running 2 waiting"."""
+    return " ".join(f"{v:g} {k}" if k != "kv_cache_usage" else f"KV {100 * v:.0f}%" for k, v in sorted(found.items()))
+
+
+def snapshot(urls: Sequence[str]) -> tuple[dict[str, float], str | None]:
+    """One scrape of every URL now: the gauges combined, and the last problem (a source that did not answer)."""
+    found: list[dict[str, float]] = []
+    problem = None
+    with client() as http:
+        for url in urls:
+            try:
+                found.append(gauges(scrape(http, url)))
+            except ValueError as exc:
+                problem = str(exc)
+    return combine(found), problem
+
+
 def client() -> httpx.Client:
     return httpx.Client(timeout=SCRAPE_TIMEOUT_S, follow_redirects=False, trust_env=False)
 
@@ -286,12 +313,7 @@ class Sampler:
 
     def latest(self) -> dict[str, float]:
         """The gauges of each source's last good scrape, combined (for the live line)."""
-        per_source = list(self._latest.values())
-        out: dict[str, float] = {}
-        for term in {t for g in per_source for t in g}:
-            values = [g[term] for g in per_source if term in g]
-            out[term] = sum(values) if TERMS[term].how == "sum" else sum(values) / len(values)
-        return out
+        return combine(list(self._latest.values()))
 
     def stop(self) -> None:
         """Stop sampling after one last scrape of every source, so the samples up to now are written."""
