@@ -197,6 +197,26 @@ UPSTREAM_DOWN = {"error": {"message": "litellm.InternalServerError: InternalServ
                            "type": None, "param": None, "code": "500"}}
 
 
+def _storm_scenario(tmp_path: Path, step_s: float, storm_s: float, first_token_timeout_s: float = 120) -> Path:
+    """4 users on one long step, the breaker's window `storm_s`, one probe before it gives up."""
+    return write_scenario(tmp_path, f"""
+[channel]
+first_token_timeout_s = {first_token_timeout_s}
+[prompt]
+tokens = 16
+[output]
+max_tokens = 4
+[load]
+kind = "constant"
+users = 4
+step_s = {step_s}
+[stop]
+drain_s = 1
+storm_s = {storm_s}
+storm_probes = 1
+""")
+
+
 @pytest.mark.slow
 def test_a_backend_dying_under_4_users_trips_the_storm_breaker(fake_server: FakeServer, tmp_path: Path) -> None:
     """The relay answers, its backend is gone: each request fails slowly (2 s, then a 500 naming the lost
@@ -211,20 +231,7 @@ def test_a_backend_dying_under_4_users_trips_the_storm_breaker(fake_server: Fake
                       writes=[(0.0, json.dumps(UPSTREAM_DOWN).encode())], framing="length")
 
     fake_server.route(relay)
-    scenario = write_scenario(tmp_path, """
-[prompt]
-tokens = 16
-[output]
-max_tokens = 4
-[load]
-kind = "constant"
-users = 4
-step_s = 30
-[stop]
-drain_s = 1
-storm_s = 3
-storm_probes = 1
-""")
+    scenario = _storm_scenario(tmp_path, step_s=30, storm_s=3)
     result = run_cli(scenario, fake_server.url, tmp_path / "run", "--protocol", "anthropic", "--api-key", KEY)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
@@ -252,22 +259,7 @@ def test_a_hung_backend_behind_a_live_relay_trips_the_storm_breaker(fake_server:
                       writes=[(0.0, b"{}")], framing="length")  # never reached: the client gives up first
 
     fake_server.route(relay)
-    scenario = write_scenario(tmp_path, """
-[channel]
-first_token_timeout_s = 3
-[prompt]
-tokens = 16
-[output]
-max_tokens = 4
-[load]
-kind = "constant"
-users = 4
-step_s = 40
-[stop]
-drain_s = 1
-storm_s = 6
-storm_probes = 1
-""")
+    scenario = _storm_scenario(tmp_path, step_s=40, storm_s=6, first_token_timeout_s=3)
     result = run_cli(scenario, fake_server.url, tmp_path / "run", "--protocol", "anthropic", "--api-key", KEY,
                      timeout=120)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
