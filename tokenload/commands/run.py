@@ -128,18 +128,22 @@ def live_line(live: dict) -> str:
 
 
 def _live_reporter(err: Console, show: Callable[[str], None]) -> Callable[[dict], None]:
-    """The live line, and the client-bottleneck warning printed once above it when it first shows.
+    """The live line, and the client-bottleneck warning and stall note, each printed once above it when it first
+    shows.
 
-    Once is enough: the warning names the fix, and the final summary repeats it
+    Once is enough: the warning names the fix, and the final summary repeats both
     from the manifest.
     """
-    warned = False
+    warned, stalled = False, False
 
     def report(live: dict) -> None:
-        nonlocal warned
+        nonlocal warned, stalled
         if live.get("client_bound") and not warned:
             warned = True
             err.print(f"[bold red]WARNING (live):[/] {live['client_bound']}", soft_wrap=True)
+        if live.get("client_stalls") and not stalled:
+            stalled = True
+            err.print(f"[bold yellow]NOTE (live):[/] {live['client_stalls']}", soft_wrap=True)
         show(live_line(live))
 
     return report

@@ -117,6 +117,8 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
     scheduler_lag = lag.summarise({w: s.get("lag", {}) for w, s in states.items()}, ok_share)
     if scheduler_lag.get("warning"):
         warnings.append(scheduler_lag["warning"])
+    if scheduler_lag.get("stalls"):
+        warnings.append(scheduler_lag["stalls"]["note"])
     lateness = _lateness(table, scenario)
     if lateness.get("warning"):
         warnings.append(lateness["warning"])

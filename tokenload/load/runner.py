@@ -335,7 +335,8 @@ def _with_server(on_live: Callable[[dict[str, Any]], None],
 
 
 def _with_client_lag(live: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """The live numbers plus `client_bound`: the bottleneck warning as the processes' last flushes show it.
+    """The live numbers plus `client_bound`: the bottleneck warning as the processes' last flushes show it,
+    and `client_stalls`: the note on the load generator's stalls (`lag.stall_summary`), if any.
 
     The same test as the manifest's (`lag.summarise`), so the live warning and
     the final one agree; only finished requests that succeeded count as healthy.
@@ -343,7 +344,7 @@ def _with_client_lag(live: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     requests = int(live.get("requests") or 0)
     ok_share = (requests - int(live.get("errors") or 0)) / requests if requests else 0.0
     states = records.worker_states(run_dir / records.SEGMENTS_DIR)
-    warning = lag.summarise({w: s.get("lag", {}) for w, s in states.items()}, ok_share).get("warning")
-    return {**live, "client_bound": warning}
+    summary = lag.summarise({w: s.get("lag", {}) for w, s in states.items()}, ok_share)
+    return {**live, "client_bound": summary.get("warning"), "client_stalls": (summary.get("stalls") or {}).get("note")}
 
 
