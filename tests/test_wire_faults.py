@@ -467,7 +467,9 @@ def test_doctor_latency_prompt_is_fresh_and_cached_tokens_reported(fake_server: 
     prompts = []
     for _ in range(2):  # two doctor runs
         check_latency(Doctor(resolution, {}, tmp_path, tmp_path, Limits(prompt_tokens=50)))
-        prompts.append(fake_server.last.json()["messages"][0]["content"])
+        # the doctor's own request: under load a request of an earlier test's client can arrive after it
+        sent = [r for r in fake_server.requests if r.path.endswith("/messages")]
+        prompts.append(sent[-1].json()["messages"][0]["content"])
     assert prompts[0][:30] != prompts[1][:30]  # they differ at the very start: no cached prefix
 
     cached = [(delay, data.replace(b'"input_tokens": 12', b'"input_tokens": 2, "cache_read_input_tokens": 40'))
