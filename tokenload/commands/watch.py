@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 
 from tokenload.channel import add_channel_arguments
+from tokenload.commands.prometheus_flags import add_prometheus_arguments, linger, serve_from_args
 from tokenload.commands.slo_flags import add_slo_arguments, slo_from_args
 
 HELP = "long-running low-cost sampler of a channel into the history database (peak-hour finding)"
@@ -69,6 +70,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="seconds to wait for the first token, and between tokens (default 60)")
     add_slo_arguments(parser)
+    add_prometheus_arguments(parser, "the samples' requests (stress runs not included)")
     add_channel_arguments(parser)
 
 
@@ -112,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     plan = WatchPlan(every_s=every, requests=args.requests, period_s=period, max_tokens_per_day=args.max_tokens_per_day,
                      stress=stress)
     stop = threading.Event()
+    metrics = serve_from_args(args, run_id="watch")
 
     def on_signal(signum: int, _frame: object) -> None:
         print(f"tokenload watch: {signal.Signals(signum).name}, stopping after the request in flight", file=sys.stderr)
@@ -123,11 +126,15 @@ def run(args: argparse.Namespace) -> int:
         with closing(open_store(db_path)) as store:
             print(f"watching {fingerprint_of(channel)} every {args.every} into {store.path}", file=sys.stderr,
                   flush=True)
-            watcher = Watcher(store, channel, plan, probe, stop=stop,
+            watcher = Watcher(store, channel, plan, probe, stop=stop, metrics=metrics,
                               on_sample=lambda result: print(status_line(result), flush=True))
             taken = watcher.run(max_samples=args.samples, on_stress=lambda line: print(line, flush=True))
+        print(f"tokenload watch: {taken} sample(s) taken", file=sys.stderr)
+        if not stop.is_set():  # stopped by a signal: whoever sent it wants the watcher gone now
+            linger(metrics)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    print(f"tokenload watch: {taken} sample(s) taken", file=sys.stderr)
+        if metrics is not None:
+            metrics.close()
     return 0

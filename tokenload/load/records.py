@@ -118,6 +118,29 @@ class SegmentWriter:
             self.sealed = True
 
 
+class SegmentTail:
+    """Reads each segment of a run once, as it appears: the records of every process, live.
+
+    Segments are renamed into place whole and never change, so a file read once
+    is done. `tokenload run` polls the live directory while the run goes and the
+    sealed one just before the merge, so every segment is read exactly once.
+    """
+
+    def __init__(self, columns: tuple[str, ...]) -> None:
+        self.columns = list(columns)
+        self._read: set[str] = set()
+
+    def new_records(self, seg_dir: Path) -> list[dict[str, Any]]:
+        """The records of the segments in `seg_dir` not read before (columns `columns`)."""
+        rows: list[dict[str, Any]] = []
+        for path in sorted(seg_dir.glob("*.arrow")):
+            if path.name in self._read:
+                continue
+            self._read.add(path.name)
+            rows += feather.read_table(path, columns=self.columns).to_pylist()
+        return rows
+
+
 def worker_states(seg_dir: Path) -> dict[str, dict[str, Any]]:
     """Every process's latest state file in a segments directory, by worker id."""
     states = {}
