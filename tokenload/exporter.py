@@ -77,6 +77,7 @@ class LiveMetrics:
                                registry=self.registry)
         self._users = Gauge("tokenload_active_users", "users (streams) running now", ("run_id",),
                             registry=self.registry)
+        self._children: dict[tuple[str, str], tuple[list[tuple[str, Any]], Any]] = {}
         self._scrapes = _ScrapeCount()
         self.registry.register(self._scrapes)
         self._server: Any = None
@@ -100,15 +101,23 @@ class LiveMetrics:
         for row in rows:
             n += 1
             step = str(row.get("step") or 0)
-            for column, histogram in self._histograms.items():
+            histograms, tokens = self._step_children(step)
+            for column, histogram in histograms:
                 value = row.get(column)
                 if value is not None and value == value:  # NaN: Arrow's null read through pandas
-                    histogram.labels(self.run_id, step).observe(value)
+                    histogram.observe(value)
             self._requests.labels(self.run_id, step, str(row.get("status")), row.get("error_kind") or "").inc()
-            tokens = row.get("output_tokens")
-            if tokens:
-                self._tokens.labels(self.run_id, step).inc(tokens)
+            if row.get("output_tokens"):
+                tokens.inc(row["output_tokens"])
         return n
+
+    def _step_children(self, step: str) -> tuple[list[tuple[str, Any]], Any]:
+        """One step's labelled histograms and token counter, looked up once (`labels` is the costly part)."""
+        key = (self.run_id, step)
+        if key not in self._children:
+            self._children[key] = ([(column, h.labels(*key)) for column, h in self._histograms.items()],
+                                   self._tokens.labels(*key))
+        return self._children[key]
 
     def set_active_users(self, users: int) -> None:
         self._users.labels(self.run_id).set(users)
