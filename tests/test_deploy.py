@@ -119,8 +119,9 @@ def test_every_compose_command_parses_and_master_and_workers_agree(env: dict[str
     channel = services["master"]["environment"]
     assert channel["ANTHROPIC_BASE_URL"] == f"http://sim:{flag(sim, '--port')}/api"
     assert channel["ANTHROPIC_MODEL"] == flag(sim, "--model")
+    # Only the master has the run directory's volume: workers send their records over Locust's connection.
+    assert services["master"]["volumes"] == ["runs:/runs"] and "volumes" not in services["worker"]
     for name in ("master", "worker"):
-        assert services[name]["volumes"] == ["runs:/runs"]
         assert all(not services[name]["environment"][k] for k in KEY_VARS if k in services[name]["environment"])
 
 
@@ -200,6 +201,11 @@ def test_every_k8s_command_parses_and_master_and_workers_agree() -> None:
     ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
     assert ports == {"locust": int(flag(master, "--master-port") if "--master-port" in master else 5557),
                      "metrics": int(flag(master, "--prometheus-port"))}
+    # The run directory's volume is the master's alone; a worker's /runs is its own.
+    volumes = {kind: {v["name"]: v for v in by_kind(kind)[name]["spec"]["template"]["spec"]["volumes"]}
+               for kind, name in (("Job", "tokenload-master"), ("Deployment", "tokenload-worker"))}
+    assert volumes["Job"]["runs"]["persistentVolumeClaim"]["claimName"] in by_kind("PersistentVolumeClaim")
+    assert volumes["Deployment"]["runs"] == {"name": "runs", "emptyDir": {}}
     annotations = by_kind("Job")["tokenload-master"]["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == flag(master, "--prometheus-port")
     # The default channel is the simulator's Service, on the port and model it serves.

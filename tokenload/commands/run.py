@@ -51,9 +51,14 @@ Distributed: `--processes N` forks N local workers (`--processes auto`: one per
 core this command may use, e.g. under `taskset`); across machines start
 `tokenload run SCENARIO --master --master-bind-host ADDR --expect-workers N
 --out DIR` and on each machine `tokenload run SCENARIO --worker --master-host
-ADDR --out DIR`, with DIR on a filesystem every machine shares (workers take
-the master's run id and resolved scenario from DIR and write their records
-into it; the master waits for each worker's final flush, then finalises).
+ADDR --out WDIR`. No shared filesystem is needed: each worker takes the run id
+from the master when the run starts and sends its records to the master over
+Locust's own connection (acknowledged batches, sent again until acknowledged,
+each kept once), WDIR holding only the worker's log; give every worker the
+same SCENARIO and channel settings. Where DIR is on a filesystem every machine
+shares and WDIR is DIR, workers write their records into it directly, as
+processes of one machine do. Either way the master waits for each worker's
+last records, then finalises.
 """
 
 from __future__ import annotations

@@ -175,7 +175,8 @@ def plan_run(
         adapter_for(channel.with_model(model))
     if distribution.worker:
         if out_dir is None:
-            raise ConfigError("a worker needs --out: the master's run directory, on a filesystem both machines share")
+            raise ConfigError("a worker needs --out: a directory for its log (the master's run directory, where a "
+                              "filesystem is shared)")
         run_dir = Path(out_dir)
     else:
         run_dir = Path(out_dir) if out_dir else default_run_dir(scenario.name)
@@ -239,8 +240,8 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
     sources = None if distribution.worker else server_metrics.resolve(
         scenario.server.metrics_url, channel.base_url, scenario.server.interval_s, scenario.server.discover)
     if distribution.worker:
-        run_id, scenario_path = _join_master_run(run_dir)
         log_name = f"locust-worker-{socket.gethostname()}-{os.getpid()}.log"
+        run_id, scenario_path = _worker_run(run_dir, scenario, log_name)
     else:
         run_id = new_run_id()
         started = time.time()
@@ -294,20 +295,21 @@ def drain_used(run_dir: Path, scenario: Scenario) -> float:
     return scenario.stop.drain_s if scenario.stop.drain_s is not None else max(scenario.stop.drain_min_s, DRAIN_CAP_S)
 
 
-def _join_master_run(run_dir: Path, timeout_s: float = 60.0) -> tuple[str, Path]:
-    """A worker's run id and resolved scenario: the master's, read from the shared run directory.
+def _worker_run(run_dir: Path, scenario: Scenario, log_name: str) -> tuple[str, Path]:
+    """A worker's run id and scenario file: the master's, where its run directory is shared and already there.
 
-    The master writes them before it starts Locust; a worker started first waits for them,
-    so every record of the run carries one run id and follows one scenario.
+    Otherwise (no shared filesystem, or a worker started before its master) the
+    worker starts on its own scenario with no run id and learns the run id when
+    the master announces the run; its records then go to the master over
+    Locust's messages (`courier.py`) unless the announced run is on its disk.
     """
     seg = run_dir / records.SEGMENTS_DIR
-    deadline = time.monotonic() + timeout_s
-    while not ((seg / RUN_INFO).exists() and (seg / SCENARIO_FILE).exists()):
-        if time.monotonic() > deadline:
-            raise ConfigError(f"no master run in {run_dir} after {timeout_s:g} s; start the master with the same --out "
-                              "first, on a filesystem both machines share")
-        time.sleep(0.2)
-    return str(read_json(seg / RUN_INFO)["run_id"]), seg / SCENARIO_FILE
+    if (seg / RUN_INFO).exists() and (seg / SCENARIO_FILE).exists():
+        return str(read_json(seg / RUN_INFO)["run_id"]), seg / SCENARIO_FILE
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / log_name.replace(".log", ".scenario.json")
+    records.write_json(path, scenario.to_dict())
+    return "", path
 
 
 class _MetricsFeed:
