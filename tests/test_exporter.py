@@ -121,7 +121,8 @@ drain_s = 3
 
 @pytest.mark.slow
 def test_a_master_exports_its_workers_records(tmp_path: Path) -> None:
-    """`--master --prometheus-port` and a `--worker` (two processes on loopback): the worker's records count."""
+    """`--master --prometheus-port` and a `--worker` with a directory of its own (two processes on loopback): the
+    worker's records, which reach the master over Locust's messages, count."""
     scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = 16
@@ -141,7 +142,8 @@ drain_s = 3
                                               "--prometheus-port", str(port)),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            worker = subprocess.run(run_command(scenario, sim.base_url, out, "--worker", "--master-port", master_port),
+            worker = subprocess.run(run_command(scenario, sim.base_url, tmp_path / "worker", "--worker", "--master-port",
+                                                master_port),
                                     capture_output=True, text=True, timeout=60)
             assert master.stdout is not None
             assert Path(master.stdout.readline().strip()) == out
