@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,10 +54,25 @@ SLOW_TESTS = frozenset({
 })
 LONG_FIXTURES = frozenset({"demo_run", "history_demo_run", "diurnal_watch"})
 
+# The suite runs on several pytest-xdist workers (pyproject's addopts: `-n auto --dist loadgroup`), which take
+# tests one at a time; the tests that share an expensive fixture go to one worker together, so that it is made
+# once: fixture -> the group's name.
+SHARED_FIXTURES = {**{name: "side-by-side" for name in LONG_FIXTURES}, "cache_run": "cache-run"}
+# Most tests wait on a clock (a Locust plan, a simulator's tokens) far more than they compute: on 2 cores, 4
+# workers keep both busy. `-n 0` (or TOKENLOAD_TEST_WORKERS=0) runs everything in this process.
+WORKERS = int(os.environ.get("TOKENLOAD_TEST_WORKERS", "4"))
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return WORKERS
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         module = item.module.__name__.rpartition(".")[2] if isinstance(item, pytest.Function) else ""
         name = item.name.partition("[")[0]
-        if module in SLOW_MODULES or name in SLOW_TESTS or LONG_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if module in SLOW_MODULES or name in SLOW_TESTS or LONG_FIXTURES & fixtures:
             item.add_marker(pytest.mark.slow)
+        for fixture in sorted(fixtures & SHARED_FIXTURES.keys()):
+            item.add_marker(pytest.mark.xdist_group(SHARED_FIXTURES[fixture]))

@@ -125,27 +125,32 @@ def live_line(live: dict) -> str:
         value = live.get(key)
         return "-" if value is None else f"{value * 1000:.0f}"
 
+    from tokenload.servermetrics.scrape import describe
+
     server = live.get("server") or {}
-    seen = " · server " + " ".join(f"{v:g} {k}" if k != "kv_cache_usage" else f"KV {100 * v:.0f}%"
-                                    for k, v in sorted(server.items())) if server else ""
+    seen = f" · server {describe(server)}" if server else ""
     return (f"step {live['step']} · {live['users']}/{live['target_users']} users · {live['step_rps']:.1f} req/s · "
             f"TTFT p50/p95 {ms('ttft_p50_s')}/{ms('ttft_p95_s')} ms · TPOT p50/p95 {ms('tpot_p50_s')}/"
             f"{ms('tpot_p95_s')} ms · {live['requests']} req · {live['errors']} errors{seen} · {live['elapsed_s']:.0f} s")
 
 
 def _live_reporter(err: Console, show: Callable[[str], None]) -> Callable[[dict], None]:
-    """The live line, and the client-bottleneck warning printed once above it when it first shows.
+    """The live line, and the client-bottleneck warning and stall note, each printed once above it when it first
+    shows.
 
-    Once is enough: the warning names the fix, and the final summary repeats it
+    Once is enough: the warning names the fix, and the final summary repeats both
     from the manifest.
     """
-    warned = False
+    warned, stalled = False, False
 
     def report(live: dict) -> None:
-        nonlocal warned
+        nonlocal warned, stalled
         if live.get("client_bound") and not warned:
             warned = True
             err.print(f"[bold red]WARNING (live):[/] {live['client_bound']}", soft_wrap=True)
+        if live.get("client_stalls") and not stalled:
+            stalled = True
+            err.print(f"[bold yellow]NOTE (live):[/] {live['client_stalls']}", soft_wrap=True)
         show(live_line(live))
 
     return report
@@ -190,9 +195,6 @@ def run(args: argparse.Namespace) -> int:
     err.print(f"[bold]{plan.scenario.name}[/] against {plan.channel}")
     err.print(f"[dim]{resolution.describe()}[/]", markup=True, soft_wrap=True)
     if args.web:
-        if plan.scenario.server.metrics_url:
-            err.print("[yellow]note:[/] in a --web session the server's metrics feed the tab's live view only; "
-                      "they are not stored in the run directories (headless runs store them)")
         return _run_web(args, plan.scenario, plan.channel, distribution, err)
     try:
         with err.status("starting Locust") as status:

@@ -16,6 +16,11 @@ after the request in flight (a stress run in progress finishes first; Ctrl-C
 again stops it); a restart resumes the rhythm and the day's budget from the
 database.
 
+--server-metrics URL (repeatable) scrapes the inference server's Prometheus
+metrics as each sample begins and keeps its gauges (running, waiting, KV cache)
+beside the sample: the status line shows them, and `tokenload history` puts
+them beside the hours, so a slow hour can be told from a busy server.
+
 --stress SCENARIO@HH:MM,... also runs a load test at those local times (e.g.
 ramp@03:00,14:00 to compare the breakpoint at night and at peak): the run
 directory goes to runs/ beside the database and its requests into the database
@@ -69,6 +74,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, metavar="N", help="stop after N samples (default: run until stopped)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="seconds to wait for the first token, and between tokens (default 60)")
+    parser.add_argument("--server-metrics", action="append", metavar="URL",
+                        help="the inference server's Prometheus metrics address (repeatable), scraped as each sample "
+                             "begins: its gauges (running, waiting, KV cache) are kept beside the sample")
     add_slo_arguments(parser)
     add_prometheus_arguments(parser, "the samples' requests (stress runs not included)")
     add_channel_arguments(parser)
@@ -111,8 +119,17 @@ def run(args: argparse.Namespace) -> int:
             stress.scenario, slo=slo_from_args(args, stress.scenario.slo)))
     if stress is not None and args.max_tokens_per_day:
         stress.worst_overshoot()  # a scenario without bounded lengths cannot keep a budget: say so now
+    server_metrics: tuple[str, ...] = ()
+    if args.server_metrics:  # each must answer Prometheus text now: exit 2 before any sample otherwise
+        from tokenload.servermetrics.scrape import resolve
+        from tokenload.workload.scenario import Scenario
+
+        server_metrics = Scenario.server_metrics_urls(args.server_metrics)
+        resolve(server_metrics, channel.base_url)
+        if stress is not None:  # the stress runs sample the same server
+            stress = dataclasses.replace(stress, scenario=stress.scenario.with_server_metrics(list(server_metrics)))
     plan = WatchPlan(every_s=every, requests=args.requests, period_s=period, max_tokens_per_day=args.max_tokens_per_day,
-                     stress=stress)
+                     stress=stress, server_metrics=server_metrics)
     stop = threading.Event()
     metrics = serve_from_args(args, run_id="watch")
 

@@ -40,9 +40,8 @@ from pyarrow import feather
 
 from tokenload.errors import ConfigError
 from tokenload.record import RequestRecord, arrow_schema
-from tokenload.rundir import REQUESTS_FILE
+from tokenload.rundir import REQUESTS_FILE, SEGMENTS_DIR
 
-SEGMENTS_DIR = "segments"
 # The third `status` beside `ok` and `error`: the run ended while the request was open (`in_flight` is true):
 # no error, no complete answer; the timings it got are kept.
 CANCELLED: Final = "cancelled"

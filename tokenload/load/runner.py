@@ -51,7 +51,7 @@ from tokenload.load.rundirs import (
     read_json,
     write_run_info,
 )
-from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
+from tokenload.rundir import REQUESTS_FILE
 from tokenload.servermetrics import scrape as server_metrics
 from tokenload.workload.scenario import Scenario
 
@@ -235,8 +235,8 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
     as its segment appears, workers' included, and the last ones at the seal.
     """
     scenario, channel, run_dir, distribution = plan.scenario, plan.channel, plan.run_dir, plan.distribution
-    # One scraper per run, in this process (never in a Locust one); a worker has none. A web session's only
-    # feeds the tab's live view (its runs are finalised and analysed by Locust's master as they stop).
+    # One scraper per run, in this process (never in a Locust one); a worker has none. In a web session it
+    # also feeds the tab's live view, and each start's samples go to that start's run directory.
     sources = None if distribution.worker else server_metrics.resolve(
         scenario.server.metrics_url, channel.base_url, scenario.server.interval_s, scenario.server.discover)
     if distribution.worker:
@@ -260,7 +260,9 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
     env = {**os.environ, **handoff.channel_to_env(channel), **lifeline.parent_env(), "TOKENLOAD_MANAGED": "1",
            "PYTHONUNBUFFERED": "1", **({server_metrics.LIVE_ENV: str(live.absolute())} if live else {})}
     lifeline.adopt_orphans()
-    sampler = None if sources is None else server_metrics.Sampler(sources, run_dir, live, store=not plan.web).start()
+    # Headless, the samples go to the run directory; in a web session, to the run of the current start.
+    target = (lambda: websession.current_run(run_dir, started)) if plan.web else (lambda: run_dir)
+    sampler = None if sources is None else server_metrics.Sampler(sources, target, live).start()
     with open(run_dir / log_name, "ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
@@ -268,7 +270,8 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
                         feed)
         drain_s = drain_used(run_dir, scenario)
         lingering = lifeline.wait_group(proc.pid, drain_s + GROUP_GRACE_S)
-    server = sampler.stop() if sampler is not None else None
+    if sampler is not None:
+        sampler.stop()
     if distribution.worker:
         return run_dir
     if plan.web:  # each start was a run of its own, finalised by the Locust master at its stop
@@ -276,8 +279,6 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
     else:
         finalise(run_dir, wait_s=drain_s + GROUP_GRACE_S if distribution.master else 0.0, locust_rc=rc,
                  lingering=lingering, on_sealed=None if feed is None else feed.sealed)
-        if server is not None:
-            records.write_json(run_dir / MANIFEST_FILE, {**read_json(run_dir / MANIFEST_FILE), "server_metrics": server})
     if rc != 0:
         raise HarnessError(f"Locust exited with code {rc}; see {run_dir / LOG_FILE}")
     return run_dir
@@ -363,7 +364,8 @@ def _with_server(on_live: Callable[[dict[str, Any]], None],
 
 
 def _with_client_lag(live: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """The live numbers plus `client_bound`: the bottleneck warning as the processes' last flushes show it.
+    """The live numbers plus `client_bound`: the bottleneck warning as the processes' last flushes show it,
+    and `client_stalls`: the note on the load generator's stalls (`lag.stall_summary`), if any.
 
     The same test as the manifest's (`lag.summarise`), so the live warning and
     the final one agree; only finished requests that succeeded count as healthy.
@@ -371,7 +373,7 @@ def _with_client_lag(live: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     requests = int(live.get("requests") or 0)
     ok_share = (requests - int(live.get("errors") or 0)) / requests if requests else 0.0
     states = records.worker_states(run_dir / records.SEGMENTS_DIR)
-    warning = lag.summarise({w: s.get("lag", {}) for w, s in states.items()}, ok_share).get("warning")
-    return {**live, "client_bound": warning}
+    summary = lag.summarise({w: s.get("lag", {}) for w, s in states.items()}, ok_share)
+    return {**live, "client_bound": summary.get("warning"), "client_stalls": (summary.get("stalls") or {}).get("note")}
 
 
