@@ -107,3 +107,18 @@ def sim_run(tmp_path: Path, scenario: str | Path, *extra: str, sim_args: Sequenc
     if ok:
         assert result.returncode == 0, result.stderr[-3000:]
     return SimRun(result, tmp_path / "run", truth, wall)
+
+
+def run_master_and_worker(scenario: Path, base_url: str, master_out: Path, worker_out: Path,
+                          timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """`tokenload run --master` and one `--worker` as on two machines (two processes on loopback), to completion."""
+    port = str(free_port())
+    master = subprocess.Popen(run_command(scenario, base_url, master_out, "--master", "--master-port", port),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        worker = subprocess.run(run_command(scenario, base_url, worker_out, "--worker", "--master-port", port),
+                                capture_output=True, text=True, timeout=timeout)
+        out, err = master.communicate(timeout=timeout)
+    finally:
+        master.kill()
+    return subprocess.CompletedProcess(master.args, master.returncode, out, err), worker

@@ -51,9 +51,14 @@ Distributed: `--processes N` forks N local workers (`--processes auto`: one per
 core this command may use, e.g. under `taskset`); across machines start
 `tokenload run SCENARIO --master --master-bind-host ADDR --expect-workers N
 --out DIR` and on each machine `tokenload run SCENARIO --worker --master-host
-ADDR --out DIR`, with DIR on a filesystem every machine shares (workers take
-the master's run id and resolved scenario from DIR and write their records
-into it; the master waits for each worker's final flush, then finalises).
+ADDR --out WDIR`. No shared filesystem is needed: each worker takes the run id
+from the master when the run starts and sends its records to the master over
+Locust's own connection (acknowledged batches, sent again until acknowledged,
+each kept once), WDIR holding only the worker's log; give every worker the
+same SCENARIO and channel settings. Where DIR is on a filesystem every machine
+shares and WDIR is DIR, workers write their records into it directly, as
+processes of one machine do. Either way the master waits for each worker's
+last records, then finalises.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenload.channel import add_channel_arguments
+from tokenload.commands.prometheus_flags import add_prometheus_arguments, linger, serve_from_args
 from tokenload.commands.slo_flags import add_slo_arguments, slo_from_args
 from tokenload.workload.scenario import SCHEMA_HELP
 
@@ -99,6 +105,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "run into server_metrics.parquet (repeatable; replaces [server] metrics_url); without "
                              "it the base URL's origin + /metrics is tried once (see docs/server-metrics.md)")
     add_slo_arguments(parser)
+    add_prometheus_arguments(parser, "the run's records (all workers'; the master or the single process, headless)")
     dist = parser.add_argument_group("distributed across machines")
     dist.add_argument("--master", action="store_true", help="run as Locust master")
     dist.add_argument("--expect-workers", type=int, default=1, metavar="N", help="master: workers to wait for (default 1)")
@@ -169,6 +176,12 @@ def run(args: argparse.Namespace) -> int:
                                                     channel_flags(args))
     plan = plan_run(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
                     distribution=distribution, web=args.web, web_host=args.web_host, web_port=args.web_port)
+    if args.prometheus_port is not None and (args.web or args.worker):
+        from tokenload.errors import ConfigError
+
+        raise ConfigError("--prometheus-port serves a headless run's records from its master (or single process); "
+                          "drop it on a --worker, or drop --web")
+    metrics = serve_from_args(args)
     if args.resume:
         from tokenload.errors import ConfigError
         from tokenload.search import resume
@@ -183,13 +196,18 @@ def run(args: argparse.Namespace) -> int:
     err.print(f"[dim]{resolution.describe()}[/]", markup=True, soft_wrap=True)
     if args.web:
         return _run_web(args, plan.scenario, plan.channel, distribution, err)
-    with err.status("starting Locust") as status:
-        run_dir = execute(plan, on_live=_live_reporter(err, status.update))
-    failed = False
-    if not args.worker:
-        failed = _print_summary(err, run_dir / REQUESTS_FILE)
-    print(run_dir)
-    sys.stdout.flush()
+    try:
+        with err.status("starting Locust") as status:
+            run_dir = execute(plan, on_live=_live_reporter(err, status.update), metrics=metrics)
+        failed = False
+        if not args.worker:
+            failed = _print_summary(err, run_dir / REQUESTS_FILE)
+        print(run_dir)
+        sys.stdout.flush()
+        linger(metrics)
+    finally:
+        if metrics is not None:
+            metrics.close()
     return 1 if failed else 0
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 
 from tokenload.channel import add_channel_arguments
+from tokenload.commands.prometheus_flags import add_prometheus_arguments, linger, serve_from_args
 from tokenload.commands.slo_flags import add_slo_arguments, slo_from_args
 
 HELP = "long-running low-cost sampler of a channel into the history database (peak-hour finding)"
@@ -77,6 +78,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the inference server's Prometheus metrics address (repeatable), scraped as each sample "
                              "begins: its gauges (running, waiting, KV cache) are kept beside the sample")
     add_slo_arguments(parser)
+    add_prometheus_arguments(parser, "the samples' requests (stress runs not included)")
     add_channel_arguments(parser)
 
 
@@ -129,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     plan = WatchPlan(every_s=every, requests=args.requests, period_s=period, max_tokens_per_day=args.max_tokens_per_day,
                      stress=stress, server_metrics=server_metrics)
     stop = threading.Event()
+    metrics = serve_from_args(args, run_id="watch")
 
     def on_signal(signum: int, _frame: object) -> None:
         print(f"tokenload watch: {signal.Signals(signum).name}, stopping after the request in flight", file=sys.stderr)
@@ -140,11 +143,15 @@ def run(args: argparse.Namespace) -> int:
         with closing(open_store(db_path)) as store:
             print(f"watching {fingerprint_of(channel)} every {args.every} into {store.path}", file=sys.stderr,
                   flush=True)
-            watcher = Watcher(store, channel, plan, probe, stop=stop,
+            watcher = Watcher(store, channel, plan, probe, stop=stop, metrics=metrics,
                               on_sample=lambda result: print(status_line(result), flush=True))
             taken = watcher.run(max_samples=args.samples, on_stress=lambda line: print(line, flush=True))
+        print(f"tokenload watch: {taken} sample(s) taken", file=sys.stderr)
+        if not stop.is_set():  # stopped by a signal: whoever sent it wants the watcher gone now
+            linger(metrics)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    print(f"tokenload watch: {taken} sample(s) taken", file=sys.stderr)
+        if metrics is not None:
+            metrics.close()
     return 0

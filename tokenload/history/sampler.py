@@ -37,6 +37,7 @@ import httpx
 from tokenload.channel import Channel
 from tokenload.dayclock import DAY_S, utc_offset_s
 from tokenload.errors import ConfigError, HarnessError
+from tokenload.exporter import LiveMetrics
 from tokenload.history.store import HistoryStore, Sample, fingerprint_of, row_tokens
 from tokenload.servermetrics import scrape
 from tokenload.transport.httpx_client import stream_once, timeouts
@@ -148,7 +149,7 @@ class Watcher:
 
     def __init__(self, store: HistoryStore, channel: Channel, plan: WatchPlan, probe: Scenario | None = None, *,
                  on_sample: Callable[[SampleResult], None] | None = None,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, metrics: LiveMetrics | None = None) -> None:
         self.store = store
         self.channel = channel
         self.plan = plan
@@ -158,6 +159,7 @@ class Watcher:
         self.extra_body = probe.output.extra_body()
         self.on_sample = on_sample or (lambda result: None)
         self.stop = stop or threading.Event()
+        self.metrics = metrics  # `--prometheus-port`: every request as it ends, one user while a sample runs
         self._input_seen = 0  # the server's input count of the last request: the best cost estimate
 
     def budget_left(self, now: float) -> int | None:
@@ -184,6 +186,8 @@ class Watcher:
                 result.skipped, plans = len(plans), []
         if plans and self.plan.server_metrics:  # what the server was doing when the sample arrived
             result.server, _problem = scrape.snapshot(self.plan.server_metrics)
+        if self.metrics is not None and plans:
+            self.metrics.set_active_users(1)
         with httpx.Client(timeout=timeouts(self.channel), follow_redirects=False) as client:
             for index, plan in enumerate(plans):
                 if self.stop.is_set():
@@ -196,6 +200,8 @@ class Watcher:
                                      client=client)
                 row = self._row(record, result.sample_id, index, plan)
                 result.rows.append(row)
+                if self.metrics is not None:
+                    self.metrics.observe((row,))
                 if allowance is not None:
                     allowance -= row_tokens(row)
                 counted = record.get("input_tokens")
@@ -203,6 +209,8 @@ class Watcher:
                     self._input_seen = counted
                 if record["status"] != "ok":
                     break  # a channel in trouble gets one request per sample, not three
+        if self.metrics is not None:
+            self.metrics.set_active_users(0)
         if result.rows or result.skipped:
             kind = "probe" if result.rows else "skipped"
             note = f"{result.skipped} request(s) skipped: daily token budget" if result.skipped else None

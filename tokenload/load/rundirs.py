@@ -18,6 +18,7 @@ import platform
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -94,17 +95,21 @@ def _iso(ts: float | None) -> str | None:
 
 
 def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, lingering: list[int] | None = None,
-             recovered: bool = False) -> pa.Table:
+             recovered: bool = False, on_sealed: Callable[[Path], object] | None = None) -> pa.Table:
     """Seal the run, merge its segments into requests.parquet and write manifest.json; returns the records.
 
     `wait_s` > 0 (a master with workers on other machines): first wait that
     long for every worker to flush its last records. `lingering`: pids of
     Locust processes that had to be killed. `recovered`: finalised by
-    `tokenload analyze` for a run whose `tokenload run` was killed.
+    `tokenload analyze` for a run whose `tokenload run` was killed. `on_sealed`
+    sees the sealed segments directory before it is merged (and removed): the
+    live metrics read the last segments there.
     """
     missing = records.wait_for_workers(run_dir, read_json(run_dir / records.SEGMENTS_DIR / "control.json").get(
         "workers", []), wait_s) if wait_s else []
     seg = records.seal(run_dir)
+    if on_sealed is not None:
+        on_sealed(seg)
     info, control = read_json(seg / RUN_INFO), read_json(seg / "control.json")
     scenario = read_json(seg / SCENARIO_FILE)
     states = records.worker_states(seg)
