@@ -19,7 +19,8 @@ def run_search(search: Search, passes: Callable[[float, int], str]) -> list[floa
         verdict = passes(level, trial)
         levels.append(level)
         attainment = {"pass": 1.0, "fail": 0.2, "undecided": 0.85}[verdict]
-        search.record(Probe(level, verdict, trial, 40, attainment, None, 0.0, None, 10.0, 100))  # type: ignore[arg-type]
+        search.record(Probe(level, verdict, trial, 40, attainment, None, 0.0, None, 10.0, 100,  # type: ignore[arg-type]
+                            confident=search.full_evidence(level)))
         assert len(levels) <= 50
     return levels
 

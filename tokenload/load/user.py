@@ -190,6 +190,7 @@ class LLMUser(User):
         state = ctx.state
         step, users, budget = state.step, state.users, state.budget
         phase = ctx.warmup.phase() if ctx.warmup is not None else MEASURE
+        sent_at = ctx.warmup.sent() if ctx.warmup is not None else 0.0
         if answer is not None:
             answer.clear()
 
@@ -211,6 +212,8 @@ class LLMUser(User):
         except Exception as exc:  # a bug of ours: recorded as client_error, never hidden
             session.timeline.fail(ek.CLIENT_ERROR, f"{type(exc).__name__}: {exc}")
         finally:
+            if ctx.warmup is not None:
+                ctx.warmup.finished(sent_at)
             record = session.record()
             duration = record["duration_s"]
             info = parse_rate_headers(session.timeline.response_headers, time.time())

@@ -7,13 +7,18 @@ them. A request is warm-up (`phase = "warmup"` in the records; the others are
 or is sent within the run's first `[load] warmup_s` seconds (counted from the
 first step's start on the shape's clock, the same in every process), and the
 analysis drops warm-up rows when it loads a run; a search also marks each probe's first
-`[load] probe_warmup_s` seconds. (`[load] step_warmup_s` is the
+`[load] probe_warmup_s` seconds, and after a step down (a failing level, then a
+lower one) every request sent until the higher level's requests still in flight
+in this process have finished: until they drain, the channel still holds the
+higher load (its queue, its busy slots), and a request sent then would judge
+the lower level by the higher one's congestion. (`[load] step_warmup_s` is the
 analysis' per-step exclusion by time, applied when it computes each step.)
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -26,15 +31,24 @@ MEASURE: Phase = "measure"
 
 class Warmup:
     """Marks this process's warm-up requests (one per process): its first `requests`, any sent in the
-    run's first `seconds` (the run's start is `state.run_started_at`, set by the first step), and any sent
-    in each step's first `step_seconds` (a search's probes: the users of a new level are still starting)."""
+    run's first `seconds` (the run's start is `state.run_started_at`, set by the first step), any sent
+    in each step's first `step_seconds` (a search's probes: the users of a new level are still starting),
+    and, with `drain` (a search), any sent while a request of a higher level is still in flight."""
 
     def __init__(self, requests: int, seconds: float = 0.0, state: LoadState | None = None,
-                 step_seconds: float = 0.0) -> None:
+                 step_seconds: float = 0.0, drain: bool = False) -> None:
         self._left = requests
         self._seconds = seconds
         self._state = state
         self._step_seconds = step_seconds
+        self._drain = drain
+        self._flying: Counter[float] = Counter()  # requests in flight by the load level they were sent at
+
+    def _level(self) -> float:
+        state = self._state
+        if state is None:
+            return 0.0
+        return float(state.rate if state.rate is not None else state.users)
 
     def phase(self) -> Phase:
         if self._left > 0:
@@ -48,4 +62,21 @@ class Warmup:
             return WARMUP
         if self._step_seconds and state.started_at and now < state.started_at + self._step_seconds:
             return WARMUP
+        if self._drain:
+            level = self._level()
+            if any(n and sent_at > level for sent_at, n in self._flying.items()):
+                return WARMUP
         return MEASURE
+
+    def sent(self) -> float:
+        """A request goes out now: returns its level, to hand back to `finished` when it ends."""
+        level = self._level()
+        if self._drain:
+            self._flying[level] += 1
+        return level
+
+    def finished(self, level: float) -> None:
+        if self._drain:
+            self._flying[level] -= 1
+            if self._flying[level] <= 0:
+                del self._flying[level]
