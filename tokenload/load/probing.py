@@ -69,9 +69,7 @@ class Prober:
         if level is None:
             self.current = None
             if self.search.out_of_probes:
-                self.search.stopped = (f"max_probes ({self.search.max_probes}) ran out before the boundary was "
-                                       "found to the resolution and confirmed; raise [load] max_probes "
-                                       "(or --resume this run with a scenario that does)")
+                self.search.exhaust()
                 self.write()
             return None
         self.step += 1
@@ -88,7 +86,7 @@ class Prober:
         level = float(phase.users if phase.rate is None else phase.rate)
         decision = decide(cell.evidence if cell is not None else _EMPTY.evidence, self.slo,
                           elapsed_s - phase.start_s, self.spec.max_probe_s,
-                          steer=not self.search.full_evidence(level))
+                          steer=not self.search.full_evidence(level), prior=self.search.prior(level))
         if decision is None:
             return False
         self._record(phase, decision, cell, elapsed_s)

@@ -47,7 +47,7 @@ from tokenload.load.control import REQUEST_TYPE, LoadState
 from tokenload.load.pacing import pushed_back
 from tokenload.load.records import CANCELLED, SegmentWriter
 from tokenload.load.tokenstats import CHUNK_TIMES_KEY, RECORD_KEY
-from tokenload.load.warmup import MEASURE, Warmup
+from tokenload.load.warmup import DRAIN_POLL_S, MEASURE, Warmup
 from tokenload.measure import TOKEN_TEXT
 from tokenload.protocols.base import ProtocolAdapter
 from tokenload.record import RequestRecord
@@ -129,6 +129,8 @@ class LLMUser(User):
         if state.failfast.tripped or (budget is not None and not budget.admit()):
             self.parked = True  # the channel is misconfigured, or this process's share of the limits is spent
             return
+        while ctx.arrivals is None and ctx.warmup is not None and ctx.warmup.draining():
+            self._pause(DRAIN_POLL_S)  # a search stepped down: send nothing until the higher level's requests end
         row: TraceRow | None = None
         if isinstance(ctx.arrivals, TraceArrivals):
             slot = ctx.arrivals.wait_row()

@@ -11,7 +11,9 @@ analysis drops warm-up rows when it loads a run; a search also marks each probe'
 lower one) every request sent until the higher level's requests still in flight
 in this process have finished: until they drain, the channel still holds the
 higher load (its queue, its busy slots), and a request sent then would judge
-the lower level by the higher one's congestion. (`[load] step_warmup_s` is the
+the lower level by the higher one's congestion. Closed-loop users send nothing
+while the drain lasts (`draining`: such requests would only be spent as
+warm-up), and the probe's `probe_warmup_s` then counts from the drain's end. (`[load] step_warmup_s` is the
 analysis' per-step exclusion by time, applied when it computes each step.)
 """
 
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 Phase = Literal["warmup", "measure"]
 WARMUP: Phase = "warmup"
 MEASURE: Phase = "measure"
+DRAIN_POLL_S = 0.05  # how often a user held by a step down's drain looks again
 
 
 class Warmup:
@@ -43,6 +46,7 @@ class Warmup:
         self._step_seconds = step_seconds
         self._drain = drain
         self._flying: Counter[float] = Counter()  # requests in flight by the load level they were sent at
+        self._drained: tuple[int, float] = (0, 0.0)  # (step, wall time) a step down's drain ended
 
     def _level(self) -> float:
         state = self._state
@@ -60,13 +64,18 @@ class Warmup:
         now = time.time()
         if self._seconds and state.run_started_at and now < state.run_started_at + self._seconds:
             return WARMUP
-        if self._step_seconds and state.started_at and now < state.started_at + self._step_seconds:
+        step, drained_at = self._drained
+        began = max(state.started_at, drained_at if step == state.step else 0.0)
+        if self._step_seconds and began and now < began + self._step_seconds:
             return WARMUP
-        if self._drain:
-            level = self._level()
-            if any(n and sent_at > level for sent_at, n in self._flying.items()):
-                return WARMUP
-        return MEASURE
+        return WARMUP if self.draining() else MEASURE
+
+    def draining(self) -> bool:
+        """A request sent at a higher level than the current one is still in flight in this process."""
+        if not self._drain:
+            return False
+        level = self._level()
+        return any(sent_at > level for sent_at in self._flying)
 
     def sent(self) -> float:
         """A request goes out now: returns its level, to hand back to `finished` when it ends."""
@@ -77,6 +86,9 @@ class Warmup:
 
     def finished(self, level: float) -> None:
         if self._drain:
+            was = self.draining()
             self._flying[level] -= 1
             if self._flying[level] <= 0:
                 del self._flying[level]
+            if was and not self.draining() and self._state is not None:
+                self._drained = (self._state.step, time.time())

@@ -172,6 +172,18 @@ class Search:
         """A probe of `level` must pass at 95%: it is the boundary's second trial (or every pass must be)."""
         return not self.confirm or any(p.level == level and p.verdict == "pass" for p in self.probes)
 
+    def prior(self, level: float) -> tuple[int, int]:
+        """(met, judged) of `level`'s passing trials so far, pooled into its second trial's 95% pass."""
+        passed = [p for p in self.probes if p.level == level and p.verdict == "pass" and p.attainment is not None]
+        return sum(round(p.attainment * p.n) for p in passed), sum(p.n for p in passed)  # type: ignore[operator]
+
+    def exhaust(self) -> None:
+        """Say so when `max_probes` ended the search before it found and confirmed the boundary."""
+        if self.out_of_probes:
+            self.stopped = (f"max_probes ({self.max_probes}) ran out before the boundary was found to the "
+                            "resolution and confirmed; raise [load] max_probes (or --resume this run with a "
+                            "scenario that does)")
+
     def record(self, probe: Probe) -> None:
         self.probes.append(probe)
 

@@ -18,8 +18,10 @@ A pass that only steers the search (a level below the boundary, whose verdict
 the levels probed after it will test again: `bisect`) is decided at 80%
 (`STEER_Z`): a perfect level passes a 0.9 target after 15 requests instead of
 35. The level the search names as the capacity must pass at 95% (`confident`):
-its second trial is held to that. A clearly failing level is decided after a
-handful of requests, always at 95%.
+its second trial passes when its own 80% interval and the 95% interval of both
+trials' requests pooled lie above the target (the first trial's requests count
+again, the second trial must agree on its own). A clearly failing level is
+decided after a handful of requests, always at 95%.
 
 Repeated looks at a growing sample make a 95% interval somewhat optimistic;
 the second trial of the boundary level (`bisect`) is the guard that catches a
@@ -126,8 +128,12 @@ def binding_term(evidence: Evidence) -> str | None:
 
 
 def decide(evidence: Evidence, slo: Slo, elapsed_s: float, max_probe_s: float,
-           min_requests: int = MIN_REQUESTS, steer: bool = False) -> Decision | None:
-    """The probe's verdict now, or None to keep gathering evidence (`steer`: a pass at 80% will do)."""
+           min_requests: int = MIN_REQUESTS, steer: bool = False, prior: tuple[int, int] = (0, 0)) -> Decision | None:
+    """The probe's verdict now, or None to keep gathering evidence.
+
+    `steer`: a pass at 80% will do. `prior`: (met, judged) of the level's earlier passing trial, pooled with
+    this one's for the 95% pass of a second trial.
+    """
     n = evidence.judged
     ci = wilson_interval(evidence.met, n)
     errors = wilson_interval(evidence.load_errors, n)
@@ -138,11 +144,13 @@ def decide(evidence: Evidence, slo: Slo, elapsed_s: float, max_probe_s: float,
             return Decision("fail", attainment, ci, error_rate, "errors")
         if ci[1] < slo.target:
             return Decision("fail", attainment, ci, error_rate, binding_term(evidence))
-        if n >= min_requests and ci[0] >= slo.target:
-            return Decision("pass", attainment, ci, error_rate, None)
         steering = wilson_interval(evidence.met, n, STEER_Z)
-        if steer and n >= min_requests and steering is not None and steering[0] >= slo.target:
-            return Decision("pass", attainment, ci, error_rate, None, confident=False)
+        pooled = wilson_interval(evidence.met + prior[0], n + prior[1])
+        if n >= min_requests and steering is not None and steering[0] >= slo.target:
+            if pooled is not None and pooled[0] >= slo.target:
+                return Decision("pass", attainment, ci, error_rate, None)
+            if steer:
+                return Decision("pass", attainment, ci, error_rate, None, confident=False)
     if elapsed_s >= max_probe_s:
         return Decision("undecided", attainment, ci, error_rate, binding_term(evidence))
     return None
