@@ -34,11 +34,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenload.compat import tomllib
 from tokenload.sim.runner import launch
 from tokenload.workload.scenario import packaged
 
@@ -132,6 +132,11 @@ def fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:g}"
 
 
+def cell(o: Outcome, truth: int) -> str:
+    """One method's columns: capacity (error against the truth), probes, wall time, tokens."""
+    err = "-" if o.capacity is None else f"{o.capacity - truth:+g}"
+    return f"{fmt(o.capacity)} ({err}) | {o.probes} | {o.wall_s:.0f} s | {o.tokens / 1000:.0f}k"
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--capacities", default="4,24,96", help="simulator capacities in users (default 4,24,96)")
@@ -161,10 +166,7 @@ def main() -> int:
           "| tokens | search/ramp tokens |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for cap, s, r in rows:
-        def cell(o: Outcome) -> str:
-            err = "-" if o.capacity is None else f"{o.capacity - cap:+g}"
-            return f"{fmt(o.capacity)} ({err}) | {o.probes} | {o.wall_s:.0f} s | {o.tokens / 1000:.0f}k"
-        print(f"| {cap} | {cell(s)} | {cell(r)} | {s.tokens / max(1, r.tokens):.2f} |")
+        print(f"| {cap} | {cell(s, cap)} | {cell(r, cap)} | {s.tokens / max(1, r.tokens):.2f} |")
     for cap, s, _ in rows:
         print(f"search probes at {cap}: {s.note}")
     return 0

@@ -20,7 +20,6 @@ same channel on the same file) spends from the same budget.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import random
 import statistics
@@ -37,7 +36,7 @@ import httpx
 from tokenload.channel import Channel
 from tokenload.dayclock import DAY_S, utc_offset_s
 from tokenload.errors import ConfigError, HarnessError
-from tokenload.history.store import HistoryStore, Sample, fingerprint_of, row_tokens
+from tokenload.history.store import HistoryStore, Sample, fingerprint_of, row_tokens, searched
 from tokenload.transport.httpx_client import stream_once, timeouts
 from tokenload.workload.prompts import PromptSource, RequestPlan
 from tokenload.workload.scenario import Scenario
@@ -306,12 +305,8 @@ def status_line(result: SampleResult) -> str:
 
 def _capacity(run_dir: Path) -> str:
     """`, capacity 8 users (boundary in [8, 9])` for a searched stress run, else nothing."""
-    from tokenload.search.bisect import Search
-    from tokenload.search.resume import SEARCH_FILE
-
-    try:
-        search = Search.from_dict(json.loads((run_dir / SEARCH_FILE).read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError):
+    search = searched(run_dir)
+    if search is None:
         return ""
     unit = "users" if search.over == "users" else "req/s"
     lo, hi = search.capacity, search.bounds()[1]

@@ -130,7 +130,7 @@ class LLMUser(User):
             self.parked = True  # the channel is misconfigured, or this process's share of the limits is spent
             return
         while ctx.arrivals is None and ctx.warmup is not None and ctx.warmup.draining():
-            self._pause(DRAIN_POLL_S)  # a search stepped down: send nothing until the higher level's requests end
+            self._pause(DRAIN_POLL_S)  # a search stepped down: wait until the backlog is below the level
         row: TraceRow | None = None
         if isinstance(ctx.arrivals, TraceArrivals):
             slot = ctx.arrivals.wait_row()

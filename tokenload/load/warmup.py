@@ -8,12 +8,15 @@ or is sent within the run's first `[load] warmup_s` seconds (counted from the
 first step's start on the shape's clock, the same in every process), and the
 analysis drops warm-up rows when it loads a run; a search also marks each probe's first
 `[load] probe_warmup_s` seconds, and after a step down (a failing level, then a
-lower one) every request sent until the higher level's requests still in flight
-in this process have finished: until they drain, the channel still holds the
-higher load (its queue, its busy slots), and a request sent then would judge
-the lower level by the higher one's congestion. Closed-loop users send nothing
-while the drain lasts (`draining`: such requests would only be spent as
-warm-up), and the probe's `probe_warmup_s` then counts from the drain's end. (`[load] step_warmup_s` is the
+lower one) the requests sent at the higher level are still on the channel (its
+queue, its busy slots): a request sent among them would judge the lower level
+by the higher one's congestion. Closed-loop users therefore send nothing while
+this process has a higher level's request in flight and as many requests in
+flight as its share of the level's users (`draining`): each waits until the
+backlog is below the level, so every request of the probe is sent among at
+most the level's requests, as in the level's steady state, and none is spent
+as warm-up. Open-loop arrivals cannot wait: a request sent while a higher
+rate's request is still in flight is warm-up. (`[load] step_warmup_s` is the
 analysis' per-step exclusion by time, applied when it computes each step.)
 """
 
@@ -36,7 +39,7 @@ class Warmup:
     """Marks this process's warm-up requests (one per process): its first `requests`, any sent in the
     run's first `seconds` (the run's start is `state.run_started_at`, set by the first step), any sent
     in each step's first `step_seconds` (a search's probes: the users of a new level are still starting),
-    and, with `drain` (a search), any sent while a request of a higher level is still in flight."""
+    and, with `drain` (a search), any sent while a step down's backlog is still in flight (`draining`)."""
 
     def __init__(self, requests: int, seconds: float = 0.0, state: LoadState | None = None,
                  step_seconds: float = 0.0, drain: bool = False) -> None:
@@ -46,7 +49,6 @@ class Warmup:
         self._step_seconds = step_seconds
         self._drain = drain
         self._flying: Counter[float] = Counter()  # requests in flight by the load level they were sent at
-        self._drained: tuple[int, float] = (0, 0.0)  # (step, wall time) a step down's drain ended
 
     def _level(self) -> float:
         state = self._state
@@ -64,18 +66,20 @@ class Warmup:
         now = time.time()
         if self._seconds and state.run_started_at and now < state.run_started_at + self._seconds:
             return WARMUP
-        step, drained_at = self._drained
-        began = max(state.started_at, drained_at if step == state.step else 0.0)
-        if self._step_seconds and began and now < began + self._step_seconds:
+        if self._step_seconds and state.started_at and now < state.started_at + self._step_seconds:
             return WARMUP
         return WARMUP if self.draining() else MEASURE
 
     def draining(self) -> bool:
-        """A request sent at a higher level than the current one is still in flight in this process."""
-        if not self._drain:
+        """A step down's backlog is in flight: a higher level's request, and (closed loop) as many requests
+        as this process's share of the level's users, so one more would exceed the level."""
+        state = self._state
+        if not self._drain or state is None:
             return False
         level = self._level()
-        return any(sent_at > level for sent_at in self._flying)
+        if not any(sent_at > level for sent_at in self._flying):
+            return False
+        return state.rate is not None or sum(self._flying.values()) >= level / max(1, state.pacer.workers)
 
     def sent(self) -> float:
         """A request goes out now: returns its level, to hand back to `finished` when it ends."""
@@ -86,9 +90,6 @@ class Warmup:
 
     def finished(self, level: float) -> None:
         if self._drain:
-            was = self.draining()
             self._flying[level] -= 1
             if self._flying[level] <= 0:
                 del self._flying[level]
-            if was and not self.draining() and self._state is not None:
-                self._drained = (self._state.step, time.time())
