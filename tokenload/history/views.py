@@ -294,14 +294,14 @@ def capacity_by_window(capacities: Sequence[Capacity], windows: dict[str, Window
     `windows`: "peak" / "off_peak" -> the TTFT window (or None). A window's `capacity` is the median of
     its runs' capacities (None when none passed); `runs` keeps each run's boundary interval.
     """
-    runs = [{"hour": int(hour_of_day(c.started_at, period_s)) % HOURS, "started_at": c.started_at,
+    runs: list[dict[str, Any]] = [{"hour": int(hour_of_day(c.started_at, period_s)) % HOURS, "started_at": c.started_at,
              "unit": "users" if c.over == "users" else "req/s", "capacity": c.capacity,
              "interval": [c.capacity, c.upper], "below": c.capacity is None and c.upper is not None,
              "range": [c.min_level, c.max_level]} for c in capacities]
     out: dict[str, Any] = {"runs": runs}
     for key, window in windows.items():
         inside = [r for r in runs if window is not None and r["hour"] in window.hours]
-        found = [r["capacity"] for r in inside if r["capacity"] is not None]
+        found = [float(r["capacity"]) for r in inside if r["capacity"] is not None]
         out[key] = None if window is None or not inside else {
             "label": window.label, "runs": inside, "capacity": float(np.median(found)) if found else None}
     return out

@@ -174,8 +174,11 @@ class Search:
 
     def prior(self, level: float) -> tuple[int, int]:
         """(met, judged) of `level`'s passing trials so far, pooled into its second trial's 95% pass."""
-        passed = [p for p in self.probes if p.level == level and p.verdict == "pass" and p.attainment is not None]
-        return sum(round(p.attainment * p.n) for p in passed), sum(p.n for p in passed)  # type: ignore[operator]
+        met = judged = 0
+        for p in self.probes:
+            if p.level == level and p.verdict == "pass" and p.attainment is not None:
+                met, judged = met + round(p.attainment * p.n), judged + p.n
+        return met, judged
 
     def exhaust(self) -> None:
         """Say so when `max_probes` ended the search before it found and confirmed the boundary."""
