@@ -190,6 +190,9 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
         table["connect_p50_s"] = fresh.median()
         table["connect_p95_s"] = fresh.quantile(0.95)
         table["reconnects"] = pd.to_numeric(measured["reconnects"], errors="coerce").groupby(measured["step"]).sum()
+    if "send_lag_s" in measured:
+        # The client's own wait before each request was out (t0): kept out of TTFT, reported here.
+        table["send_lag_p99_s"] = measured.groupby("step", sort=True)["send_lag_s"].quantile(0.99)
 
     meets, known = meets_slo(measured, slo, cut)
     table["slo_attainment"] = _share(meets, known, measured["step"])
@@ -265,7 +268,7 @@ STEP_KEYS: tuple[str, ...] = (
     "load_error_rate", "start", "end", "duration_s", "slo_n", "slo_ci", "goodput_rps", "goodput_share", "ttft_n", "tpot_n", "e2e_n",
     "ttft_censored", "e2e_censored", "e2e_p50_s", "itl_p50_s", "itl_p99_s", "input_tokens_p50",
     "output_tokens_p50", "ttft_slope_s_per_token", "decided", "new_connections", "connect_p50_s", "connect_p95_s",
-    "reconnects",
+    "reconnects", "send_lag_p99_s",
 )
 
 INT_KEYS: frozenset[str] = frozenset({"active_users", "requests", "slo_n", "errors", "ok", "censored", "open_at_step_end",

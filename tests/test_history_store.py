@@ -71,13 +71,13 @@ def test_an_older_file_gains_new_columns_and_a_newer_one_is_refused(tmp_path: Pa
         open_store(path)
 
 
-def test_a_version_1_file_gains_the_capacities_table_and_keeps_its_rows(tmp_path: Path) -> None:
+def test_a_version_2_file_gains_the_capacities_table_and_keeps_its_rows(tmp_path: Path) -> None:
     path = tmp_path / "h.db"
     with closing(open_store(path)) as store:
         store.add_sample(Sample("s", CHANNEL, "probe", 1.0), _rows("s", 2))
-    db = sqlite3.connect(path)  # as a tokenload of schema 1 left it
+    db = sqlite3.connect(path)  # as a tokenload of schema 2 left it
     db.execute("DROP TABLE capacities")
-    db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     db.commit()
     db.close()
     with closing(open_store(path)) as store:

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pandas as pd
 import pytest
+from stampserver import StampServer
 
 from fakeserver import FakeServer, Script, Write, anthropic_stream, chat_stream, json_script, sse, stream_script
 from loadkit import free_port, run_cli, write_scenario
@@ -53,7 +54,7 @@ transport = Transport(channel)
 for case in cfg["cases"]:
     gevent.sleep(case.get("pause", 0.0))
     session = StreamSession(adapter, time.perf_counter())
-    request = adapter.prepare(case.get("prompt", "hello"), case.get("max_tokens", 8))
+    request = adapter.prepare(case.get("prompt", "hello") * case.get("repeat", 1), case.get("max_tokens", 8))
     started = time.perf_counter()
     transport.stream(request, session)
     record = session.record()
@@ -109,6 +110,36 @@ def test_keep_alive_reuses_one_connection_with_zero_connect_time(fake_server: Fa
     assert records[0]["connect_s"] > 0 and [r["connect_s"] for r in records[1:]] == [0.0, 0.0]
     assert [r["reconnects"] for r in records] == [0, 0, 0]
     assert {r.connection for r in fake_server.requests} == {1}
+
+
+def test_t0_is_when_the_request_was_out_so_a_held_back_write_is_send_lag_not_ttft() -> None:
+    """A server that reads a new connection only after 0.6 s, through a small receive buffer: a 10 MB request
+    cannot be written until then. Both clients count that wait as the client's (`send_lag_s`), and TTFT is the
+    server's own: from the kernel's arrival of the request's last byte to its first token (50 ms)."""
+    prompt, repeat = "word ", 2_000_000
+    with StampServer(ttft_s=0.05, read_delay_s=0.6, rcvbuf=4096) as server:
+        records = _load(server.base_url, "anthropic", [{"prompt": prompt, "repeat": repeat}])
+        records.append(stream_once(Channel(**_channel_fields(server.base_url, "anthropic")), prompt * repeat, 8))
+        truth = {t["request_id"]: t["first_token"] - t["arrival"] for t in server.truth}
+    for record in records:
+        assert record["status"] == "ok", record["error_message"]
+        true_ttft = truth[record["server_request_id"]]
+        assert abs(record["ttft_s"] - true_ttft) < 0.04, (record["ttft_s"], true_ttft)
+        assert record["send_lag_s"] > 0.4 and record["send_lag_s"] >= record["connect_s"] > 0
+
+
+def test_no_latency_is_negative_when_the_answer_starts_before_the_write_returns() -> None:
+    """Headers written the moment the connection is accepted reach the client's kernel before its write of the
+    request returns (t0): their arrival stamp comes first. No latency may read below zero, and TTFT is still the
+    server's own."""
+    with StampServer(ttft_s=0.05, early_headers=True) as server:
+        records = _load(server.base_url, "anthropic", [{}] * 4)
+        records.append(stream_once(Channel(**_channel_fields(server.base_url, "anthropic")), "hello", 8))
+        truth = {t["request_id"]: t["first_token"] - t["arrival"] for t in server.truth}
+    for record in records:
+        assert record["status"] == "ok", record["error_message"]
+        assert record["ttfb_s"] >= 0 and record["ttft_s"] >= record["ttfb_s"], (record["ttfb_s"], record["ttft_s"])
+        assert abs(record["ttft_s"] - truth[record["server_request_id"]]) < 0.04
 
 
 def test_connection_close_in_the_response_is_honoured(fake_server: FakeServer) -> None:
@@ -436,7 +467,9 @@ def test_doctor_latency_prompt_is_fresh_and_cached_tokens_reported(fake_server: 
     prompts = []
     for _ in range(2):  # two doctor runs
         check_latency(Doctor(resolution, {}, tmp_path, tmp_path, Limits(prompt_tokens=50)))
-        prompts.append(fake_server.last.json()["messages"][0]["content"])
+        # the doctor's own request: under load a request of an earlier test's client can arrive after it
+        sent = [r for r in fake_server.requests if r.path.endswith("/messages")]
+        prompts.append(sent[-1].json()["messages"][0]["content"])
     assert prompts[0][:30] != prompts[1][:30]  # they differ at the very start: no cached prefix
 
     cached = [(delay, data.replace(b'"input_tokens": 12', b'"input_tokens": 2, "cache_read_input_tokens": 40'))

@@ -14,8 +14,16 @@ definition testable on a hand-written timeline:
   streams nothing for it), so N is the streamed count. An answer that is only that
   token is flagged `eos_only`: it has no first token, hence no latency to average.
 - `itl_*`: gaps between consecutive content chunks, as they arrived.
-- `connect_s`: TCP + TLS setup before t0 (0 on a reused connection); t0 is taken
-  once the connection is ready, just before the request is written.
+- t0: the moment the request's last byte was handed to the kernel (the client's `sendall`
+  returned; httpx: its request body was written), so TTFT, e2e and the other latencies are
+  the server's time plus the wire, never the client's own wait to get the request out. Until
+  then t0 holds when the user handed the request to the transport (the intended start); a
+  request that never went out (refused, connect timeout) keeps that.
+- `send_lag_s`: from that intended start to t0: waiting for a pooled connection, setting one
+  up (`connect_s` is part of it), the event loop's turn and a `sendall` the server's full
+  receive window held back. A burst of new users shows up here, not in TTFT; None when the
+  request never went out.
+- `connect_s`: TCP + TLS setup (0 on a reused connection), part of `send_lag_s`.
 - `input_tokens`: the whole prompt the server processed, cached part included (OpenAI's
   `prompt_tokens`; Anthropic's `input_tokens` + cache reads + cache writes), so every protocol
   counts the same thing; the cached parts stay in their own columns. A 0 is not a count (a
@@ -73,6 +81,7 @@ class Timeline:
     error_message: str | None = None
     request_id: str | None = None
     connect_s: float | None = None  # TCP + TLS setup before t0; 0.0 on a reused connection
+    send_lag_s: float | None = None  # from the intended start (the old t0) to the request's last byte sent (t0)
     reconnects: int = 0  # resends on a fresh connection after a reused one died before any response byte
     # The response headers (names lower-cased), kept for the rate-limit headers the load side and doctor read.
     response_headers: dict[str, str] | None = None
@@ -95,10 +104,15 @@ class Timeline:
         if self.on_text is not None:
             self.on_text(text, kind)
 
-    def begin(self, t0: float, connect_s: float | None) -> None:
-        """The connection is ready and the request is about to be written: t0 is now."""
-        self.t0 = t0
+    def sent(self, t: float, intended: float, connect_s: float | None) -> None:
+        """The request's last byte was handed to the kernel at `t`: t0 is now.
+
+        `intended` is when the request was handed to the transport (its `t0` until
+        now, passed in because a resend on a fresh connection sends twice).
+        """
+        self.t0 = t
         self.started_at = time.time()
+        self.send_lag_s = max(0.0, t - intended)
         self.connect_s = connect_s
 
     def fail(self, kind: str, message: str) -> None:
@@ -144,6 +158,10 @@ def measure(tl: Timeline, estimated_input_tokens: int | None = None, max_tokens:
     tpot = None
     if decoded > 1 and tl.t_first_token is not None and tl.t_last_token is not None:
         tpot = (tl.t_last_token - tl.t_first_token) / (decoded - 1)
+    # t0 is stamped when the write returned; an answer that came sooner (headers sent before the request was
+    # read) carries an earlier kernel arrival stamp. Nothing arrives before the request went out, so the origin
+    # is whichever came first, and no latency reads below zero.
+    t0 = tl.t0 if tl.t_headers is None else min(tl.t0, tl.t_headers)
     itl_p50 = itl_p99 = itl_max = None
     times = tl.chunk_times
     if len(times) > 1:
@@ -155,12 +173,12 @@ def measure(tl: Timeline, estimated_input_tokens: int | None = None, max_tokens:
         "error_message": tl.error_message,
         "http_status": tl.http_status,
         "started_at": tl.started_at,
-        "ttfb_s": _since(tl.t_headers, tl.t0),
-        "ttft_s": _since(tl.t_first_token, tl.t0),
-        "ttft_text_s": _since(tl.t_first_text, tl.t0),
+        "ttfb_s": _since(tl.t_headers, t0),
+        "ttft_s": _since(tl.t_first_token, t0),
+        "ttft_text_s": _since(tl.t_first_text, t0),
         "tpot_s": tpot,
-        "e2e_s": _since(tl.t_last_token, tl.t0),
-        "duration_s": _since(tl.t_end, tl.t0),
+        "e2e_s": _since(tl.t_last_token, t0),
+        "duration_s": _since(tl.t_end, t0),
         "input_tokens": input_tokens,
         "input_tokens_source": input_source,
         "output_tokens": output_tokens,
@@ -177,6 +195,7 @@ def measure(tl: Timeline, estimated_input_tokens: int | None = None, max_tokens:
         "malformed_events": tl.malformed,
         "server_request_id": tl.request_id,
         "connect_s": tl.connect_s,
+        "send_lag_s": tl.send_lag_s,
         "reconnects": tl.reconnects,
         "eos_only": eos_unstreamed and streamed == 0,
         "truncated": (tl.error_kind is None and tl.stop_reason in LENGTH_STOPS and tl.output_tokens is not None

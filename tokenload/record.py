@@ -72,7 +72,7 @@ class RequestRecord(SpecRecord, total=False):
     """One request as tokenload records it: the contract's columns, then tokenload's extras."""
 
     finished_at: float | None
-    late_s: float | None  # how late an open-loop send left after its scheduled time
+    late_s: float | None  # how late an open-loop send left after its scheduled time (send_lag_s included)
     prompt_tokens_target: int | None
     in_flight: bool  # the run ended while this stream was open
     server_request_id: str | None
@@ -82,6 +82,9 @@ class RequestRecord(SpecRecord, total=False):
     thinking_chunks: int
     malformed_events: int
     connect_s: float | None  # DNS + TCP + TLS before t0; 0 on a reused keep-alive connection
+    # from the request handed to the transport to its last byte handed to the kernel (t0): the client's own
+    # wait (pool, connect_s, event loop, a blocked write), never part of TTFT; None when it never went out
+    send_lag_s: float | None
     reconnects: int  # resends on a fresh connection after a reused one died before any response byte
     eos_only: bool  # the answer was only the end-of-sequence token (counted, never streamed): no latency
     # ended for length below the max_tokens asked (server's count): the server cut it (a full context slot)

@@ -27,7 +27,7 @@ REQUEST_ID_HEADERS = ("request-id", "x-request-id", "x-litellm-call-id")
 
 
 class StreamSession:
-    """One request/response, from just before the request is written to the end."""
+    """One request/response, from the moment it is handed to the client to the end (t0: when it was out)."""
 
     __slots__ = ("_aligned", "_body", "_content_type", "_decoder", "_estimate", "_max_tokens", "_shapes", "_streaming",
                  "adapter", "timeline")

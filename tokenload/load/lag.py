@@ -12,10 +12,19 @@ manifest.json; a high lag p99 or a core kept busy is a loud warning that the
 numbers describe the client, not the channel. Lag alone under-reports: the loop
 reads every ready socket in one pass, so its lag is bounded by what one pass
 reads (about 15 ms for 1,500 streams) while the process already has no CPU left.
+
+A stall is one wake-up at least `STALL_S` late: the loop did not run for that
+long, so every request due meanwhile went out late at once (hundreds of users
+spawned together, a garbage collection, a long flush). Plain-HTTP timings keep
+the kernel's stamps and each request's wait is its `send_lag_s`, not its TTFT;
+the stalls (when, how long, and the garbage collector's share of it, timed by
+`gc.callbacks`) go into manifest.json (`scheduler_lag.stalls`) and a note, so a
+verdict can say the client, not the server, was late.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
@@ -35,6 +44,10 @@ HEALTHY_OK_SHARE = 0.5
 BUSY_CPU = 0.9
 BUSY_WINDOW_S = 5.0
 _KEEP = 100_000  # samples kept (about 80 minutes at 50 ms); older ones are dropped
+# A wake-up this late is a stall: the loop stood still for two probe intervals or more.
+STALL_S = 0.1
+STARTUP_S = 5.0  # a stall within this long of the process's start is called a start-up stall
+_KEEP_STALLS = 10  # the longest stalls kept per process (all are counted)
 
 
 class LagProbe:
@@ -47,25 +60,54 @@ class LagProbe:
         self._wall0 = time.monotonic()
         self._window: deque[tuple[float, float]] = deque()  # (wall, cpu) over the last BUSY_WINDOW_S
         self._busiest = 0.0  # the highest CPU share of one core over any BUSY_WINDOW_S so far
+        self._started = time.time()
+        self.stalls = 0
+        self.startup_stalls = 0  # of them, within STARTUP_S of the start
+        self._stalls: list[dict[str, Any]] = []  # the longest, at most _KEEP_STALLS
+        self.gc_s = 0.0  # time spent in garbage collection since start (gc.callbacks)
+        self._gc_began: float | None = None
 
     def start(self) -> None:
         if self._greenlet is None:
+            gc.callbacks.append(self._on_gc)
             self._greenlet = gevent.spawn(self._run)
 
     def stop(self) -> None:
         if self._greenlet is not None:
+            gc.callbacks.remove(self._on_gc)
             self._greenlet.kill(block=False)
             self._greenlet = None
+
+    def _on_gc(self, phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+        elif self._gc_began is not None:
+            self.gc_s += time.perf_counter() - self._gc_began
+            self._gc_began = None
 
     def _run(self) -> None:
         samples = self._samples
         while True:
             due = time.perf_counter() + INTERVAL_S
+            gc_before = self.gc_s
             gevent.sleep(INTERVAL_S)
-            samples.append(max(0.0, time.perf_counter() - due))
+            late = max(0.0, time.perf_counter() - due)
+            samples.append(late)
             if len(samples) > _KEEP:
                 del samples[: _KEEP // 10]
+            if late >= STALL_S:
+                self.stall(time.time() - late, late, self.gc_s - gc_before)
             self._track_cpu(time.monotonic(), time.process_time())
+
+    def stall(self, at: float, lag_s: float, gc_s: float) -> None:
+        """Count a stall that began at `at` (unix s) and lasted `lag_s`, `gc_s` of it in garbage collection."""
+        self.stalls += 1
+        self.startup_stalls += at - self._started < STARTUP_S
+        cause = "garbage collection" if gc_s >= lag_s / 2 else "the event loop was busy"
+        self._stalls.append({"at": round(at, 3), "after_start_s": round(at - self._started, 3),
+                             "lag_s": round(lag_s, 4), "gc_s": round(gc_s, 4), "cause": cause})
+        self._stalls.sort(key=lambda st: -st["lag_s"])
+        del self._stalls[_KEEP_STALLS:]
 
     def _track_cpu(self, wall: float, cpu: float) -> None:
         window = self._window
@@ -79,7 +121,8 @@ class LagProbe:
         wall = max(1e-9, time.monotonic() - self._wall0)
         cpu = time.process_time() - self._cpu0
         out: dict[str, Any] = {"samples": len(self._samples), "cpu_s": round(cpu, 3), "cpu_util": round(cpu / wall, 3),
-                               "cpu_busiest": round(self._busiest, 3), "reader": "compiled" if compiled() else "pure"}
+                               "cpu_busiest": round(self._busiest, 3), "reader": "compiled" if compiled() else "pure",
+                               "stalls": self.stalls, "startup_stalls": self.startup_stalls, "longest_stalls": list(self._stalls), "gc_s": round(self.gc_s, 3)}
         if self._samples:
             arr = np.asarray(self._samples)
             p50, p99 = np.percentile(arr, (50, 99))
@@ -134,6 +177,9 @@ def summarise(per_worker: dict[str, dict[str, Any]], ok_share: float = 1.0, core
         "ok_share": ok_share,
         "workers": per_worker,
     }
+    stalls = stall_summary(per_worker)
+    if stalls:
+        summary["stalls"] = stalls
     if bound:
         reasons = []
         if lagged:
@@ -154,3 +200,22 @@ def summarise(per_worker: dict[str, dict[str, Any]], ok_share: float = 1.0, core
                "token." if pure else "")
         )
     return summary
+
+
+def stall_summary(per_worker: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The processes' stalls for manifest.json (`scheduler_lag.stalls`): counts, the longest, and a note.
+
+    None when no process stalled (or its stats predate the count).
+    """
+    count = sum(int(s.get("stalls") or 0) for s in per_worker.values())
+    if not count:
+        return None
+    longest = sorted(({"worker": w, **st} for w, s in per_worker.items() for st in s.get("longest_stalls") or ()),
+                     key=lambda st: -st["lag_s"])[:_KEEP_STALLS]
+    worst = longest[0]
+    when = "at start-up" if worst["after_start_s"] < STARTUP_S else f"{worst['after_start_s']:.0f} s in"
+    note = (f"the load generator stood still {count} time{'s' if count > 1 else ''} for {STALL_S * 1000:.0f} ms or "
+            f"more (longest {worst['lag_s'] * 1000:.0f} ms {when}, {worst['worker']}: {worst['cause']}); requests due "
+            "meanwhile went out late: the client, not the server, was late, and each such wait is in its record's "
+            "send_lag_s, not in its TTFT")
+    return {"stall_s": STALL_S, "count": count, "at_startup": sum(int(s.get("startup_stalls") or 0) for s in per_worker.values()), "longest": longest, "note": note}

@@ -44,7 +44,7 @@ from locust.env import Environment
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 from tokenload.channel import Channel
-from tokenload.load import census, handoff, lifeline, records, series, tokenstats
+from tokenload.load import census, courier, handoff, lifeline, records, series, tokenstats
 from tokenload.load.arrivals import Arrivals, TraceArrivals
 from tokenload.load.control import LoadState, RunControl, install_step_listener
 from tokenload.load.drain import DRAIN_GRACE_S, DRAIN_MESSAGE
@@ -92,6 +92,7 @@ def _init(environment: Environment, **_: Any) -> None:
         census.follow_census(environment, state)
         _setup_process(environment, scenario)
         series.follow_master(environment)
+        courier.follow_acks(environment)
         _arm_lifeline(environment)
         return
     if not opts.run_id:
@@ -104,6 +105,7 @@ def _init(environment: Environment, **_: Any) -> None:
     environment.tokenload = control  # type: ignore[attr-defined]
     if isinstance(environment.runner, MasterRunner):
         census.start_census(environment, control)
+        courier.Receiver(environment).install()
     if not os.environ.get(MANAGED_ENV):
         write_run_info(run_dir, opts.run_id, bound, channel.public())
         if environment.web_ui is None:  # with the web UI every start is a run of its own, finalised at its stop
@@ -246,7 +248,9 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         adapters={m: adapter_for(channel.with_model(m)) for m in models},
         transport=Transport(channel),
         prompts=PromptSource(scenario, models, salt),
-        writer=records.SegmentWriter(Path(opts.run_dir) if opts.run_dir else None, worker),
+        # A worker with no run id yet learns its run (and so where its records go) when the master announces it.
+        writer=courier.writer_for(environment, worker, opts.run_id, Path(opts.run_dir))
+        if opts.run_dir and opts.run_id else records.SegmentWriter(None, worker),
         state=state,
         arrivals=arrivals,
         extra_body=scenario.output.extra_body(),

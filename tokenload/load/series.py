@@ -38,7 +38,7 @@ import gevent
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-from tokenload.load import records
+from tokenload.load import courier, records
 from tokenload.load.control import BUDGET_MESSAGE, RunControl
 from tokenload.load.rundirs import RUN_INFO, finalise, new_run_id, write_run_info
 from tokenload.rundir import MANIFEST_FILE
@@ -178,7 +178,7 @@ def switch_run(environment: Environment, run_id: str, run_dir: Path) -> None:
     ctx = getattr(environment, "tokenload_process", None)
     if ctx is not None:
         ctx.run_id = run_id
-        ctx.writer = records.SegmentWriter(run_dir, ctx.worker)
+        ctx.writer = courier.writer_for(environment, ctx.worker, run_id, run_dir)
 
 
 def lead(environment: Environment) -> Series:

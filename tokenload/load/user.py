@@ -44,6 +44,7 @@ from tokenload import errors as ek
 from tokenload.limits import parse_rate_headers
 from tokenload.load.arrivals import PARK_S, Arrivals, TraceArrivals
 from tokenload.load.control import REQUEST_TYPE, LoadState
+from tokenload.load.courier import MessageWriter
 from tokenload.load.pacing import pushed_back
 from tokenload.load.records import CANCELLED, SegmentWriter
 from tokenload.load.tokenstats import CHUNK_TIMES_KEY, RECORD_KEY
@@ -74,7 +75,7 @@ class ProcessContext:
     adapters: dict[str, ProtocolAdapter]
     transport: Transport
     prompts: PromptSource
-    writer: SegmentWriter
+    writer: SegmentWriter | MessageWriter
     state: LoadState
     arrivals: Arrivals | TraceArrivals | None
     extra_body: dict[str, Any]

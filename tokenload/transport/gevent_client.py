@@ -30,9 +30,13 @@ first-token and stall timeouts come from one libev timer per stream (`_Deadline`
 One `Transport` (one connection pool, one SSL context) serves every user of a
 process, so spawning a user costs nothing here. It writes the request itself
 on a pooled socket (geventhttpclient's `HTTPClient.request` would hide when the
-connection became ready), so t0 is taken once TCP and TLS are done, just before
-the request is written, and the setup time is its own field (`connect_s`, 0 on
-a reused connection).
+connection became ready and when the request was out), so t0 is taken once
+`sendall` has handed the request's last byte to the kernel. Everything before
+it is the client's own wait, recorded as `send_lag_s` from the moment the user
+handed the request over: a pooled or new connection (its setup is its own field
+too, `connect_s`, 0 on a reused connection), the event loop's turn (hundreds of
+users spawned at once share one loop) and a write the server's full receive
+window held back. None of it is the server's TTFT.
 
 Keep-alive: servers such as llama.cpp's advertise keep-alive and close after
 each streamed response; a request written on such a dying socket fails before
@@ -112,6 +116,7 @@ class Transport:
         arrived: float | None = None
         guard: _Deadline | None = None
         timeline = session.timeline
+        intended = timeline.t0  # when the user handed the request over; t0 moves to when it was out
         connecting = True
         try:
             data = self._head(request).encode("latin-1") + request.body
@@ -125,11 +130,13 @@ class Transport:
                     self._used.add(sock)
                     if self._plain:
                         stamp_arrivals(sock._sock)
-                t0 = _perf()
-                timeline.begin(t0, 0.0 if reused else t0 - started)
+                ready = _perf()
                 timeline.reconnects = attempt
-                guard = _Deadline(t0, self._first, self._idle, timeline, partial(_cancel_socket_wait, sock))
-                sent = self._send(sock, data, retry=reused and attempt == 0)
+                # The first-token deadline counts from here: a write the server never takes times out too.
+                guard = _Deadline(ready, self._first, self._idle, timeline, partial(_cancel_socket_wait, sock))
+                sent = self._send(sock, data, retry=reused and attempt == 0,
+                                  on_sent=partial(timeline.sent, intended=intended,
+                                                  connect_s=0.0 if reused else ready - started))
                 if sent is not None:
                     response, arrived, rest = sent
                     break
@@ -182,9 +189,10 @@ class Transport:
             self._heads[id(headers)] = cached
         return f"{cached[1]}{len(request.body)}\r\n\r\n"
 
-    def _send(self, sock: Any, data: bytes, *,
-              retry: bool) -> tuple[HTTPSocketPoolResponse, float | None, bytes | None] | None:
-        """Write the request and read the response headers; None when a reused socket died unheard.
+    def _send(self, sock: Any, data: bytes, *, retry: bool,
+              on_sent: Callable[[float], None]) -> tuple[HTTPSocketPoolResponse, float | None, bytes | None] | None:
+        """Write the request (`on_sent(t)` once its last byte is with the kernel) and read the response
+        headers; None when a reused socket died unheard.
 
         Also returns when the bytes that completed the headers arrived (plain HTTP,
         headers in the first read), which is when any body bytes read with them did,
@@ -195,6 +203,7 @@ class Transport:
         """
         try:
             sock.sendall(data)
+            on_sent(_perf())
             first, arrived = _first_read(sock) if self._plain else (b"", None)
         except BaseException as exc:
             self._pool.release_socket(sock)

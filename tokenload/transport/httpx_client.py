@@ -53,6 +53,7 @@ class _Deadline:
         self.fired = False
         self.on_send = on_send
         self.connect_started: float | None = None
+        self.connect_s = 0.0
         self._stream: Any = None
         self._done = False
         self._cond = threading.Condition()
@@ -62,8 +63,9 @@ class _Deadline:
     def trace(self, name: str, info: Mapping[str, Any]) -> None:
         """httpcore trace hook: remember the newest network stream, time the connection, stamp t0.
 
-        t0 is taken when the request headers start going out, so TTFT excludes
-        connection setup (TCP + TLS), which `connect_s` holds instead (0 on a
+        t0 is taken when the request body has been written (its last byte handed
+        to the kernel), so TTFT excludes the client's own wait; connection setup
+        (TCP + TLS, until the headers start going out) is `connect_s` (0 on a
         reused connection, where no connect events fire).
         """
         now = time.perf_counter()
@@ -71,8 +73,10 @@ class _Deadline:
             self.attach(info["return_value"])
         if name.endswith("connect_tcp.started"):
             self.connect_started = now
-        elif name.endswith("send_request_headers.started") and self.on_send is not None:
-            self.on_send(now, 0.0 if self.connect_started is None else now - self.connect_started)
+        elif name.endswith("send_request_headers.started"):
+            self.connect_s = 0.0 if self.connect_started is None else now - self.connect_started
+        elif name.endswith("send_request_body.complete") and self.on_send is not None:
+            self.on_send(now, self.connect_s)
 
     def attach(self, stream: Any) -> None:
         with self._cond:
@@ -146,9 +150,9 @@ def stream_exchange(
     session = StreamSession(adapter, t0, estimated_input_tokens=estimate, max_tokens=max_tokens, on_text=on_text)
     tl = session.timeline
 
-    def sending(t0: float, connect_s: float) -> None:
-        tl.begin(t0, connect_s)
-        deadline.move(t0 + channel.first_token_timeout_s)
+    def sending(sent: float, connect_s: float) -> None:
+        tl.sent(sent, t0, connect_s)
+        deadline.move(sent + channel.first_token_timeout_s)
 
     deadline = _Deadline(tl.t0 + channel.connect_timeout_s + channel.first_token_timeout_s, sending)
 

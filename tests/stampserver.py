@@ -1,0 +1,146 @@
+"""A server whose true TTFT does not depend on when it got round to a request: kernel-stamped arrivals.
+
+A server's own log (the simulator's truth file included) stamps a request when its
+event loop reads it; under a burst of new connections that can be many milliseconds
+after the bytes arrived, and a client that measured correctly then looks late. Here
+every request's arrival is the kernel's receive time of its last byte (`SO_TIMESTAMPNS`
+on the accepted socket, read with `recvmsg`), its first token is written `ttft_s`
+after that arrival and each further token `tpot_s` apart, and the truth keeps both
+stamps as written, so `first_token - arrival` is the server's time even when a thread
+ran late. One thread per connection (keep-alive), Anthropic Messages streams from
+`fakeserver.anthropic_stream`, each named by its id in `x-request-id` and `message_start`.
+
+`read_delay_s` holds each new connection that long before its first read, with a
+small receive buffer until then (`rcvbuf`): a large request cannot be written until
+the server starts reading, the client-side wait a request's t0 must not include.
+`early_headers` writes the first response's headers as soon as the connection is
+accepted, before the request is read: they reach the client before its write returns.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any
+
+from fakeserver import anthropic_stream
+
+_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_HEADERS = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+@dataclass
+class StampServer:
+    ttft_s: float = 0.05
+    tpot_s: float = 0.005
+    tokens: int = 4
+    read_delay_s: float = 0.0
+    rcvbuf: int | None = None
+    early_headers: bool = False
+    truth: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._ids = count(1)
+        self._lock = threading.Lock()
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.rcvbuf is not None:  # inherited by accepted sockets
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(1024)
+        self.base_url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def __enter__(self) -> StampServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.setsockopt(socket.SOL_SOCKET, _TIMESTAMPNS, 1)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.read_delay_s:
+            time.sleep(self.read_delay_s)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)  # then read at full speed
+        buffered = b""
+        with conn:
+            try:
+                headers_sent = self.early_headers
+                if headers_sent:
+                    conn.sendall(_HEADERS)
+                while True:
+                    request = _read_request(conn, buffered)
+                    if request is None:
+                        return
+                    size, arrival, buffered = request
+                    self._answer(conn, size, arrival, headers_sent)
+                    headers_sent = False
+            except OSError:
+                return
+
+    def _answer(self, conn: socket.socket, size: int, arrival: float, headers_sent: bool) -> None:
+        request_id = f"msg_stamp{next(self._ids):05d}"
+        # Non-zero delays mark the token writes; their times come from the arrival, not from these.
+        writes = anthropic_stream([f"t{i} " for i in range(self.tokens)], 1.0, 1.0, message_id=request_id)
+        if not headers_sent:
+            conn.sendall(_HEADERS[:-2] + f"x-request-id: {request_id}\r\n\r\n".encode())
+        first = None
+        due = arrival + self.ttft_s
+        for i, (delay, data) in enumerate(writes):
+            if delay:
+                time.sleep(max(0.0, due - time.time()))
+                if first is None:
+                    first = time.time()
+                due += self.tpot_s
+            conn.sendall(f"{len(data):x}\r\n".encode() + data + b"\r\n" + (b"0\r\n\r\n" if i == len(writes) - 1 else b""))
+        with self._lock:
+            self.truth.append({"request_id": request_id, "arrival": arrival, "first_token": first, "bytes": size})
+
+
+def _read_request(conn: socket.socket, buffered: bytes) -> tuple[int, float, bytes] | None:
+    """(request size, kernel arrival of its last byte, bytes after it) or None at the connection's end."""
+    data, arrival = buffered, time.time()
+    while b"\r\n\r\n" not in data or len(data) < _length(data):
+        chunk, stamp = _recv_stamped(conn)
+        if not chunk:
+            return None
+        data, arrival = data + chunk, stamp
+    size = _length(data)
+    return size, arrival, data[size:]
+
+
+def _length(data: bytes) -> int:
+    """Headers plus Content-Length; large until the headers are complete."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return 1 << 62
+    for line in data[:end].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return end + 4 + int(value)
+    return end + 4
+
+
+def _recv_stamped(conn: socket.socket) -> tuple[bytes, float]:
+    data, ancillary, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(16))
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == _TIMESTAMPNS:
+            sec, nsec = struct.unpack("qq", payload[:16])
+            return data, sec + nsec * 1e-9
+    return data, time.time()
