@@ -21,7 +21,7 @@ and judge the same SLO; their `[load]` and `[stop]` are the packaged ones:
   cheapest honest ramp), its capacity the highest step `tokenload analyze`
   finds meeting the SLO.
 
-    python benchmarks/search_vs_ramp.py                  # about 15 minutes on 2 cores
+    python benchmarks/search_vs_ramp.py                  # about 20 minutes on 2 cores
     python benchmarks/search_vs_ramp.py --capacities 4   # one row
 """
 
