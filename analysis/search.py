@@ -115,7 +115,8 @@ def search_summary(run: Run, slo: Slo) -> dict[str, Any] | None:
 def _probe_entry(p: Probe, over: str) -> dict[str, Any]:
     return {"level": _level(p.level, over), "verdict": p.verdict, "trial": p.trial, "n": p.n,
             "attainment": p.attainment, "ci": p.ci, "error_rate": p.error_rate, "binding": p.binding,
-            "duration_s": p.duration_s, "tokens": p.tokens, "step": p.step, "run_id": p.run_id}
+            "duration_s": p.duration_s, "tokens": p.tokens, "step": p.step, "run_id": p.run_id,
+            "confident": p.confident}
 
 
 def _tokens(n: int) -> str:

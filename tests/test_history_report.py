@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 from contextlib import closing
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from simfixtures import DiurnalWatch
+from simfixtures import DemoRun, DiurnalWatch
 
 from tokenload.cli import main
 from tokenload.dayclock import DAY_S, utc_offset_s
@@ -261,3 +262,41 @@ def test_a_window_too_thin_to_compare_says_so() -> None:
     assert "peak vs off-peak TTFT: too few successful requests in a window to compare (need 5 in each)" in lines
     assert ("peak vs off-peak TPOT p50: 0.02 s vs 0.01 s (2.00x, Mann-Whitney p=0.001, P(slower)=0.90; n=8/9)"
             in lines)
+
+
+@pytest.mark.slow
+def test_searched_stress_runs_put_the_capacity_of_each_window_beside_its_latency(
+        demo_run: DemoRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's two real searched runs (off-peak and peak simulator) recorded on the history's channel at
+    03:00 and 23:00: `history add` keeps their capacities, `history` names each window's."""
+    db = tmp_path / "h.db"
+    _synthetic_db(db, {h: 0.4 for h in (2, 3, 4)} | {h: 3.0 for h in (22, 23, 0)})
+    found = {}
+    for phase, hour in (("offpeak", 3.5), ("peak", 23.5)):
+        run = tmp_path / phase
+        shutil.copytree(demo_run.out / phase, run)
+        manifest = json.loads((run / "manifest.json").read_text())
+        manifest["started_at"] = _at_hour(hour)  # recorded at that hour, on the synthetic history's channel
+        manifest["channel"] = {**manifest["channel"], "protocol": "anthropic", "base_url": "https://relay.example/api",
+                               "model": "sim-7b"}
+        (run / "manifest.json").write_text(json.dumps(manifest))
+        search = json.loads((run / "summary.json").read_text())["search"]
+        assert search["capacity"] is not None
+        found[phase] = (search["capacity"], search["interval"][1])
+        assert main(["history", "add", str(run), "--db", str(db)]) == 0
+    with closing(open_store(db)) as store:
+        kept = store.capacities(CHANNEL)
+    assert [(c.capacity, c.upper) for c in kept] == [found["offpeak"], found["peak"]]  # what each run's summary says
+    out = tmp_path / "report"
+    capsys.readouterr()
+    assert main(["history", "--db", str(db), "--since", "100000d", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    capacity = json.loads((out / "history.json").read_text())[CHANNEL]["capacity"]
+    assert [r["hour"] for r in capacity["runs"]] == [3, 23]
+    assert capacity["off_peak"]["capacity"] == found["offpeak"][0] and capacity["peak"]["capacity"] == found["peak"][0]
+    (off, off_hi), (peak, peak_hi) = found["offpeak"], found["peak"]
+    assert (f"capacity by searched stress runs (2): off-peak (02:00-05:00): {off:g} users (boundary in "
+            f"[{off:g}, {off_hi:g}]), peak (22:00-01:00): {peak:g} users (boundary in [{peak:g}, {peak_hi:g}])"
+            in printed), printed
+    assert f"capacity by hour of day: 03:00 {off:g} users" in printed
+    assert off > peak  # the demo's peak channel is the slower one

@@ -15,6 +15,7 @@ from tokenload.cli import main
 from tokenload.errors import ConfigError
 from tokenload.history.store import (
     SCHEMA_VERSION,
+    Capacity,
     Sample,
     SqliteHistory,
     channel_fingerprint,
@@ -68,6 +69,27 @@ def test_an_older_file_gains_new_columns_and_a_newer_one_is_refused(tmp_path: Pa
     db.close()
     with pytest.raises(ConfigError, match="newer than this tokenload"):
         open_store(path)
+
+
+def test_a_version_2_file_gains_the_capacities_table_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "h.db"
+    with closing(open_store(path)) as store:
+        store.add_sample(Sample("s", CHANNEL, "probe", 1.0), _rows("s", 2))
+    db = sqlite3.connect(path)  # as a tokenload of schema 2 left it
+    db.execute("DROP TABLE capacities")
+    db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    with closing(open_store(path)) as store:
+        assert len(store.query()) == 2 and store.capacities(CHANNEL) == []
+        found = Capacity("run:a", CHANNEL, 5.0, "users", 24.0, 25.0, 1.0, 256.0)
+        store.add_capacity(found)
+        store.add_capacity(found)  # the same run added again replaces itself
+        store.add_capacity(Capacity("run:b", CHANNEL, 3.0, "users", None, 1.0, 1.0, 256.0))
+        assert store.capacities(CHANNEL) == [Capacity("run:b", CHANNEL, 3.0, "users", None, 1.0, 1.0, 256.0), found]
+        assert store.capacities(CHANNEL, since=4.0) == [found] and store.capacities("other") == []
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
 
 
 def test_a_file_that_is_not_a_database_is_one_clear_error(tmp_path: Path) -> None:

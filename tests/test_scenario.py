@@ -211,3 +211,14 @@ def test_drain_is_derived_unless_set_and_both_warmups_round_trip(tmp_path: Path)
     for scenario in (derived, fixed):
         again = Scenario.from_dict(json.loads(json.dumps(scenario.to_dict())), "resolved", tmp_path, "x")
         assert again == scenario
+
+
+def test_a_searchs_max_probes_defaults_to_what_its_range_needs(tmp_path: Path) -> None:
+    def spec(load: str):  # type: ignore[no-untyped-def]
+        return load_scenario(_write(tmp_path, f'[load]\nkind = "search"\n{load}\n')).load.search
+
+    assert spec("").max_probes == 19  # 1..256 users: 9 doublings, 7 bisections, the second trial, 2 spare
+    assert spec("min = 2\nmax = 32").max_probes == 12  # 5 + 4 + 1 + 2
+    assert spec('over = "rate"').max_probes == 14  # 1..100 req/s to 10%: 8 + 3 + 1 + 2
+    assert spec("max_probes = 5").max_probes == 5  # set, it wins
+    assert load_scenario("search").load.search.max_probes == 19  # type: ignore[union-attr]

@@ -19,7 +19,8 @@ def run_search(search: Search, passes: Callable[[float, int], str]) -> list[floa
         verdict = passes(level, trial)
         levels.append(level)
         attainment = {"pass": 1.0, "fail": 0.2, "undecided": 0.85}[verdict]
-        search.record(Probe(level, verdict, trial, 40, attainment, None, 0.0, None, 10.0, 100))  # type: ignore[arg-type]
+        search.record(Probe(level, verdict, trial, 40, attainment, None, 0.0, None, 10.0, 100,  # type: ignore[arg-type]
+                            confident=search.full_evidence(level)))
         assert len(levels) <= 50
     return levels
 
@@ -93,6 +94,31 @@ def test_max_probes_ends_the_search_with_the_boundary_it_has() -> None:
     search = Search("users", 1, 256, 1, max_probes=6)
     levels = run_search(search, lambda level, _t: "pass" if level <= 24 else "fail")
     assert len(levels) == 6 and search.capacity == 16 and search.first_failing == 32
+    assert search.out_of_probes
+    search.exhaust()  # what the run does when next_level() says no more: the verdict names the key to raise
+    assert search.stopped is not None and "max_probes (6) ran out" in search.stopped
+    assert "raise [load] max_probes" in search.stopped
+
+
+def test_a_search_that_found_its_boundary_is_not_out_of_probes() -> None:
+    search = Search("users", 1, 256, 1, max_probes=11)  # 1..32, 24, 28, 26, 25, 24 again: 11 probes exactly
+    run_search(search, lambda level, _t: "pass" if level <= 24 else "fail")
+    assert search.capacity == 24 and not search.out_of_probes
+    search.exhaust()
+    assert search.stopped is None
+
+
+def test_the_default_max_probes_covers_the_range_the_bisection_and_the_second_trial() -> None:
+    from tokenload.workload.scenario import default_max_probes
+
+    for capacity in (1, 3, 24, 96, 127, 200, 256):  # a search of 1..256 to one user never runs out by default
+        search = Search("users", 1, 256, 1, max_probes=default_max_probes("users", 1, 256, 1))
+        run_search(search, lambda level, _t, c=capacity: "pass" if level <= c else "fail")
+        assert search.capacity == capacity and not search.out_of_probes, capacity
+    assert default_max_probes("users", 1, 256, 1) == 19
+    rate = Search("rate", 1.0, 100.0, 0.1, max_probes=default_max_probes("rate", 1.0, 100.0, 0.1))
+    run_search(rate, lambda level, _t: "pass" if level <= 61 else "fail")
+    assert rate.capacity is not None and rate.capacity <= 61 and not rate.out_of_probes
 
 
 # ------------------------------------------------------------------- evidence
@@ -109,6 +135,23 @@ def test_a_perfect_level_passes_once_the_interval_clears_the_target() -> None:
     decision = decide(evidence(40, 40), SLO, 5, 60)
     assert decision is not None and decision.verdict == "pass"
     assert decision.ci is not None and decision.ci[0] >= 0.9
+
+
+def test_a_pass_that_only_steers_is_decided_at_80_percent_and_says_it_is_not_confident() -> None:
+    assert decide(evidence(14, 14), SLO, 5, 60, steer=True) is None  # 80% interval's lower end still below 0.9
+    steering = decide(evidence(15, 15), SLO, 5, 60, steer=True)
+    assert steering is not None and steering.verdict == "pass" and not steering.confident
+    assert decide(evidence(15, 15), SLO, 5, 60) is None  # the capacity's trial must reach 95%
+
+
+def test_a_second_trial_passes_at_95_percent_with_the_first_trials_requests_pooled() -> None:
+    assert decide(evidence(19, 19), SLO, 5, 60, prior=(15, 15)) is None  # 34 pooled: not yet 95%
+    decision = decide(evidence(20, 20), SLO, 5, 60, prior=(15, 15))
+    assert decision is not None and decision.verdict == "pass" and decision.confident
+    # the second trial must agree on its own too: pooled evidence alone passes nothing
+    assert decide(evidence(16, 19), SLO, 5, 60, prior=(200, 200)) is None
+    failing = decide(evidence(0, MIN_FAIL_REQUESTS), SLO, 1, 60, prior=(15, 15))
+    assert failing is not None and failing.verdict == "fail"
 
 
 def test_a_clearly_failing_level_fails_after_a_handful_but_not_on_one_request() -> None:

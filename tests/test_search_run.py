@@ -150,3 +150,35 @@ def test_a_channel_refusing_with_its_rate_limit_stops_the_search_without_a_capac
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["stop_reason"].startswith("search stopped: limited by the channel's rate limit")
     assert len(server.requests) < 40  # back-off honoured: no hammering of a refusing channel
+
+
+def test_a_step_down_judges_the_lower_level_only_once_the_higher_levels_backlog_is_below_it(tmp_path: Path) -> None:
+    # 2 slots, e2e about 0.85 s: 4 users queue two requests, and after the step down to 3 (and 3 to 2) the
+    # requests sent at the higher level are still on the server for longer than the 0.2 s warm-up.
+    server = SlotServer(slots=2, ttft_base_s=0.05, ttft_per_token_s=0.0, tpot_s=0.02)
+    body = (SCENARIO.format(min=2).replace("max = 32", "max = 4").replace("probe_warmup_s = 1", "probe_warmup_s = 0.2")
+            .replace("ttft_s = 0.5", "ttft_s = 0.3").replace("max_tokens = 32", "max_tokens = 40"))
+    try:
+        proc = run_cli(write_scenario(tmp_path, body), server.url + "/v1", tmp_path / "run", "--protocol",
+                       "openai-chat", model="gpt-test", timeout=300)
+    finally:
+        server.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    probes = json.loads((tmp_path / "run" / "search.json").read_text())["probes"]
+    df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    downs = [(prev, p) for prev, p in zip(probes, probes[1:]) if p["level"] < prev["level"]]
+    assert [p["level"] for _, p in downs] == [3, 2], [(p["level"], p["verdict"]) for p in probes]
+    starts, ends = df["started_at"].to_numpy(), df["finished_at"].to_numpy()
+    for prev, p in downs:
+        step = df[df["step"] == p["step"]]
+        assert len(step[step["phase"] == "measure"]) >= p["n"] > 0
+        # every request of the lower level was sent among fewer than `level` others in flight: the higher
+        # level's backlog was below the level, as in the level's own steady state (before: up to 3 at 2)
+        for t in step["started_at"]:
+            others = int(((starts < t) & (ends > t)).sum())
+            assert others < p["level"], (p["level"], others)
+        # the backlog was there: some request of the higher level was still in flight when the step began
+        first = step["started_at"].min()
+        higher = df[df["step"] == prev["step"]]
+        assert higher["finished_at"].max() > first
+    assert [p["verdict"] for p in probes if p["level"] == 2] == ["pass", "pass"]

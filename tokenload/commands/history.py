@@ -14,7 +14,10 @@ compares runs (Mann-Whitney test, effect size), matched by load level, with
 the formula error and the TTFT-vs-input fit of each window.
 `tokenload history add RUN_DIR...` ingests `tokenload run` directories, so
 stress runs at different hours land beside the watch samples (a run already
-ingested adds nothing).
+ingested adds nothing). Searched stress runs (`watch --stress search@03:00,14:00`,
+or any `[load] kind = "search"` run added) also put their capacity beside the
+latency: the verdict names the capacity found in each window with its boundary
+interval ("off-peak (01-06): 24 users (boundary in [24, 25])"), and by hour of day.
 
 The database defaults to $XDG_DATA_HOME/tokenload/history.db, else
 ~/.local/share/tokenload/history.db.
@@ -75,15 +78,19 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"no channel matches {', '.join(args.channel or [])}; the database holds: "
                               f"{', '.join(known) or 'nothing yet'}")
         frames = {c: store.query(since=time.time() - since, channels=[c]) for c in chosen}
-    return report(frames, period, Path(args.out) if args.out else None, args.csv)
+        capacities = {c: store.capacities(c, since=time.time() - since) for c in chosen}
+    return report(frames, period, Path(args.out) if args.out else None, args.csv, capacities)
 
 
-def report(frames: dict[str, Any], period: float, out: Path | None, csv: bool) -> int:
-    """Analyse each channel's rows, write the report, print the verdict; shared with `demo --history`."""
+def report(frames: dict[str, Any], period: float, out: Path | None, csv: bool,
+           capacities: dict[str, Any] | None = None) -> int:
+    """Analyse each channel's rows (and the capacities its searched stress runs found), write the report,
+    print the verdict; shared with `demo --history`."""
     from tokenload.history.report import verdict_lines, write_report
     from tokenload.history.views import analyze_history
 
-    reports = [(c, analyze_history(f, period), f) for c, f in frames.items() if len(f)]
+    reports = [(c, analyze_history(f, period, capacities=(capacities or {}).get(c, ())), f)
+               for c, f in frames.items() if len(f)]
     if not reports:
         print("no requests in the chosen time span: widen --since or keep watching", file=sys.stderr)
         return 1

@@ -173,6 +173,7 @@ def verdict_lines(channel: str, result: dict[str, Any]) -> list[str]:
                  (("peak", "peak"), ("off_peak", "off-peak")) if windows[key] and server[key]]
         parts.append(f"all samples: {_gauges(server['overall'])}")
         lines.append("server (its /metrics, as each sample began): " + "; ".join(parts))
+    lines.extend(capacity_lines(result.get("capacity") or {}))
     lines.extend(f"advice: {a}" for a in result["advice"])
     return lines
 
@@ -183,6 +184,32 @@ def _gauges(view: dict[str, Any]) -> str:
     if view.get("kv_cache_usage_mean") is not None:
         parts.append(f"KV cache {view['kv_cache_usage_mean']:.0%}")
     return f"{', '.join(parts)} on average ({view['samples']} samples)"
+
+
+def _boundary(run: dict[str, Any]) -> str:
+    """`24 users (boundary in [24, 25])` for one searched run."""
+    lo, hi = run["interval"]
+    if lo is None:
+        return (f"below {run['range'][0]:g} {run['unit']}" if run["below"] else "none decided")
+    return f"{lo:g} {run['unit']} (boundary in [{lo:g}, {'?' if hi is None else f'{hi:g}'}])"
+
+
+def capacity_lines(capacity: dict[str, Any]) -> list[str]:
+    """'capacity off-peak (01-06): 24 users ...; peak (13-17): 6 users ...', from searched stress runs."""
+    runs = capacity.get("runs") or []
+    if not runs:
+        return []
+    parts = []
+    for key in ("off_peak", "peak"):
+        window = capacity.get(key)
+        if window:
+            found = "; ".join(_boundary(r) for r in window["runs"])
+            median = "" if len(window["runs"]) < 2 or window["capacity"] is None else \
+                f" median {window['capacity']:g},"
+            parts.append(f"{key.replace('_', '-')} ({window['label']}):{median} {found}")
+    by_hour = "; ".join(f"{r['hour']:02d}:00 {_boundary(r)}" for r in runs)
+    head = f"capacity by searched stress runs ({len(runs)}): "
+    return [head + (", ".join(parts) if parts else by_hour), *([f"capacity by hour of day: {by_hour}"] if parts else [])]
 
 
 def _fit_text(fit: dict[str, Any]) -> str:

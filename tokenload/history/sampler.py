@@ -38,7 +38,7 @@ from tokenload.channel import Channel
 from tokenload.dayclock import DAY_S, utc_offset_s
 from tokenload.errors import ConfigError, HarnessError
 from tokenload.exporter import LiveMetrics
-from tokenload.history.store import HistoryStore, Sample, fingerprint_of, row_tokens
+from tokenload.history.store import HistoryStore, Sample, fingerprint_of, row_tokens, searched
 from tokenload.servermetrics import scrape
 from tokenload.transport.httpx_client import stream_once, timeouts
 from tokenload.workload.prompts import PromptSource, RequestPlan
@@ -322,12 +322,8 @@ def status_line(result: SampleResult) -> str:
 
 def _capacity(run_dir: Path) -> str:
     """`, capacity 8 users (boundary in [8, 9])` for a searched stress run, else nothing."""
-    from tokenload.search.bisect import Search
-    from tokenload.search.resume import SEARCH_FILE
-
-    try:
-        search = Search.from_dict(json.loads((run_dir / SEARCH_FILE).read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError):
+    search = searched(run_dir)
+    if search is None:
         return ""
     unit = "users" if search.over == "users" else "req/s"
     lo, hi = search.capacity, search.bounds()[1]

@@ -20,6 +20,8 @@ run directory twice adds nothing.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sqlite3
 import time
@@ -33,13 +35,15 @@ import pyarrow as pa
 
 from tokenload.errors import ConfigError
 from tokenload.load.records import COLUMNS, SCHEMA
+from tokenload.search.bisect import Search
+from tokenload.search.resume import SEARCH_FILE
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from tokenload.channel import Channel
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 60.0
 HISTORY_COLUMNS: tuple[str, ...] = ("channel", "sample_id", "source")
 
@@ -97,8 +101,15 @@ def _migrate_v2(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE samples ADD COLUMN server TEXT")
 
 
+def _migrate_v3(db: sqlite3.Connection) -> None:
+    """The capacities searched stress runs found (one row per run, `Capacity`)."""
+    db.execute("CREATE TABLE capacities (sample_id TEXT PRIMARY KEY, channel TEXT NOT NULL, started_at REAL NOT NULL, "
+               "over TEXT NOT NULL, capacity REAL, upper REAL, min_level REAL NOT NULL, max_level REAL NOT NULL)")
+    db.execute("CREATE INDEX capacities_channel_time ON capacities (channel, started_at)")
+
+
 # Migration k brings a database from version k to k + 1; append, never edit.
-MIGRATIONS = (_migrate_v1, _migrate_v2)
+MIGRATIONS = (_migrate_v1, _migrate_v2, _migrate_v3)
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -118,6 +129,24 @@ class Sample:
     note: str | None = None
     # the server's gauges when the sample began (`watch --server-metrics`): JSON {"running": 4, ...}
     server: str | None = None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What one searched run (`[load] kind = "search"`, e.g. `watch --stress search@...`) found.
+
+    `capacity` is the highest passing level (None: none passed), `upper` the lowest level that failed or
+    stayed undecided below the target (None: none): the boundary lies in [capacity, upper].
+    """
+
+    sample_id: str
+    channel: str
+    started_at: float
+    over: str  # users or rate
+    capacity: float | None
+    upper: float | None
+    min_level: float
+    max_level: float
 
 
 def row_tokens(row: Mapping[str, Any]) -> int:
@@ -163,6 +192,14 @@ class HistoryStore(Protocol):
 
     def channels(self) -> list[tuple[str, int]]:
         """Every channel fingerprint with its row count, most rows first."""
+        ...
+
+    def add_capacity(self, capacity: Capacity) -> None:
+        """Keep a searched run's capacity (adding the same run again replaces it)."""
+        ...
+
+    def capacities(self, channel: str, since: float | None = None) -> list[Capacity]:
+        """`channel`'s searched capacities, oldest first."""
         ...
 
     def close(self) -> None: ...
@@ -317,6 +354,15 @@ class SqliteHistory:
         rows = self._db.execute("SELECT channel, COUNT(*) AS n FROM requests GROUP BY channel ORDER BY n DESC")
         return [(str(c), int(n)) for c, n in rows]
 
+    def add_capacity(self, capacity: Capacity) -> None:
+        self._write(lambda: self._db.execute("INSERT OR REPLACE INTO capacities VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                             tuple(capacity.__dict__.values())).rowcount)
+
+    def capacities(self, channel: str, since: float | None = None) -> list[Capacity]:
+        rows = self._db.execute("SELECT * FROM capacities WHERE channel = ? AND started_at >= ? ORDER BY started_at",
+                                (channel, -math.inf if since is None else since))
+        return [Capacity(*row) for row in rows]
+
     def close(self) -> None:
         self._db.close()
 
@@ -341,8 +387,6 @@ def ingest_run(store: HistoryStore, run_dir: str | Path) -> tuple[str, int, int]
     The run's manifest names the channel (without secrets); its run id is the
     sample id, so the rows of one stress run stay together.
     """
-    import json
-
     import pyarrow.parquet as pq
 
     from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
@@ -367,4 +411,17 @@ def ingest_run(store: HistoryStore, run_dir: str | Path) -> tuple[str, int, int]
         tokens=sum(row_tokens(r) for r in rows), requests=len(rows),
         errors=sum(1 for r in rows if r.get("status") != "ok"), note=str(run_dir.name),
     )
-    return channel, store.add_sample(sample, rows, source="run"), len(rows)
+    added = store.add_sample(sample, rows, source="run")
+    found = searched(run_dir)
+    if found is not None:
+        store.add_capacity(Capacity(sample.sample_id, channel, sample.started_at, found.over, found.capacity,
+                                    found.bounds()[1], found.min_level, found.max_level))
+    return channel, added, len(rows)
+
+
+def searched(run_dir: Path) -> Search | None:
+    """The search a searched run directory recorded (its search.json), None for other runs."""
+    try:
+        return Search.from_dict(json.loads((run_dir / SEARCH_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -14,6 +14,12 @@ test and effect size, from the analysis package), with the TTFT-vs-input and
 formula fits per window, and turned into advice with numbers. Where `watch
 --server-metrics` kept the server's gauges with each sample, their means per
 hour and per window say whether the server itself was busier at peak.
+
+Beside the latency, the capacity: searched stress runs (`watch --stress
+search@03:00,14:00`) each found the highest load meeting the SLO; each is
+placed in the hour of the day it ran, and every window lists the capacities
+found in it with their boundary intervals ("capacity 24 users off-peak, 6 at
+peak").
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import pandas as pd
 from tokenload.analysis.stats import BOOTSTRAP_MAX_N, BOOTSTRAP_RESAMPLES, bootstrap_ci
 from tokenload.dayclock import DAY_S, utc_offset_s
 from tokenload.errors import LOAD_KINDS
+from tokenload.history.store import Capacity
 
 HOURS = 24
 MIN_PER_HOUR = 5  # requests an hour needs before it can be called peak or off-peak
@@ -298,8 +305,35 @@ def server_view(folded: pd.DataFrame, peak: Window | None, off: Window | None) -
             "off_peak": means(_window_rows(samples, off)) if off else None}
 
 
-def analyze_history(frame: pd.DataFrame, period_s: float = DAY_S, seed: int = 0) -> dict[str, Any]:
-    """Hour tables, windows, window statistics, comparison and advice for one channel's rows."""
+def hour_of_day(t: float, period_s: float = DAY_S) -> float:
+    """The hour (0-24, fractional) of the folded local day at unix time `t`, as `fold` computes it."""
+    return (t + utc_offset_s(t)) % period_s / period_s * HOURS
+
+
+def capacity_by_window(capacities: Sequence[Capacity], windows: dict[str, Window | None],
+                       period_s: float = DAY_S) -> dict[str, Any]:
+    """Each searched run's capacity at its hour of the day, and per window the ones that ran in it.
+
+    `windows`: "peak" / "off_peak" -> the TTFT window (or None). A window's `capacity` is the median of
+    its runs' capacities (None when none passed); `runs` keeps each run's boundary interval.
+    """
+    runs: list[dict[str, Any]] = [{"hour": int(hour_of_day(c.started_at, period_s)) % HOURS, "started_at": c.started_at,
+             "unit": "users" if c.over == "users" else "req/s", "capacity": c.capacity,
+             "interval": [c.capacity, c.upper], "below": c.capacity is None and c.upper is not None,
+             "range": [c.min_level, c.max_level]} for c in capacities]
+    out: dict[str, Any] = {"runs": runs}
+    for key, window in windows.items():
+        inside = [r for r in runs if window is not None and r["hour"] in window.hours]
+        found = [float(r["capacity"]) for r in inside if r["capacity"] is not None]
+        out[key] = None if window is None or not inside else {
+            "label": window.label, "runs": inside, "capacity": float(np.median(found)) if found else None}
+    return out
+
+
+def analyze_history(frame: pd.DataFrame, period_s: float = DAY_S, seed: int = 0,
+                    capacities: Sequence[Capacity] = ()) -> dict[str, Any]:
+    """Hour tables, windows, window statistics, comparison, the server's gauges, capacities and advice for one
+    channel's rows."""
     rng = np.random.default_rng(seed)
     everything = fold(frame, period_s)
     # The hours are told apart at the probes' load (1 user): stress runs would pass for busy hours.
@@ -331,5 +365,6 @@ def analyze_history(frame: pd.DataFrame, period_s: float = DAY_S, seed: int = 0)
     result["comparison"] = matched.get(1)
     result["comparison_by_load"] = {str(level): c for level, c in matched.items()}
     result["server"] = server_view(folded, peak, off)
+    result["capacity"] = capacity_by_window(capacities, {"off_peak": off, "peak": peak}, period_s)
     result["advice"] = advice(result)
     return result

@@ -256,8 +256,8 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         extra_body=scenario.output.extra_body(),
         think_time_s=load.think_time_s,
         retry=load.retry,
-        warmup=Warmup(load.warmup_requests, load.warmup_s, state, probe_warmup)
-        if load.warmup_requests or load.warmup_s or probe_warmup else None,
+        warmup=Warmup(load.warmup_requests, load.warmup_s, state, probe_warmup, drain=load.search is not None)
+        if load.warmup_requests or load.warmup_s or load.search is not None else None,
     )
     environment.tokenload_process = ctx  # type: ignore[attr-defined]
     probe = LagProbe()

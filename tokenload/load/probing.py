@@ -68,6 +68,9 @@ class Prober:
         level = self.search.next_level()
         if level is None:
             self.current = None
+            if self.search.out_of_probes:
+                self.search.exhaust()
+                self.write()
             return None
         self.step += 1
         users, rate = (int(level), None) if self.spec.over == "users" else (self.scenario.load.max_users, level)
@@ -80,8 +83,10 @@ class Prober:
         phase = self.current
         if phase is None:
             return False
+        level = float(phase.users if phase.rate is None else phase.rate)
         decision = decide(cell.evidence if cell is not None else _EMPTY.evidence, self.slo,
-                          elapsed_s - phase.start_s, self.spec.max_probe_s)
+                          elapsed_s - phase.start_s, self.spec.max_probe_s,
+                          steer=not self.search.full_evidence(level), prior=self.search.prior(level))
         if decision is None:
             return False
         self._record(phase, decision, cell, elapsed_s)
@@ -96,7 +101,7 @@ class Prober:
             level=level, verdict=decision.verdict, trial=trial, n=evidence.judged, attainment=decision.attainment,
             ci=list(decision.ci) if decision.ci is not None else None, error_rate=decision.error_rate,
             binding=decision.binding, duration_s=round(elapsed_s - phase.start_s, 3), tokens=tokens,
-            step=phase.step, started_at=self._started_at, run_id=self.run_id,
+            step=phase.step, confident=decision.confident, started_at=self._started_at, run_id=self.run_id,
             error_kinds=dict(evidence.error_kinds), missed_by=dict(evidence.missed_by)))
         rate_limited = evidence.error_kinds.get(ek.RATE_LIMITED, 0)
         if decision.verdict == "fail" and decision.binding == "errors" and evidence.load_errors \

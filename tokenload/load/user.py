@@ -48,7 +48,7 @@ from tokenload.load.courier import MessageWriter
 from tokenload.load.pacing import pushed_back
 from tokenload.load.records import CANCELLED, SegmentWriter
 from tokenload.load.tokenstats import CHUNK_TIMES_KEY, RECORD_KEY
-from tokenload.load.warmup import MEASURE, Warmup
+from tokenload.load.warmup import DRAIN_POLL_S, MEASURE, Warmup
 from tokenload.measure import TOKEN_TEXT
 from tokenload.protocols.base import ProtocolAdapter
 from tokenload.record import RequestRecord
@@ -130,6 +130,8 @@ class LLMUser(User):
         if state.failfast.tripped or (budget is not None and not budget.admit()):
             self.parked = True  # the channel is misconfigured, or this process's share of the limits is spent
             return
+        while ctx.arrivals is None and ctx.warmup is not None and ctx.warmup.draining():
+            self._pause(DRAIN_POLL_S)  # a search stepped down: wait until the backlog is below the level
         row: TraceRow | None = None
         if isinstance(ctx.arrivals, TraceArrivals):
             slot = ctx.arrivals.wait_row()
@@ -191,6 +193,7 @@ class LLMUser(User):
         state = ctx.state
         step, users, budget = state.step, state.users, state.budget
         phase = ctx.warmup.phase() if ctx.warmup is not None else MEASURE
+        sent_at = ctx.warmup.sent() if ctx.warmup is not None else 0.0
         if answer is not None:
             answer.clear()
 
@@ -212,6 +215,8 @@ class LLMUser(User):
         except Exception as exc:  # a bug of ours: recorded as client_error, never hidden
             session.timeline.fail(ek.CLIENT_ERROR, f"{type(exc).__name__}: {exc}")
         finally:
+            if ctx.warmup is not None:
+                ctx.warmup.finished(sent_at)
             record = session.record()
             duration = record["duration_s"]
             info = parse_rate_headers(session.timeline.response_headers, time.time())

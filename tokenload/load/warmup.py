@@ -7,13 +7,23 @@ them. A request is warm-up (`phase = "warmup"` in the records; the others are
 or is sent within the run's first `[load] warmup_s` seconds (counted from the
 first step's start on the shape's clock, the same in every process), and the
 analysis drops warm-up rows when it loads a run; a search also marks each probe's first
-`[load] probe_warmup_s` seconds. (`[load] step_warmup_s` is the
+`[load] probe_warmup_s` seconds, and after a step down (a failing level, then a
+lower one) the requests sent at the higher level are still on the channel (its
+queue, its busy slots): a request sent among them would judge the lower level
+by the higher one's congestion. Closed-loop users therefore send nothing while
+this process has a higher level's request in flight and as many requests in
+flight as its share of the level's users (`draining`): each waits until the
+backlog is below the level, so every request of the probe is sent among at
+most the level's requests, as in the level's steady state, and none is spent
+as warm-up. Open-loop arrivals cannot wait: a request sent while a higher
+rate's request is still in flight is warm-up. (`[load] step_warmup_s` is the
 analysis' per-step exclusion by time, applied when it computes each step.)
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -22,19 +32,29 @@ if TYPE_CHECKING:
 Phase = Literal["warmup", "measure"]
 WARMUP: Phase = "warmup"
 MEASURE: Phase = "measure"
+DRAIN_POLL_S = 0.05  # how often a user held by a step down's drain looks again
 
 
 class Warmup:
     """Marks this process's warm-up requests (one per process): its first `requests`, any sent in the
-    run's first `seconds` (the run's start is `state.run_started_at`, set by the first step), and any sent
-    in each step's first `step_seconds` (a search's probes: the users of a new level are still starting)."""
+    run's first `seconds` (the run's start is `state.run_started_at`, set by the first step), any sent
+    in each step's first `step_seconds` (a search's probes: the users of a new level are still starting),
+    and, with `drain` (a search), any sent while a step down's backlog is still in flight (`draining`)."""
 
     def __init__(self, requests: int, seconds: float = 0.0, state: LoadState | None = None,
-                 step_seconds: float = 0.0) -> None:
+                 step_seconds: float = 0.0, drain: bool = False) -> None:
         self._left = requests
         self._seconds = seconds
         self._state = state
         self._step_seconds = step_seconds
+        self._drain = drain
+        self._flying: Counter[float] = Counter()  # requests in flight by the load level they were sent at
+
+    def _level(self) -> float:
+        state = self._state
+        if state is None:
+            return 0.0
+        return float(state.rate if state.rate is not None else state.users)
 
     def phase(self) -> Phase:
         if self._left > 0:
@@ -48,4 +68,28 @@ class Warmup:
             return WARMUP
         if self._step_seconds and state.started_at and now < state.started_at + self._step_seconds:
             return WARMUP
-        return MEASURE
+        return WARMUP if self.draining() else MEASURE
+
+    def draining(self) -> bool:
+        """A step down's backlog is in flight: a higher level's request, and (closed loop) as many requests
+        as this process's share of the level's users, so one more would exceed the level."""
+        state = self._state
+        if not self._drain or state is None:
+            return False
+        level = self._level()
+        if not any(sent_at > level for sent_at in self._flying):
+            return False
+        return state.rate is not None or sum(self._flying.values()) >= level / max(1, state.pacer.workers)
+
+    def sent(self) -> float:
+        """A request goes out now: returns its level, to hand back to `finished` when it ends."""
+        level = self._level()
+        if self._drain:
+            self._flying[level] += 1
+        return level
+
+    def finished(self, level: float) -> None:
+        if self._drain:
+            self._flying[level] -= 1
+            if self._flying[level] <= 0:
+                del self._flying[level]

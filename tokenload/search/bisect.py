@@ -9,6 +9,13 @@ highest passing level is held again: it must pass a second time. A second
 trial that fails is a disagreement: it is kept in the record, the level counts
 as failing from then on, and the search continues below it.
 
+Only the capacity needs a confident pass: a first pass only steers the search
+(it is decided at 80%, `evidence.STEER_Z`), since every level below the
+boundary is tested again by the levels probed after it, and a wrong steer ends
+in a second trial that disagrees. The second trial must pass at 95%
+(`full_evidence`); a first pass that already reached 95% needs none. With
+`confirm = false` every pass must reach 95% at once.
+
 An undecided probe (its time ran out first) steers by its point estimate (at
 or above the target: upward) but never becomes the reported capacity or first
 failing level: those are decided levels only, so `interval` ([capacity,
@@ -47,6 +54,7 @@ class Probe:
     duration_s: float
     tokens: int
     step: int = 0  # the run's step number of this probe (records carry it)
+    confident: bool = True  # a pass at 95%, not only at the steering 80%
     started_at: float = 0.0
     run_id: str = ""  # the run whose records hold this probe (a resumed search holds earlier runs' probes)
     error_kinds: dict[str, int] = field(default_factory=dict)
@@ -128,6 +136,15 @@ class Search:
         """The level to probe next, or None when the search is over."""
         if self.stopped is not None or len(self.probes) >= self.max_probes:
             return None
+        return self._planned()
+
+    @property
+    def out_of_probes(self) -> bool:
+        """`max_probes` ended the search before it had found the boundary to its resolution and confirmed it."""
+        return self.stopped is None and len(self.probes) >= self.max_probes and self._planned() is not None
+
+    def _planned(self) -> float | None:
+        """The level the search would probe next were there no cap on probes."""
         if not self.probes:
             return self._round(self.min_level)
         lo, hi = self.bounds()
@@ -146,9 +163,29 @@ class Search:
 
     def _confirmation(self, level: float) -> float | None:
         trials = [p for p in self.probes if p.level == level]
-        if not self.confirm or len(trials) >= 2 or trials[-1].verdict != "pass":
+        last = trials[-1]
+        if not self.confirm or len(trials) >= 2 or last.verdict != "pass" or last.confident:
             return None
         return level
+
+    def full_evidence(self, level: float) -> bool:
+        """A probe of `level` must pass at 95%: it is the boundary's second trial (or every pass must be)."""
+        return not self.confirm or any(p.level == level and p.verdict == "pass" for p in self.probes)
+
+    def prior(self, level: float) -> tuple[int, int]:
+        """(met, judged) of `level`'s passing trials so far, pooled into its second trial's 95% pass."""
+        met = judged = 0
+        for p in self.probes:
+            if p.level == level and p.verdict == "pass" and p.attainment is not None:
+                met, judged = met + round(p.attainment * p.n), judged + p.n
+        return met, judged
+
+    def exhaust(self) -> None:
+        """Say so when `max_probes` ended the search before it found and confirmed the boundary."""
+        if self.out_of_probes:
+            self.stopped = (f"max_probes ({self.max_probes}) ran out before the boundary was found to the "
+                            "resolution and confirmed; raise [load] max_probes (or --resume this run with a "
+                            "scenario that does)")
 
     def record(self, probe: Probe) -> None:
         self.probes.append(probe)

@@ -14,11 +14,18 @@ judged requests that met every SLO term) and of the load-error rate:
   need more requests than a probe may spend: the search says so instead of
   guessing).
 
+A pass that only steers the search (a level below the boundary, whose verdict
+the levels probed after it will test again: `bisect`) is decided at 80%
+(`STEER_Z`): a perfect level passes a 0.9 target after 15 requests instead of
+35. The level the search names as the capacity must pass at 95% (`confident`):
+its second trial passes when its own 80% interval and the 95% interval of both
+trials' requests pooled lie above the target (the first trial's requests count
+again, the second trial must agree on its own). A clearly failing level is
+decided after a handful of requests, always at 95%.
+
 Repeated looks at a growing sample make a 95% interval somewhat optimistic;
-the confirmation trial of the boundary level (`bisect`) is the guard that
-catches a verdict decided by chance. A perfect level needs about 35 requests to
-pass a 0.9 target (the interval's lower end reaches 0.9 there); a clearly
-failing one is decided after a handful.
+the second trial of the boundary level (`bisect`) is the guard that catches a
+verdict decided by chance.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from tokenload.slo import COLUMN, Slo, missed_terms, verdict
 
 Verdict = Literal["pass", "fail", "undecided"]
 Z95 = 1.959963984540054
+STEER_Z = 1.2815515655446004  # a two-sided 80% interval: enough to steer, never to name the capacity
 MIN_REQUESTS = 10
 # A fail needs this many judged requests too: the first answers after a level change meet the queue it left.
 MIN_FAIL_REQUESTS = 5
@@ -109,6 +117,7 @@ class Decision:
     ci: tuple[float, float] | None
     error_rate: float | None
     binding: str | None  # the SLO term missed most ("errors" when the error rate decided), for a fail
+    confident: bool = True  # a pass whose 95% interval (not only the steering one) lies above the target
 
 
 def binding_term(evidence: Evidence) -> str | None:
@@ -119,8 +128,12 @@ def binding_term(evidence: Evidence) -> str | None:
 
 
 def decide(evidence: Evidence, slo: Slo, elapsed_s: float, max_probe_s: float,
-           min_requests: int = MIN_REQUESTS) -> Decision | None:
-    """The probe's verdict now, or None to keep gathering evidence."""
+           min_requests: int = MIN_REQUESTS, steer: bool = False, prior: tuple[int, int] = (0, 0)) -> Decision | None:
+    """The probe's verdict now, or None to keep gathering evidence.
+
+    `steer`: a pass at 80% will do. `prior`: (met, judged) of the level's earlier passing trial, pooled with
+    this one's for the 95% pass of a second trial.
+    """
     n = evidence.judged
     ci = wilson_interval(evidence.met, n)
     errors = wilson_interval(evidence.load_errors, n)
@@ -131,8 +144,13 @@ def decide(evidence: Evidence, slo: Slo, elapsed_s: float, max_probe_s: float,
             return Decision("fail", attainment, ci, error_rate, "errors")
         if ci[1] < slo.target:
             return Decision("fail", attainment, ci, error_rate, binding_term(evidence))
-        if n >= min_requests and ci[0] >= slo.target:
-            return Decision("pass", attainment, ci, error_rate, None)
+        steering = wilson_interval(evidence.met, n, STEER_Z)
+        pooled = wilson_interval(evidence.met + prior[0], n + prior[1])
+        if n >= min_requests and steering is not None and steering[0] >= slo.target:
+            if pooled is not None and pooled[0] >= slo.target:
+                return Decision("pass", attainment, ci, error_rate, None)
+            if steer:
+                return Decision("pass", attainment, ci, error_rate, None, confident=False)
     if elapsed_s >= max_probe_s:
         return Decision("undecided", attainment, ci, error_rate, binding_term(evidence))
     return None
