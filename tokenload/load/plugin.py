@@ -31,7 +31,6 @@ import atexit
 import logging
 import os
 import random
-import re
 import signal
 import time
 import uuid
@@ -44,7 +43,7 @@ from locust.env import Environment
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 from tokenload.channel import Channel
-from tokenload.load import census, handoff, lifeline, records, series, tokenstats
+from tokenload.load import census, courier, handoff, lifeline, records, series, tokenstats
 from tokenload.load.arrivals import Arrivals, TraceArrivals
 from tokenload.load.control import LoadState, RunControl, install_step_listener
 from tokenload.load.drain import DRAIN_GRACE_S, DRAIN_MESSAGE
@@ -83,17 +82,15 @@ def _init(environment: Environment, **_: Any) -> None:
         return
     global _ENVIRONMENT
     _ENVIRONMENT = environment
+    if isinstance(environment.runner, WorkerRunner):
+        courier.follow_acks(environment)
+        series.follow_master(environment, lambda scenario, channel: _join(environment, scenario, channel))
+        _arm_lifeline(environment)
+        return
     scenario = load_scenario(opts.scenario)
     state = LoadState.for_scenario(scenario)
     environment.tokenload_state = state  # type: ignore[attr-defined]
     tokenstats.install(environment, scenario.slo)
-    if isinstance(environment.runner, WorkerRunner):
-        install_step_listener(environment, state)
-        census.follow_census(environment, state)
-        _setup_process(environment, scenario)
-        series.follow_master(environment)
-        _arm_lifeline(environment)
-        return
     if not opts.run_id:
         opts.run_id = new_run_id()
     if not opts.run_dir:
@@ -112,6 +109,22 @@ def _init(environment: Environment, **_: Any) -> None:
         _setup_process(environment, scenario)
     series.lead(environment)
     _arm_lifeline(environment)
+
+
+def _join(environment: Environment, scenario: Scenario, channel: dict[str, Any]) -> None:
+    """A worker joins its master's run: the master's resolved scenario; under plain Locust, its channel's URL.
+
+    Runs in the handler of the master's first run message, so it is done before any spawn message is handled.
+    Under `tokenload run --worker` the channel was resolved on this machine (its flags, environment and key).
+    """
+    state = LoadState.for_scenario(scenario)
+    environment.tokenload_state = state  # type: ignore[attr-defined]
+    tokenstats.install(environment, scenario.slo)
+    install_step_listener(environment, state)
+    census.follow_census(environment, state)
+    if handoff.channel_from_env() is None and channel.get("base_url"):
+        environment.host = channel["base_url"]
+    _setup_process(environment, scenario)
 
 
 def _channel(scenario: Scenario, host: str | None) -> tuple[Scenario, Channel]:
@@ -204,13 +217,13 @@ def _wait_for_workers(environment: Environment) -> None:
         return
     draining = sorted(c.id for c in runner.clients.all if c.state != STATE_MISSING)  # a lost one flushes no more
     if draining:
-        records.wait_for_workers(control.path.parent.parent, draining, environment.stop_timeout + DRAIN_GRACE_S)
+        with courier.collecting(environment):
+            records.wait_for_workers(control.path.parent.parent, draining, environment.stop_timeout + DRAIN_GRACE_S)
 
 
 def _worker_id(environment: Environment) -> str:
     runner = environment.runner
-    raw = runner.client_id if isinstance(runner, WorkerRunner) else "local"
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+    return records.safe_worker_id(runner.client_id if isinstance(runner, WorkerRunner) else "local")
 
 
 def _setup_process(environment: Environment, scenario: Scenario) -> None:
@@ -246,7 +259,9 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         adapters={m: adapter_for(channel.with_model(m)) for m in models},
         transport=Transport(channel),
         prompts=PromptSource(scenario, models, salt),
-        writer=records.SegmentWriter(Path(opts.run_dir) if opts.run_dir else None, worker),
+        # A worker's writer comes with the master's run message (`series.follow_master`).
+        writer=records.SegmentWriter(None if isinstance(environment.runner, WorkerRunner) else Path(opts.run_dir),
+                                     worker),
         state=state,
         arrivals=arrivals,
         extra_body=scenario.output.extra_body(),
@@ -269,6 +284,7 @@ def _flush(environment: Environment, done: bool = False) -> None:
         state = {"lag": environment.tokenload_probe.stats(), "pid": os.getpid(),  # type: ignore[attr-defined]
                  "lost": None if line is None else line.reason}
         ctx.writer.flush(state, done=done)
+    courier.pump(environment)
 
 
 def _flush_forever(environment: Environment) -> None:
@@ -306,6 +322,12 @@ def _quit(exit_code: int, **_: Any) -> None:
     """The last event of a Locust process (it carries no environment, hence `_ENVIRONMENT`)."""
     if _ENVIRONMENT is not None:
         _flush(_ENVIRONMENT, done=True)
+        line: lifeline.Lifeline | None = getattr(_ENVIRONMENT, "tokenload_lifeline", None)
+        if line is None or line.reason is None:  # a master that is gone acknowledges nothing: the spool keeps it
+            unsent = courier.settle(_ENVIRONMENT)
+            if unsent:
+                logging.getLogger(__name__).error("tokenload: the master did not acknowledge %d record batches; "
+                                                  "they stay in %s", len(unsent), Path(unsent[0]).parent)
         _wait_for_workers(_ENVIRONMENT)
         control: RunControl | None = getattr(_ENVIRONMENT, "tokenload", None)
         if control is not None:

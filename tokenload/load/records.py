@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -57,6 +58,16 @@ def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     write(tmp)
     os.replace(tmp, path)
+
+
+def safe_worker_id(raw: str) -> str:
+    """A worker id fit for a file name (Locust's client ids hold the host name; a courier batch names its own)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", raw).lstrip(".") or "_"
+
+
+def write_segment(path: Path, table: pa.Table) -> None:
+    """Write one segment of records atomically (uncompressed Arrow IPC: cheap to write every second)."""
+    _atomic_write(path, lambda tmp: feather.write_feather(table, tmp, compression="uncompressed"))
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -106,11 +117,11 @@ class SegmentWriter:
             if rows:
                 table = pa.Table.from_pylist(rows, schema=SCHEMA)
                 path = self.dir / f"{self.worker}-{self._seq:06d}.arrow"
-                _atomic_write(path, lambda tmp: feather.write_feather(table, tmp, compression="uncompressed"))
+                write_segment(path, table)
                 self._seq += 1
                 self.written += len(rows)
             write_json(self.dir / f"{self.worker}.state.json",
-                       {**state, "worker": self.worker, "records": self.written, "done": done,
+                       {**state, "worker": self.worker, "records": self.written, "segments": self._seq, "done": done,
                         "updated_at": time.time()})
         except FileNotFoundError:
             if self.dir.is_dir():

@@ -41,8 +41,6 @@ from tokenload.load.drain import DRAIN_CAP_S
 from tokenload.load.handoff import bind
 from tokenload.load.rundirs import (
     LOG_FILE,
-    RUN_INFO,
-    SCENARIO_FILE,
     default_run_dir,
     finalise,
     new_run_id,
@@ -174,10 +172,10 @@ def plan_run(
     PromptSource(scenario, scenario.channel.models, 0)
     for model in scenario.channel.models:
         adapter_for(channel.with_model(model))
-    if distribution.worker:
-        if out_dir is None:
-            raise ConfigError("a worker needs --out: the master's run directory, on a filesystem both machines share")
-        run_dir = Path(out_dir)
+    if distribution.worker:  # its log and its spool; or the master's run directory, if the machines share it
+        run_dir = Path(out_dir) if out_dir else default_run_dir(f"{scenario.name}-worker")
+        if run_dir.exists() and not run_dir.is_dir():
+            raise ConfigError(f"--out {run_dir} is a file, not a directory; choose another --out")
     else:
         run_dir = Path(out_dir) if out_dir else default_run_dir(scenario.name)
         _check_new_run_dir(run_dir)
@@ -236,17 +234,18 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
     # feeds the tab's live view (its runs are finalised and analysed by Locust's master as they stop).
     sources = None if distribution.worker else server_metrics.resolve(
         scenario.server.metrics_url, channel.base_url, scenario.server.interval_s, scenario.server.discover)
-    if distribution.worker:
-        run_id, scenario_path = _join_master_run(run_dir)
+    if distribution.worker:  # the run id and the resolved scenario come from the master (`series.follow_master`)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        run_args = ["--run-dir", str(run_dir)]
         log_name = f"locust-worker-{socket.gethostname()}-{os.getpid()}.log"
     else:
         run_id = new_run_id()
         started = time.time()
         scenario_path = write_run_info(run_dir, run_id, scenario, channel.public())
+        run_args = ["--scenario", str(scenario_path), "--run-dir", str(run_dir), "--run-id", run_id]
         log_name = LOG_FILE
     command = [
-        sys.executable, "-m", "locust", "-f", str(locustfile()),
-        "--scenario", str(scenario_path), "--run-dir", str(run_dir), "--run-id", run_id,
+        sys.executable, "-m", "locust", "-f", str(locustfile()), *run_args,
         "--host", channel.base_url,
         "--exit-code-on-error", "0", "--loglevel", "INFO",
         *(websession.locust_args(plan.web_host, plan.web_port) if plan.web else ["--headless"]),
@@ -281,29 +280,13 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
 def drain_used(run_dir: Path, scenario: Scenario) -> float:
     """The drain the run's master settled on (derived when the plan ended: `drain.py`), from control.json.
 
-    A worker machine reads the master's (on the shared run directory); without one, the longest the
+    A worker machine reads the master's when it shares the run directory; otherwise, the longest the
     scenario allows.
     """
     drain = read_json(run_dir / records.SEGMENTS_DIR / "control.json").get("drain") or {}
     if drain.get("drain_s") is not None:
         return float(drain["drain_s"])
     return scenario.stop.drain_s if scenario.stop.drain_s is not None else max(scenario.stop.drain_min_s, DRAIN_CAP_S)
-
-
-def _join_master_run(run_dir: Path, timeout_s: float = 60.0) -> tuple[str, Path]:
-    """A worker's run id and resolved scenario: the master's, read from the shared run directory.
-
-    The master writes them before it starts Locust; a worker started first waits for them,
-    so every record of the run carries one run id and follows one scenario.
-    """
-    seg = run_dir / records.SEGMENTS_DIR
-    deadline = time.monotonic() + timeout_s
-    while not ((seg / RUN_INFO).exists() and (seg / SCENARIO_FILE).exists()):
-        if time.monotonic() > deadline:
-            raise ConfigError(f"no master run in {run_dir} after {timeout_s:g} s; start the master with the same --out "
-                              "first, on a filesystem both machines share")
-        time.sleep(0.2)
-    return str(read_json(seg / RUN_INFO)["run_id"]), seg / SCENARIO_FILE
 
 
 def _supervise(proc: subprocess.Popen[bytes], run_dir: Path, on_live: Callable[[dict[str, Any]], None] | None) -> int:

@@ -57,6 +57,8 @@ from tokenload.workload.prompts import PromptSource, RequestPlan
 from tokenload.workload.sessions import Session
 from tokenload.workload.traces import TraceRow
 
+# How long a worker's user waits for the master's run message (sent right after the worker connects).
+JOIN_WAIT_S = 30.0
 
 class StreamError(Exception):
     """The request entry's failure in Locust's stats: the error kind and HTTP status only,
@@ -107,6 +109,10 @@ class LLMUser(User):
         return self.ctx.think_time_s
 
     def on_start(self) -> None:
+        # A worker learns its run from the master's run message; a spawn message that overtook it waits for it.
+        deadline = time.monotonic() + JOIN_WAIT_S
+        while not hasattr(self.environment, "tokenload_process") and time.monotonic() < deadline:
+            gevent.sleep(0.05)
         self.ctx: ProcessContext = self.environment.tokenload_process
         self.user_id = self.ctx.new_user_id()
         self.parked = False

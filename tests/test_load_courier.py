@@ -1,0 +1,105 @@
+"""Records over Locust's channel: a master and a worker with nothing on disk in common.
+
+Real Locust processes on loopback against the simulator with its truth file:
+the worker's `--out` is only its spool; every record reaches the master's run
+directory once, also when an acknowledgement is lost and the worker sends a
+batch again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from loadkit import free_port, run_command, truth_frame, write_scenario
+
+from tokenload.load.courier import SPOOL_DIR
+from tokenload.sim import launch
+
+pytestmark = pytest.mark.slow
+
+SCENARIO = """
+[channel]
+model = "sim-7b"
+[prompt]
+tokens = 16
+[output]
+max_tokens = 8
+[load]
+kind = "constant"
+users = 3
+step_s = 6
+[stop]
+drain_s = 3
+"""
+
+
+def _records_match_truth(run_dir: Path, truth_path: Path) -> pd.DataFrame:
+    df = pd.read_parquet(run_dir / "requests.parquet")
+    truth = truth_frame(truth_path)
+    assert len(truth) > 5
+    assert df.request_id.is_unique and df.server_request_id.is_unique
+    assert sorted(df.server_request_id) == sorted(truth.request_id)
+    assert (df.status == "ok").all() and df.run_id.nunique() == 1
+    return df
+
+
+def _no_finished_run(out: Path) -> None:
+    names = {p.name for p in out.rglob("*")}
+    assert not names & {"requests.parquet", "manifest.json", "summary.json", "segments.sealed"}
+    assert not (out / "segments").exists()
+
+
+def test_master_and_worker_share_no_directory(tmp_path: Path) -> None:
+    """Master --out A, worker --out B: A holds exactly the server's requests once each; B no run."""
+    scenario = write_scenario(tmp_path, SCENARIO)
+    port = str(free_port())
+    truth_path = tmp_path / "truth.jsonl"
+    a, b = tmp_path / "A", tmp_path / "B"
+    with launch(["--truth", str(truth_path)]) as sim:
+        master = subprocess.Popen(run_command(scenario, sim.base_url, a, "--master", "--master-port", port),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        worker = subprocess.run(run_command(scenario, sim.base_url, b, "--worker", "--master-port", port),
+                                capture_output=True, text=True, timeout=60)
+        m_out, m_err = master.communicate(timeout=60)
+    assert worker.returncode == 0, worker.stderr
+    assert master.returncode == 0, m_err
+    df = _records_match_truth(a, truth_path)
+    manifest = json.loads((a / "manifest.json").read_text())
+    assert manifest["run_id"] == df.run_id.iloc[0] and manifest["workers_lost"] == []
+    assert not [w for w in manifest["warnings"] if "worker" in w and "bottleneck" not in w]
+    (name, courier), = manifest["records"]["courier"].items()
+    assert manifest["records"]["per_worker"] == {name: len(df)}
+    assert courier["batches"] > 2 and courier["duplicate_records"] == 0
+    _no_finished_run(b)
+    assert list((b / SPOOL_DIR).rglob("*.arrow")) == []  # every batch acknowledged, nothing left to send
+
+
+def test_a_batch_sent_twice_is_kept_once(tmp_path: Path) -> None:
+    """The master drops its first acknowledgement: the worker sends that batch again, the run keeps one copy."""
+    scenario = write_scenario(tmp_path, SCENARIO)
+    port = str(free_port())
+    truth_path = tmp_path / "truth.jsonl"
+    a, b = tmp_path / "A", tmp_path / "B"
+    with launch(["--truth", str(truth_path)]) as sim:
+        master = subprocess.Popen(
+            [sys.executable, "-m", "locust", "-f", str(Path(__file__).with_name("lossy_master.py")), "--headless",
+             "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--expect-workers", "1",
+             "--scenario", str(scenario), "--run-dir", str(a), "--host", sim.base_url],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+            env={k: v for k, v in os.environ.items() if not k.startswith("TOKENLOAD_")})
+        worker = subprocess.run(run_command(scenario, sim.base_url, b, "--worker", "--master-port", port),
+                                capture_output=True, text=True, timeout=60)
+        m_out, _ = master.communicate(timeout=60)
+    assert worker.returncode == 0, worker.stderr
+    assert master.returncode == 0, m_out
+    _records_match_truth(a, truth_path)
+    (courier,) = json.loads((a / "manifest.json").read_text())["records"]["courier"].values()
+    assert courier["duplicate_records"] > 0
+    _no_finished_run(b)
