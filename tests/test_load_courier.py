@@ -3,7 +3,9 @@
 Real Locust processes on loopback against the simulator with its truth file:
 the worker's `--out` is only its spool; every record reaches the master's run
 directory once, also when an acknowledgement is lost and the worker sends a
-batch again.
+batch again. Streams last about 2 s, so at the end of the plan the worker
+drains its users for longer than Locust's master listens after its quit: the
+last batches come in while the master waits for them.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ model = "sim-7b"
 [prompt]
 tokens = 16
 [output]
-max_tokens = 8
+max_tokens = 80
+ignore_eos = true
 [load]
 kind = "constant"
 users = 3
 step_s = 6
 [stop]
-drain_s = 3
+drain_s = 5
 """
 
 

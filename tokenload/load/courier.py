@@ -34,7 +34,6 @@ from typing import Any
 
 import gevent
 import pyarrow as pa
-import pyarrow.compute as pc
 from locust.env import Environment
 from locust.exception import RPCError
 from locust.runners import MasterRunner, WorkerRunner
@@ -48,8 +47,9 @@ ACK_MESSAGE = "tokenload_ack"
 SPOOL_DIR = "spool"
 # A batch the master has not acknowledged after this long is sent again.
 RESEND_S = 3.0
-# How long a worker that quits goes on sending what its master has not acknowledged.
-SETTLE_S = 10.0
+# How long a worker that quits goes on sending what its master has not acknowledged: long enough to ride out a
+# network cut of 10 s or so (TCP's retransmissions back off to several seconds meanwhile).
+SETTLE_S = 30.0
 
 
 def shares_run(run_dir: Path, run_id: str) -> bool:
@@ -210,7 +210,8 @@ class Inbox:
 
     def on_batch(self, environment: Environment, msg: Any, **_: Any) -> None:
         data = msg.data
-        run_id, worker, seq = data["run_id"], records.safe_worker_id(data["worker"]), data["seq"]
+        run_id, worker = data["run_id"], records.safe_worker_id(data["worker"])
+        seq = None if data["seq"] is None else int(data["seq"])
         run_dir = self.run_dir_of(run_id)
         seg = None if run_dir is None else run_dir / records.SEGMENTS_DIR
         if seg is None or not seg.is_dir():  # finalised (or unknown): nothing may change it any more
@@ -237,8 +238,7 @@ class Inbox:
         """Write a batch's records not seen before in this run; returns how many were seen already."""
         table = feather.read_table(pa.BufferReader(data))
         seen = self._ids.setdefault(run_id, set())
-        new = table.filter(pc.invert(pc.is_in(table.column("request_id"), value_set=pa.array(list(seen),
-                                                                                              pa.string()))))
+        new = table.filter(pa.array([rid not in seen for rid in table.column("request_id").to_pylist()]))
         if new.num_rows:
             records.write_segment(seg / f"{worker}-{seq:06d}.arrow", new)
             seen.update(new.column("request_id").to_pylist())

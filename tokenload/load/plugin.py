@@ -322,12 +322,11 @@ def _quit(exit_code: int, **_: Any) -> None:
     """The last event of a Locust process (it carries no environment, hence `_ENVIRONMENT`)."""
     if _ENVIRONMENT is not None:
         _flush(_ENVIRONMENT, done=True)
-        line: lifeline.Lifeline | None = getattr(_ENVIRONMENT, "tokenload_lifeline", None)
-        if line is None or line.reason is None:  # a master that is gone acknowledges nothing: the spool keeps it
-            unsent = courier.settle(_ENVIRONMENT)
-            if unsent:
-                logging.getLogger(__name__).error("tokenload: the master did not acknowledge %d record batches; "
-                                                  "they stay in %s", len(unsent), Path(unsent[0]).parent)
+        # Also when the master seemed gone: a network cut heals, and the master takes batches until it finalises.
+        unsent = courier.settle(_ENVIRONMENT)
+        if unsent:
+            logging.getLogger(__name__).error("tokenload: the master did not acknowledge %d record batches; "
+                                              "they stay in %s", len(unsent), Path(unsent[0]).parent)
         _wait_for_workers(_ENVIRONMENT)
         control: RunControl | None = getattr(_ENVIRONMENT, "tokenload", None)
         if control is not None:
