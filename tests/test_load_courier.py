@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -43,6 +44,24 @@ drain_s = 5
 """
 
 
+def _master_and_worker(tmp_path: Path, master_command: Callable[[Path, str, str], list[str]]) -> pd.DataFrame:
+    """Run a master (`master_command(scenario, base_url, port)`, run directory A) and `tokenload run --worker
+    --out B` against the simulator; A's records, checked against its truth file."""
+    scenario = write_scenario(tmp_path, SCENARIO)
+    port = str(free_port())
+    truth_path = tmp_path / "truth.jsonl"
+    with launch(["--truth", str(truth_path)]) as sim:
+        master = subprocess.Popen(master_command(scenario, sim.base_url, port), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                                  env={k: v for k, v in os.environ.items() if not k.startswith("TOKENLOAD_")})
+        worker = subprocess.run(run_command(scenario, sim.base_url, tmp_path / "B", "--worker", "--master-port", port),
+                                capture_output=True, text=True, timeout=60)
+        m_out, _ = master.communicate(timeout=60)
+    assert worker.returncode == 0, worker.stderr
+    assert master.returncode == 0, m_out
+    return _records_match_truth(tmp_path / "A", truth_path)
+
+
 def _records_match_truth(run_dir: Path, truth_path: Path) -> pd.DataFrame:
     df = pd.read_parquet(run_dir / "requests.parquet")
     truth = truth_frame(truth_path)
@@ -61,19 +80,9 @@ def _no_finished_run(out: Path) -> None:
 
 def test_master_and_worker_share_no_directory(tmp_path: Path) -> None:
     """Master --out A, worker --out B: A holds exactly the server's requests once each; B no run."""
-    scenario = write_scenario(tmp_path, SCENARIO)
-    port = str(free_port())
-    truth_path = tmp_path / "truth.jsonl"
     a, b = tmp_path / "A", tmp_path / "B"
-    with launch(["--truth", str(truth_path)]) as sim:
-        master = subprocess.Popen(run_command(scenario, sim.base_url, a, "--master", "--master-port", port),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        worker = subprocess.run(run_command(scenario, sim.base_url, b, "--worker", "--master-port", port),
-                                capture_output=True, text=True, timeout=60)
-        m_out, m_err = master.communicate(timeout=60)
-    assert worker.returncode == 0, worker.stderr
-    assert master.returncode == 0, m_err
-    df = _records_match_truth(a, truth_path)
+    df = _master_and_worker(tmp_path, lambda scenario, base_url, port: run_command(
+        scenario, base_url, a, "--master", "--master-port", port))
     manifest = json.loads((a / "manifest.json").read_text())
     assert manifest["run_id"] == df.run_id.iloc[0] and manifest["workers_lost"] == []
     assert not [w for w in manifest["warnings"] if "worker" in w and "bottleneck" not in w]
@@ -86,23 +95,11 @@ def test_master_and_worker_share_no_directory(tmp_path: Path) -> None:
 
 def test_a_batch_sent_twice_is_kept_once(tmp_path: Path) -> None:
     """The master drops its first acknowledgement: the worker sends that batch again, the run keeps one copy."""
-    scenario = write_scenario(tmp_path, SCENARIO)
-    port = str(free_port())
-    truth_path = tmp_path / "truth.jsonl"
     a, b = tmp_path / "A", tmp_path / "B"
-    with launch(["--truth", str(truth_path)]) as sim:
-        master = subprocess.Popen(
-            [sys.executable, "-m", "locust", "-f", str(Path(__file__).with_name("lossy_master.py")), "--headless",
-             "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--expect-workers", "1",
-             "--scenario", str(scenario), "--run-dir", str(a), "--host", sim.base_url],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-            env={k: v for k, v in os.environ.items() if not k.startswith("TOKENLOAD_")})
-        worker = subprocess.run(run_command(scenario, sim.base_url, b, "--worker", "--master-port", port),
-                                capture_output=True, text=True, timeout=60)
-        m_out, _ = master.communicate(timeout=60)
-    assert worker.returncode == 0, worker.stderr
-    assert master.returncode == 0, m_out
-    _records_match_truth(a, truth_path)
+    _master_and_worker(tmp_path, lambda scenario, base_url, port: [
+        sys.executable, "-m", "locust", "-f", str(Path(__file__).with_name("lossy_master.py")), "--headless",
+        "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--expect-workers", "1",
+        "--scenario", str(scenario), "--run-dir", str(a), "--host", base_url])
     (courier,) = json.loads((a / "manifest.json").read_text())["records"]["courier"].values()
     assert courier["duplicate_records"] > 0
     _no_finished_run(b)

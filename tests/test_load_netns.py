@@ -100,6 +100,17 @@ def _wait_for_sim(ns: str, timeout_s: float = 20, host: str = MASTER_IP) -> None
     raise AssertionError("the simulator did not come up in the master's namespace")
 
 
+def _stop_all(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=15)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
 SCENARIO = """
 [prompt]
 tokens = 32
@@ -136,14 +147,7 @@ def cluster(tmp_path: Path, step_s: float) -> Iterator[tuple[dict[str, str], dic
                 procs[role] = _in(ns[role], *run, "--worker", "--master-host", MASTER_IP, log=tmp_path / f"{role}.log")
             yield ns, procs
         finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.terminate()
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=15)
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(timeout=5)
+            _stop_all(procs)
 
 
 def test_master_and_two_workers_on_three_hosts(tmp_path: Path) -> None:
@@ -226,14 +230,7 @@ def test_a_worker_cut_off_for_10_s_delivers_every_record_over_the_channel(tmp_pa
             for role in ("w1", "w2", "master"):
                 assert procs[role].wait(timeout=120) is not None
         finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.terminate()
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=15)
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(timeout=5)
+            _stop_all(procs)
     master_log = (tmp_path / "master.log").read_text()[-3000:]
     assert procs["master"].returncode == 1, master_log  # a worker stopped early: the run says so
     manifest = json.loads((a / "manifest.json").read_text())
