@@ -9,7 +9,11 @@ level and metric, Holm-corrected over all of them, and the throughput of the
 two windows. With thousands of requests even tiny shifts are "significant",
 so each test also carries an effect size, P(a request of this run is slower
 than one of the baseline), where 0.5 means no shift. The headline per metric
-counts the levels at which the run was slower or faster.
+counts the levels at which the run was slower or faster. A run through
+another URL than the baseline's (a relay in front of the same backend) also
+gets what it adds: TTFB, TTFT and the inter-token-gap distribution per matched
+level with 95% bootstrap intervals, and how often its headers came only with
+the first token.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
@@ -84,11 +89,16 @@ def _r(x: float | None, digits: int = 4) -> float | None:
     return float(f"{x:.{digits}g}")
 
 
-def _values(a: Analysis, step: int, metric: str) -> np.ndarray:
-    """Completed successful latencies of one step (after warm-up): what a per-level test compares."""
+def _values(a: Analysis, step: int, metric: str, column: str | None = None) -> np.ndarray:
+    """Completed successful latencies of one step (after warm-up): what a per-level test compares.
+
+    `column`: another record column than `<metric>_s` (the overhead's `itl_p50_s`)."""
     rows = measured_rows(a.run.df, a.table)
     rows = rows[rows["step"].eq(step) & rows["status"].eq("ok") & ~rows["in_flight"]]
-    return rows[f"{metric}_s"].dropna().to_numpy()
+    name = column or f"{metric}_s"
+    if name not in rows:  # a run directory from before the column existed
+        return np.zeros(0)
+    return pd.to_numeric(rows[name], errors="coerce").dropna().to_numpy(dtype=float)
 
 
 def _delta_ci(a: np.ndarray, b: np.ndarray, q: float, seed: int) -> list[float | None] | None:
@@ -188,6 +198,48 @@ def _summary_delta(label: str, metric: str, levels: list[dict[str, Any]]) -> dic
             "slower_at": slower, "faster_at": faster, "p_holm_min": p_min}
 
 
+# What a run through another base URL adds over the baseline (a relay in front of the same backend), per matched
+# level: when the response headers came, the first token, and each request's median gap between tokens.
+OVERHEAD = (("ttfb", "ttfb_s"), ("ttft", "ttft_s"), ("itl", "itl_p50_s"))
+OVERHEAD_LEVELS_SAID = 3  # the headline names the lowest few matched levels (the overhead is cleanest unloaded)
+
+
+def _overhead(label: str, base: Analysis, other: Analysis) -> dict[str, Any]:
+    """What `other` adds over `base` at each matched load level: p50/p95 deltas of TTFB, TTFT and the ITL
+    distribution (each request's median gap) with 95% bootstrap intervals, and how often each run's
+    headers came only with the first token (a relay that buffers the response start)."""
+    rows = []
+    for i, (s_base, s_other, (unit, level)) in enumerate(matched_levels(base, other)):
+        row: dict[str, Any] = {"load_level": level, "load_unit": unit, "load": level_text(level, unit)}
+        for j, (name, column) in enumerate(OVERHEAD):
+            row[name] = _metric_delta(_values(base, s_base, name, column), _values(other, s_other, name, column),
+                                      seed=7000 + 1000 * i + 10 * j)
+        rows.append(row)
+    held = {side: {k: (a.summary.get("fidelity") or {}).get(k) for k in ("headers_held", "headers_judged")}
+            for side, a in (("baseline", base), ("run", other))}
+    channels = [(a.summary["run"].get("channel") or {}) for a in (base, other)]
+    relay = channels[0].get("url") != channels[1].get("url")
+    return {"label": label, "levels": rows, "headers_held": held, "other_url": relay,
+            "headline": _overhead_lines(label, rows, held) if relay else []}
+
+
+def _overhead_lines(label: str, rows: list[dict[str, Any]], held: dict[str, dict[str, Any]]) -> list[str]:
+    """'relay adds at 1 user: TTFB +0.214 s [+0.21, +0.22], TTFT +0.2 s [...], ITL p50 +0 s [...], p95 ...'."""
+    def said(d: dict[str, Any], p: int) -> str:
+        return _ci_text(d[f"delta_p{p}_s"], d[f"delta_p{p}_ci95"]).replace("n/a", "not measured") + " s"
+
+    lines = [f"{label} adds at {row['load']} (through another URL than the baseline's): TTFB {said(row['ttfb'], 50)}, "
+             f"TTFT {said(row['ttft'], 50)}, inter-token gap (each request's median) p50 {said(row['itl'], 50)}, "
+             f"p95 {said(row['itl'], 95)} (deltas with 95% bootstrap intervals)"
+             for row in rows[:OVERHEAD_LEVELS_SAID]]
+    run, base = held["run"], held["baseline"]
+    if run["headers_judged"] and base["headers_judged"] is not None:
+        lines.append(f"{label}: response headers came only with the first token in {run['headers_held']} of "
+                     f"{run['headers_judged']} answers ({base['headers_held']} of {base['headers_judged']} in the "
+                     "baseline): TTFB there says nothing about the network, only TTFT does")
+    return lines
+
+
 def _throughput_line(label: str, levels: list[dict[str, Any]]) -> str | None:
     """'peak output throughput: 0.54x the baseline's (median over 5 levels; 0.5-0.6x)'."""
     ratios = [x["throughput"]["ratio"] for x in levels if x["throughput"]["ratio"] is not None]
@@ -269,7 +321,9 @@ def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = 
         "headline": [_headline(d) for d in deltas] + [line for n in names[1:] if (line := _throughput_line(n, levels[n]))],
         "levels": [row for n in names[1:] for row in levels[n]],
         "deltas": deltas,
+        "overhead": [_overhead(n, base, a) for n, a in zip(names[1:], analyses[1:])],
     }
+    comparison["headline"] += [line for o in comparison["overhead"] for line in o["headline"]]
     capacities = compare_capacities([(n, a.summary.get("search")) for n, a in zip(names, analyses)])
     if capacities is not None:
         comparison["capacity"] = capacities

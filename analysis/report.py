@@ -62,7 +62,7 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     if search:
         rows.append(("Capacity (search)", search["verdict"],
                      None if search["capacity"] is None and not search["below_range"] else not search["below_range"]))
-    if complete.get("interrupted") or complete.get("truncated"):
+    if complete.get("interrupted") or complete.get("truncated") or complete.get("storm"):
         rows.append(("Run incomplete", complete["note"], False))
     rows += [
         ("Requests", f"{run['requests']:,} ({run['ok']:,} ok, {run['errors']:,} errors{_classes(summary)}, "

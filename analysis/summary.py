@@ -256,7 +256,8 @@ def completeness(run: Run, table: pd.DataFrame) -> dict[str, Any]:
     """Did the run finish its plan? An interrupted or cut-short run must not read as a clean ramp.
 
     A run ended by its own live rule (`[stop] breakpoint_*`, its auto-stop) ended as intended:
-    it is not `truncated`, and `auto_stop` names the rule.
+    it is not `truncated`, and `auto_stop` names the rule. One the error-storm breaker ended
+    (`storm`) did not: the note says so with the breaker's words.
     """
     m = run.manifest
     stop = m.get("stop_reason")
@@ -266,8 +267,13 @@ def completeness(run: Run, table: pd.DataFrame) -> dict[str, Any]:
     stopped = auto_stop(stop, table)
     interrupted = stop == "interrupted" or bool(m.get("workers_lost")) or bool(m.get("recovered"))
     truncated = bool(planned and ran < planned) and stopped is None
+    # The error-storm breaker ended the run: the channel failed, the plan did not complete whatever steps ran.
+    storm = isinstance(stop, str) and stop.startswith("error storm")
     notes = []
-    if interrupted:  # the cause when there is more to say than "interrupted" (it said "interrupted (interrupted)")
+    if storm and not interrupted:
+        notes.append("the error-storm breaker stopped the run" + (f" during step {ran} of {planned}" if planned else "")
+                     + f" ({stop})")
+    elif interrupted:  # the cause when there is more to say than "interrupted" (it said "interrupted (interrupted)")
         cause = ("a Locust worker was lost" if m.get("workers_lost") else
                  "its records were recovered from the segments" if m.get("recovered") else
                  None if stop in (None, "interrupted") else str(stop))
@@ -278,7 +284,8 @@ def completeness(run: Run, table: pd.DataFrame) -> dict[str, Any]:
     if censored:
         notes.append(f"{censored} request(s) were still open when it stopped: their latencies are censored "
                      "(percentiles they reach are lower bounds)")
-    return {"stop_reason": stop, "interrupted": interrupted, "truncated": truncated, "steps_planned": planned or None,
+    return {"stop_reason": stop, "interrupted": interrupted, "truncated": truncated, "storm": storm,
+            "steps_planned": planned or None,
             "steps_run": ran, "censored": censored, "note": "; ".join(notes) or None,
             "auto_stop": None if stopped is None else f"{stopped['condition']}, [stop] {stopped['rule']}"}
 

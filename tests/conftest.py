@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+from machineshare import machine  # noqa: E402
 
 from fakeserver import FakeServer  # noqa: E402
 
@@ -53,10 +56,48 @@ SLOW_TESTS = frozenset({
 })
 LONG_FIXTURES = frozenset({"demo_run", "history_demo_run", "diurnal_watch"})
 
+# The suite runs on several pytest-xdist workers (pyproject's addopts: `-n auto --dist loadgroup`), which take
+# tests one at a time; the tests that share an expensive fixture go to one worker together, so that it is made
+# once: fixture -> the group's name.
+SHARED_FIXTURES = {**{name: "side-by-side" for name in LONG_FIXTURES}, "cache_run": "cache-run"}
+# Most tests wait on a clock (a Locust plan, a simulator's tokens) far more than they compute: on 2 cores, 4
+# workers keep both busy. `-n 0` (or TOKENLOAD_TEST_WORKERS=0) runs everything in this process.
+WORKERS = int(os.environ.get("TOKENLOAD_TEST_WORKERS", "4"))
+
+
+# Tests that judge timing against a clock run with the machine to themselves (tests/machineshare.py): they
+# failed beside other workers' runs. The long side-by-side runs are among them.
+ALONE_TESTS = frozenset({
+    "test_ttft_follows_the_hour_of_the_simulated_day", "test_a_saturated_client_warns_live_with_advice_that_can_help",
+    "test_analyze_does_not_finalise_a_run_that_is_still_writing",
+    "test_records_after_a_lost_worker_carry_the_users_really_running",
+    "test_max_requests_is_not_overshot_by_fast_errors", "test_model_size_and_load_factor_scale_latency",
+    "test_a_full_kv_cache_is_named_before_the_queue", "test_auto_stop_is_named_and_related_to_the_slo_breakpoint",
+    "test_t0_is_when_the_request_was_out_so_a_held_back_write_is_send_lag_not_ttft",
+    "test_cli_simulator_does_not_delay_the_first_token_on_kept_alive_connections",
+})
+ALONE_MODULES = frozenset({"test_sim_model"})  # the simulator's timing model, each test a few seconds
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return WORKERS
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Setup, call and teardown under the machine lock: shared, or alone for a test marked `alone`."""
+    with machine(exclusive=item.get_closest_marker("alone") is not None):
+        yield
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         module = item.module.__name__.rpartition(".")[2] if isinstance(item, pytest.Function) else ""
         name = item.name.partition("[")[0]
-        if module in SLOW_MODULES or name in SLOW_TESTS or LONG_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if module in SLOW_MODULES or name in SLOW_TESTS or LONG_FIXTURES & fixtures:
             item.add_marker(pytest.mark.slow)
+        if module in ALONE_MODULES or name in ALONE_TESTS or LONG_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.alone)
+        for fixture in sorted(fixtures & SHARED_FIXTURES.keys()):
+            item.add_marker(pytest.mark.xdist_group(SHARED_FIXTURES[fixture]))

@@ -13,6 +13,8 @@ ran late. One thread per connection (keep-alive), Anthropic Messages streams fro
 `read_delay_s` holds each new connection that long before its first read, with a
 small receive buffer until then (`rcvbuf`): a large request cannot be written until
 the server starts reading, the client-side wait a request's t0 must not include.
+`early_headers` writes the first response's headers as soon as the connection is
+accepted, before the request is read: they reach the client before its write returns.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 from fakeserver import anthropic_stream
 
 _TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_HEADERS = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
 @dataclass
@@ -37,6 +40,7 @@ class StampServer:
     tokens: int = 4
     read_delay_s: float = 0.0
     rcvbuf: int | None = None
+    early_headers: bool = False
     truth: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -77,21 +81,25 @@ class StampServer:
         buffered = b""
         with conn:
             try:
+                headers_sent = self.early_headers
+                if headers_sent:
+                    conn.sendall(_HEADERS)
                 while True:
                     request = _read_request(conn, buffered)
                     if request is None:
                         return
                     size, arrival, buffered = request
-                    self._answer(conn, size, arrival)
+                    self._answer(conn, size, arrival, headers_sent)
+                    headers_sent = False
             except OSError:
                 return
 
-    def _answer(self, conn: socket.socket, size: int, arrival: float) -> None:
+    def _answer(self, conn: socket.socket, size: int, arrival: float, headers_sent: bool) -> None:
         request_id = f"msg_stamp{next(self._ids):05d}"
         # Non-zero delays mark the token writes; their times come from the arrival, not from these.
         writes = anthropic_stream([f"t{i} " for i in range(self.tokens)], 1.0, 1.0, message_id=request_id)
-        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
-                     + f"x-request-id: {request_id}\r\n\r\n".encode())
+        if not headers_sent:
+            conn.sendall(_HEADERS[:-2] + f"x-request-id: {request_id}\r\n\r\n".encode())
         first = None
         due = arrival + self.ttft_s
         for i, (delay, data) in enumerate(writes):

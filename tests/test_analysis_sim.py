@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from loadkit import run_cli, run_command, truth_frame, write_scenario
+from loadkit import run_command, sim_run, write_scenario
 
 from tokenload.analysis import analyze_run
 from tokenload.analysis.report import verdict_rows
@@ -36,16 +36,6 @@ def truth_tokens_in(truth: pd.DataFrame, start: float, end: float) -> float:
     return total
 
 
-def run_and_analyze(tmp_path: Path, scenario: str, sim_args: list[str] = ()) -> tuple[dict, pd.DataFrame, Path]:
-    path = write_scenario(tmp_path, scenario)
-    truth_path = tmp_path / "truth.jsonl"
-    with launch(["--truth", str(truth_path), *sim_args]) as sim:
-        result = run_cli(path, sim.base_url, tmp_path / "run", timeout=120)
-    assert result.returncode == 0, result.stderr
-    run_dir = Path(result.stdout.strip().splitlines()[-1])
-    return analyze_run(run_dir), truth_frame(truth_path), run_dir
-
-
 def assert_throughput_matches_truth(summary: dict, truth: pd.DataFrame) -> None:
     for step in summary["steps"]:
         width = step["end"] - step["start"]
@@ -58,7 +48,7 @@ def assert_throughput_matches_truth(summary: dict, truth: pd.DataFrame) -> None:
 
 
 def test_poisson_rate_sweep_is_analysed_in_requests_per_second(tmp_path: Path) -> None:
-    summary, truth, run_dir = run_and_analyze(tmp_path, """
+    run = sim_run(tmp_path, """
 [prompt]
 tokens = 64
 [output]
@@ -72,6 +62,7 @@ max_users = 32
 [stop]
 drain_s = 15
 """)
+    summary, truth, run_dir = run.summary, run.truth, run.run_dir
     steps = summary["steps"]
     assert [s["load_level"] for s in steps] == [3, 6, 12]
     assert {s["load_unit"] for s in steps} == {"req/s"}
@@ -91,7 +82,7 @@ drain_s = 15
 
 
 def test_closed_loop_throughput_is_counted_where_tokens_streamed(tmp_path: Path) -> None:
-    summary, truth, _ = run_and_analyze(tmp_path, """
+    run = sim_run(tmp_path, """
 [prompt]
 tokens = { dist = "uniform", min = 32, max = 400 }
 [output]
@@ -104,6 +95,7 @@ step_s = 4
 [stop]
 drain_s = 15
 """)
+    summary, truth = run.summary, run.truth
     steps = summary["steps"]
     assert [s["load_level"] for s in steps] == [1, 4, 16] and {s["load_unit"] for s in steps} == {"users"}
     assert_throughput_matches_truth(summary, truth)
@@ -114,7 +106,7 @@ drain_s = 15
 def test_cut_short_ramp_reports_censored_requests_and_bounds(tmp_path: Path) -> None:
     profile = tmp_path / "two-slots.toml"
     profile.write_text('extends = "default"\nslots = 2\nnoise = 0.0\n')
-    summary, truth, run_dir = run_and_analyze(tmp_path, """
+    run = sim_run(tmp_path, """
 [prompt]
 tokens = 64
 [output]
@@ -126,7 +118,8 @@ users = [2, 8]
 step_s = 3
 [stop]
 drain_s = 0
-""", ["--profile", str(profile)])
+""", sim_args=["--profile", str(profile)])
+    summary, truth, run_dir = run.summary, run.truth, run.run_dir
     last = summary["steps"][-1]
     assert last["censored"] >= 4  # six of eight users queue behind two slots when the run stops
     assert last["censored"] == int(truth.outcome.eq("client_closed").sum()) or last["censored"] > 0
@@ -142,7 +135,7 @@ drain_s = 0
 
 def test_steps_sized_by_evidence_hold_until_enough_requests(tmp_path: Path) -> None:
     """A 1 s step against a channel answering in ~0.9 s holds until 8 requests finished, then moves on."""
-    summary, truth, run_dir = run_and_analyze(tmp_path, """
+    run = sim_run(tmp_path, """
 [prompt]
 tokens = 32
 [output]
@@ -157,8 +150,8 @@ max_step_s = 30
 [stop]
 drain_s = 10
 """)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    first = manifest["steps"][0]
+    summary, truth = run.summary, run.truth
+    first = run.manifest["steps"][0]
     assert first["ended_at"] - first["started_at"] > 3  # held well past step_s = 1
     finished_in_step = truth[(truth.arrival >= first["started_at"]) & (truth.arrival < first["ended_at"])]
     assert len(finished_in_step) >= 8
@@ -190,7 +183,8 @@ drain_s = 30
     verdicts = []
     for attempt in ("a", "b"):
         (tmp_path / attempt).mkdir()
-        summary, _, _ = run_and_analyze(tmp_path / attempt, scenario, ["--profile", str(profile)])
+        run = sim_run(tmp_path / attempt, scenario, sim_args=["--profile", str(profile)])
+        summary = run.summary
         assert all(s["decided"] for s in summary["steps"]), summary["steps"]
         bp = summary["breakpoint"]
         verdicts.append(None if bp is None else (bp["load_level"], bp["reason"], bp["last_good_load_level"]))

@@ -35,7 +35,8 @@ LAYERS: list[list[str]] = [
     ["tokenload.stream"],
     ["tokenload.protocols"],
     ["tokenload.deltas", "tokenload.sse", "tokenload.limits", "tokenload.tokens"],
-    ["tokenload.failures", "tokenload.measure", "tokenload.channel", "tokenload.dayclock", "tokenload.slo"],
+    ["tokenload.failures", "tokenload.measure", "tokenload.channel", "tokenload.dayclock", "tokenload.slo",
+     "tokenload.exporter"],
     ["tokenload.record", "tokenload.errors", "tokenload.compat", "tokenload.rundir"],
     ["tokenload"],  # the package's own __init__: the public API, imported on first use by name only
 ]

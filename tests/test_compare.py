@@ -104,3 +104,53 @@ def test_delta_interval_covers_a_planted_shift_small_and_large() -> None:
             covered += lo < 0.3 < hi
             assert hi - lo < (0.5 if n == 400 else 0.1)
         assert covered >= 34, (n, covered)  # a 95% interval: 38 of 40 expected, 34 is far in the tail
+
+
+@pytest.mark.slow
+def test_compare_names_what_a_relay_adds_over_the_direct_run(tmp_path: Path) -> None:
+    """Two real runs on one simulator, the second through a relay (tests/holdingrelay.py) that holds the
+    headers until the first token and delays everything by 0.25 s: compare must find TTFT +0.25 s, TTFB +0.25 s
+    + the direct run's headers-to-first-token time, no change in the gaps between tokens, and the held headers."""
+    import pandas as pd
+    from holdingrelay import HoldingRelay
+
+    from loadkit import run_cli, write_scenario
+
+    from tokenload.sim import launch
+
+    delay = 0.25
+    scenario = write_scenario(tmp_path, '[prompt]\ntokens = 64\n[output]\nmax_tokens = 16\nignore_eos = true\n'
+                                        '[load]\nkind = "constant"\nusers = 1\nstep_s = 5\nstep_warmup_s = 0.5\n'
+                                        '[stop]\ndrain_s = 2\n[server]\ndiscover = false\n')
+    profile = tmp_path / "profile.toml"  # TTFT about 0.15 s (long enough to judge held headers), 10 ms a token
+    profile.write_text('extends = "fast"\nprefill_base_s = 0.15\ndecode_base_s = 0.01\n')
+    with launch(["--profile", str(profile)]) as sim:
+        port = int(sim.base_url.split(":")[-1].split("/")[0])
+        direct = run_cli(scenario, sim.base_url, tmp_path / "direct", "--protocol", "anthropic")
+        with HoldingRelay(port, delay) as relay:
+            relayed = run_cli(scenario, f"http://127.0.0.1:{relay.port}/api", tmp_path / "relay", "--protocol",
+                              "anthropic")
+    assert direct.returncode == 0 and relayed.returncode == 0, direct.stderr[-1500:] + relayed.stderr[-1500:]
+    assert relay.requests >= 5
+    out = tmp_path / "cmp"
+    assert main(["compare", str(tmp_path / "direct"), str(tmp_path / "relay"), "--labels", "direct,relay",
+                 "--out", str(out), "--quiet"]) == 0
+    comparison = json.loads((out / "comparison.json").read_text())
+    overhead = comparison["overhead"][0]
+    level = overhead["levels"][0]
+    assert overhead["other_url"] and level["load"] == "1 user"
+    ttft, ttfb, itl = level["ttft"], level["ttfb"], level["itl"]
+    # the truth: what the relay was told to add, and the direct run's own wait between headers and first token
+    ok = pd.read_parquet(tmp_path / "direct" / "requests.parquet").query("status == 'ok'")
+    header_to_token = float((ok.ttft_s - ok.ttfb_s).median())
+    assert abs(ttft["delta_p50_s"] - delay) <= 0.05, ttft
+    assert ttft["delta_p50_ci95"][0] <= delay + 0.05 and ttft["delta_p50_ci95"][1] >= delay - 0.05, ttft
+    assert abs(ttfb["delta_p50_s"] - (delay + header_to_token)) <= 0.05, (ttfb, header_to_token)
+    assert abs(itl["delta_p50_s"]) <= 0.005 and abs(itl["delta_p95_s"]) <= 0.01, itl
+    held = overhead["headers_held"]
+    assert held["run"]["headers_held"] == held["run"]["headers_judged"] > 0
+    assert held["baseline"]["headers_held"] == 0 and held["baseline"]["headers_judged"] > 0
+    said = " ".join(comparison["headline"])
+    assert f"relay adds at 1 user (through another URL than the baseline's): TTFB +{ttfb['delta_p50_s']:.3g}" in said
+    assert f"TTFT +{ttft['delta_p50_s']:.3g} [" in said
+    assert "relay: response headers came only with the first token in" in said

@@ -787,3 +787,69 @@ def test_backend_down_costs_one_request_and_reads_on_one_line(fake_server: Any, 
     assert len(sent) == 1
     auth = results["auth"].saw
     assert "the relay answers but its backend does not" in auth and "\n" not in auth and len(auth) < 400
+
+
+# ------------------------------------------------------------------------ --server-metrics
+
+
+def _server_load(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    checks = json.loads(proc.stdout)
+    assert [c["name"] for c in checks] == [*NAMES, "server_load"], proc.stderr
+    return checks[-1]
+
+
+def test_cli_server_metrics_says_an_idle_server_was_not_busy(sim: str, tmp_path: Path) -> None:
+    """Only doctor talks to this simulator, one request at a time: at most 1 running, none waiting."""
+    metrics = sim.rsplit("/api", 1)[0] + "/metrics"
+    proc = cli(tmp_path, "--json", "--model", "sim-7b", "--server-metrics", metrics,
+               env={"ANTHROPIC_BASE_URL": sim, "ANTHROPIC_AUTH_TOKEN": KEY})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    load = _server_load(proc)
+    assert load["status"] == "ok" and load["informational"], load
+    assert load["details"]["running_max"] <= 1 and load["details"]["waiting_max"] == 0
+    assert load["details"]["scrapes"] >= 2 and load["details"]["servers"] == ["vLLM"]  # one at the start, one at the end
+    assert load["saw"].startswith("the server was not busy during the checks: at most ")
+
+
+def test_cli_server_metrics_says_a_server_busy_with_other_traffic_was_busy(tmp_path: Path) -> None:
+    """One batch slot, three other clients looping on it: the simulator runs 1 and queues 2 or 3 (doctor's own
+    request makes the third) whenever it is scraped, and doctor says the server was busy."""
+    import threading
+
+    from simfixtures import anthropic_body, raw_request
+
+    stop = threading.Event()
+    with serve_in_thread("fast", slots=1, decode_base_s=0.01) as handle:
+        def other_client() -> None:
+            while not stop.is_set():
+                raw_request(handle.base_url, "/v1/messages", anthropic_body("other traffic", 20))
+
+        clients = [threading.Thread(target=other_client, daemon=True) for _ in range(3)]
+        for thread in clients:
+            thread.start()
+        try:
+            proc = cli(tmp_path, "--json", "--model", "sim-7b", "--prompt-tokens", "50", "--server-metrics",
+                       handle.base_url.rsplit("/api", 1)[0] + "/metrics", env={"ANTHROPIC_BASE_URL": handle.base_url})
+        finally:
+            stop.set()
+            for thread in clients:
+                thread.join(10)
+    load = _server_load(proc)
+    assert load["status"] == "fail" and load["informational"], load
+    assert load["details"]["running_max"] == 1 and 2 <= load["details"]["waiting_max"] <= 3, load["details"]
+    assert load["saw"].startswith("the server was busy during the checks: at most 1 running, ")
+    assert "tokenload run" in load["fix"]
+    others = json.loads(proc.stdout)[:-1]  # informational: only --strict makes the busy server count
+    assert proc.returncode == int(any(c["status"] == "fail" and not c["informational"] for c in others))
+
+
+def test_cli_server_metrics_that_is_no_metrics_is_refused_before_any_request(fake_server: Any,
+                                                                             tmp_path: Path) -> None:
+    fake_server.route(lambda r: body_script(404, b"not found", "text/plain"))
+    proc = cli(tmp_path, "--base-url", fake_server.url, "--model", "m", "--server-metrics", fake_server.url + "/metrics",
+               env={"ANTHROPIC_AUTH_TOKEN": KEY})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == (f"tokenload: error: server metrics: {fake_server.url}/metrics answered HTTP 404; "
+                                   "give the server's Prometheus /metrics address or leave --server-metrics / "
+                                   "[server] metrics_url out")
+    assert [r.path for r in fake_server.requests] == ["/metrics"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from loadkit import run_cli, truth_frame, write_scenario
+from loadkit import run_cli, sim_run, truth_frame, write_scenario
 
 from tokenload.sim import launch
 
@@ -33,21 +33,6 @@ def profile(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "profile.toml"
     path.write_text(body)
     return path
-
-
-def run_and_read(tmp_path: Path, scenario: Path, sim_args: list[str], *extra: str,
-                 **kw: str) -> tuple[subprocess.CompletedProcess[str], pd.DataFrame, dict, pd.DataFrame, float]:
-    """`tokenload run` against a fresh simulator: the result, the records, the manifest, the truth, the wall time."""
-    truth = tmp_path / "truth.jsonl"
-    started = time.monotonic()
-    with launch([*sim_args, "--truth", str(truth)]) as sim:
-        base = kw.pop("base_url", None) or sim.base_url
-        result = run_cli(scenario, base, tmp_path / "run", *extra, **kw)
-    wall = time.monotonic() - started
-    run = tmp_path / "run"
-    df = pd.read_parquet(run / "requests.parquet")
-    manifest = json.loads((run / "manifest.json").read_text())
-    return result, df, manifest, truth_frame(truth) if truth.exists() and truth.stat().st_size else pd.DataFrame(), wall
 
 
 @pytest.mark.parametrize("protocol", ["anthropic", "openai-chat"])
@@ -68,7 +53,8 @@ step_s = 10
 drain_s = 5
 """)
     sim = ["--profile", str(profile(tmp_path, 'extends = "ratelimited"\nrate_limit_rpm = 20\n'))]
-    result, df, _, truth, wall = run_and_read(tmp_path, scenario, sim, "--protocol", protocol)
+    run = sim_run(tmp_path, scenario, "--protocol", protocol, sim_args=sim, ok=False)
+    result, df, truth, wall = run.result, run.records, run.truth, run.wall_s
     assert result.returncode == 0, result.stderr
     assert len(truth) <= 20 + 8, truth.status.value_counts()  # the limit plus the requests in flight at most
     assert (truth.status == 200).sum() == 20  # and it was used in full
@@ -99,7 +85,8 @@ retry = {retry}
 drain_s = 2
 """)
     sim = ["--profile", str(profile(tmp_path, f'extends = "fast"\n[faults]\n"status code={code} body=json" = 1.0\n'))]
-    _, df, manifest, truth, _ = run_and_read(tmp_path, scenario, sim)
+    run = sim_run(tmp_path, scenario, sim_args=sim, ok=False)
+    df, manifest, truth = run.records, run.manifest, run.truth
     df = df[~df.in_flight]  # cut by the end of the run
     assert len(df) == len(truth)
     return df, manifest, truth
@@ -174,7 +161,8 @@ storm_probes = 2
 """)
     sim = ["--profile", str(profile(tmp_path, 'extends = "fast"\n[faults]\n"status code=500 body=json" = 1.0\n'))]
     extra = ("--processes", str(processes)) if processes else ()
-    _, df, manifest, truth, wall = run_and_read(tmp_path, scenario, sim, *extra)
+    run = sim_run(tmp_path, scenario, *extra, sim_args=sim, ok=False)
+    df, manifest, truth, wall = run.records, run.manifest, run.truth, run.wall_s
     assert wall < 30, manifest["stop_reason"]
     assert manifest["stop_reason"].startswith("error storm:") and "2 probe requests" in manifest["stop_reason"]
     storm = manifest["storms"][0]
@@ -201,7 +189,8 @@ step_s = 7
 drain_s = 2
 storm_s = 2
 """)
-    _, df, manifest, _, _ = run_and_read(tmp_path, scenario, ["--profile", "fast"])
+    run = sim_run(tmp_path, scenario, sim_args=["--profile", "fast"], ok=False)
+    df, manifest = run.records, run.manifest
     assert manifest["stop_reason"] == "duration" or manifest["stop_reason"] == "plan complete"
     assert manifest["storms"][0]["outcome"] == "resumed"
     resumed = manifest["storms"][0]["resumed_at"]
@@ -223,7 +212,8 @@ step_s = 5
 [stop]
 drain_s = 2
 """)
-    result, df, manifest, truth, _ = run_and_read(tmp_path, scenario, ["--profile", "fast"], "--processes", "2")
+    run = sim_run(tmp_path, scenario, "--processes", "2", sim_args=["--profile", "fast"], ok=False)
+    result, df, manifest, truth = run.result, run.records, run.manifest, run.truth
     assert result.returncode == 0, result.stderr
     assert df.worker.nunique() == 2 and len(df) == len(truth)
     step = manifest["steps"][0]
@@ -248,7 +238,8 @@ breakpoint_error_rate = 0.1
 drain_s = 2
 """)
     sim = ["--profile", str(profile(tmp_path, 'extends = "fast"\nmax_output_tokens = 2\n'))]
-    _, df, manifest, _, _ = run_and_read(tmp_path, scenario, sim)
+    run = sim_run(tmp_path, scenario, sim_args=sim, ok=False)
+    df, manifest = run.records, run.manifest
     assert df.error_kind.eq("bad_request").all() and len(df) > 10
     assert manifest["stop_reason"] == "plan complete", manifest["stop_reason"]
     assert df.step.max() == 2

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from loadkit import free_port, run_cli, run_command, truth_frame, write_scenario
+from loadkit import run_cli, run_command, run_master_and_worker, truth_frame, write_scenario
 
 from tokenload.load.records import COLUMNS
 from tokenload.sim import launch
@@ -205,34 +205,41 @@ def test_bad_scenario_is_one_line_exit_2(tmp_path: Path, body: str, field: str) 
     assert field in result.stderr and "scenario.toml" in result.stderr
 
 
-def test_master_and_worker_share_one_run_directory(tmp_path: Path) -> None:
-    """`--master` / `--worker` as on two machines (here two processes on loopback): one run id, nothing lost."""
+@pytest.mark.parametrize("shared", [True, False], ids=["one-shared-directory", "nothing-shared"])
+def test_master_and_worker(tmp_path: Path, shared: bool) -> None:
+    """`--master` / `--worker` as on two machines (here two processes on loopback): one run id, each of the
+    server's requests once in the master's run. Shared: both `--out A`, the worker writes its segments into A.
+    Nothing shared: the worker's `--out B` is its own; its records reach A over Locust's messages, B holds its
+    log and no run."""
     scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = 16
 [output]
 max_tokens = 8
 [load]
-kind = "constant"
-users = 3
-step_s = 4
+kind = "steps"
+users = [2, 4]
+step_s = 3
 [stop]
 drain_s = 3
 """)
-    port = str(free_port())
     truth_path = tmp_path / "truth.jsonl"
-    out = tmp_path / "run"
+    a, b = tmp_path / "A", tmp_path / ("A" if shared else "B")
     with launch(["--truth", str(truth_path)]) as sim:
-        master = subprocess.Popen(run_command(scenario, sim.base_url, out, "--master", "--master-port", port),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        worker = subprocess.run(run_command(scenario, sim.base_url, out, "--worker", "--master-port", port),
-                                capture_output=True, text=True, timeout=60)
-        m_out, m_err = master.communicate(timeout=60)
+        master, worker = run_master_and_worker(scenario, sim.base_url, a, b)
     assert worker.returncode == 0, worker.stderr
-    assert master.returncode == 0, m_err
-    assert m_out.strip().splitlines()[-1] == str(out)
-    df = pd.read_parquet(out / "requests.parquet")
+    assert master.returncode == 0, master.stderr
+    assert master.stdout.strip().splitlines()[-1] == str(a)
+    df = pd.read_parquet(a / "requests.parquet")
     truth = truth_frame(truth_path)
-    assert len(df) == len(truth) > 3 and df.request_id.is_unique
-    assert df.run_id.nunique() == 1
-    assert json.loads((out / "manifest.json").read_text())["run_id"] == df.run_id.iloc[0]
+    assert len(df) == len(truth) > 10 and df.request_id.is_unique
+    assert df.server_request_id.is_unique and set(df.server_request_id) == set(truth.request_id)
+    manifest = json.loads((a / "manifest.json").read_text())
+    assert df.run_id.nunique() == 1 and manifest["run_id"] == df.run_id.iloc[0]
+    assert df.worker.nunique() == 1 and manifest["workers_lost"] == []
+    assert not [w for w in manifest["warnings"] if "did not finish" in w or "stopped early" in w]
+    assert manifest["records"]["written_per_worker"] == manifest["records"]["per_worker"]
+    assert sorted(df.step.unique()) == [1, 2]
+    assert list(b.glob("locust-worker-*.log"))
+    if not shared:
+        assert not (b / "requests.parquet").exists() and not list(b.rglob("*.arrow")) and not (b / "segments").exists()

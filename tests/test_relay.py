@@ -197,6 +197,26 @@ UPSTREAM_DOWN = {"error": {"message": "litellm.InternalServerError: InternalServ
                            "type": None, "param": None, "code": "500"}}
 
 
+def _storm_scenario(tmp_path: Path, step_s: float, storm_s: float, first_token_timeout_s: float = 120) -> Path:
+    """4 users on one long step, the breaker's window `storm_s`, one probe before it gives up."""
+    return write_scenario(tmp_path, f"""
+[channel]
+first_token_timeout_s = {first_token_timeout_s}
+[prompt]
+tokens = 16
+[output]
+max_tokens = 4
+[load]
+kind = "constant"
+users = 4
+step_s = {step_s}
+[stop]
+drain_s = 1
+storm_s = {storm_s}
+storm_probes = 1
+""")
+
+
 @pytest.mark.slow
 def test_a_backend_dying_under_4_users_trips_the_storm_breaker(fake_server: FakeServer, tmp_path: Path) -> None:
     """The relay answers, its backend is gone: each request fails slowly (2 s, then a 500 naming the lost
@@ -211,20 +231,7 @@ def test_a_backend_dying_under_4_users_trips_the_storm_breaker(fake_server: Fake
                       writes=[(0.0, json.dumps(UPSTREAM_DOWN).encode())], framing="length")
 
     fake_server.route(relay)
-    scenario = write_scenario(tmp_path, """
-[prompt]
-tokens = 16
-[output]
-max_tokens = 4
-[load]
-kind = "constant"
-users = 4
-step_s = 30
-[stop]
-drain_s = 1
-storm_s = 3
-storm_probes = 1
-""")
+    scenario = _storm_scenario(tmp_path, step_s=30, storm_s=3)
     result = run_cli(scenario, fake_server.url, tmp_path / "run", "--protocol", "anthropic", "--api-key", KEY)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
@@ -235,3 +242,38 @@ storm_probes = 1
     assert storm["paused_at"] - failing_since <= 3 + 2 + 2, storm
     assert (df.started_at > storm["paused_at"] + 0.5).sum() == 0  # nothing sent while paused
     assert storm["outcome"] == "stopped" and manifest["stop_reason"].startswith(f"error storm: {storm['detail']}")
+
+
+@pytest.mark.slow
+def test_a_hung_backend_behind_a_live_relay_trips_the_storm_breaker(fake_server: FakeServer, tmp_path: Path) -> None:
+    """The relay accepts each request and then says nothing (its backend hangs): no status line until the
+    client gives up after its first-token timeout (3 s here; LiteLLM's was 35 s). At 4 users that is about 4
+    failures per 3 s, each one a whole timeout long; the breaker pauses every user within its window, its
+    probe hangs too, and the run stops saying error storm, which the analysis repeats (not "plan complete")."""
+    posts = itertools.count(1)
+
+    def relay(received: Received) -> Script:
+        if received.method == "POST" and next(posts) <= 8:
+            return stream_script("anthropic", TOKENS, 0.0, 0.01)
+        return Script(status=500, headers=(("content-type", "application/json"),), headers_delay_s=30.0,
+                      writes=[(0.0, b"{}")], framing="length")  # never reached: the client gives up first
+
+    fake_server.route(relay)
+    scenario = _storm_scenario(tmp_path, step_s=40, storm_s=6, first_token_timeout_s=3)
+    result = run_cli(scenario, fake_server.url, tmp_path / "run", "--protocol", "anthropic", "--api-key", KEY,
+                     timeout=120)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert manifest["storms"], (manifest["stop_reason"], result.stderr[-1500:])
+    storm = manifest["storms"][0]
+    failed = df[df.status == "error"]
+    assert set(failed.error_kind) == {"timeout_first_token"} and failed.http_status.isna().all()  # no status seen
+    # hanging since the 9th request was sent; within one window (plus one 3 s timeout and a tick) all paused
+    hung_since = df.sort_values("started_at").started_at.iloc[8]
+    assert storm["paused_at"] - hung_since <= 6 + 3 + 2, storm
+    assert (df.started_at > storm["paused_at"] + 0.5).sum() == 0  # nothing sent while paused
+    assert storm["outcome"] == "stopped" and manifest["stop_reason"].startswith(f"error storm: {storm['detail']}")
+    summary = analyze_run(tmp_path / "run", write=False)
+    said = {topic: finding for topic, finding, _ in verdict_rows(summary)}
+    assert said["Run incomplete"] == (f"the error-storm breaker stopped the run during step 1 of 1 "
+                                      f"({manifest['stop_reason']})"), said

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from fakeserver import FakeServer, body_script
 from loadkit import run_cli, write_scenario
 
 from tokenload.errors import ConfigError
+from tokenload.load import records
 from tokenload.rundir import MANIFEST_FILE, SERVER_METRICS_FILE
 from tokenload.servermetrics import scrape, series
 from tokenload.servermetrics.vocabulary import NAMES, TERMS, lookup, servers
@@ -177,28 +179,41 @@ def test_the_sampler_writes_every_sample_with_its_time(fake_server: FakeServer, 
     fake_server.route(answer)  # type: ignore[arg-type]
     sources = scrape.resolve([fake_server.url + "/metrics"], "http://unused", interval_s=0.2)
     before = time.time()
-    sampler = scrape.Sampler(sources, tmp_path).start()
+    (tmp_path / "segments").mkdir()
+    sampler = scrape.Sampler(sources, lambda: tmp_path).start()
     time.sleep(1.1)
     latest = sampler.latest()  # what the live line shows
     assert latest["waiting"] == 3 and latest["kv_cache_usage"] == 0.5 and latest["running"] in range(5)
-    entry = sampler.stop()
+    sealed_at = time.time()
+    sealed = records.seal(tmp_path)  # the run is finalised while the sampler goes on (a web session's next start)
+    time.sleep(0.5)
+    sampler.stop()
+    assert not (tmp_path / "segments").exists()  # a sealed run is never written again
+    segments = sorted((sealed / "server").glob("*.arrow"))
+    entry = scrape.collect(sealed, tmp_path)
+    assert entry is not None
     df = series.load(tmp_path / SERVER_METRICS_FILE)
     assert df is not None and list(df.columns) == ["time", "source", "name", "labels", "value"]
     scrapes = df["time"].nunique()
     assert 4 <= scrapes <= 7 and entry["scrapes"] == scrapes and entry["failed_scrapes"] == 0
+    assert len(segments) == scrapes  # written as they came, one segment a round, not at the end
     assert entry["servers"] == ["llama.cpp"] and entry["samples"] == len(df) == 5 * scrapes
-    assert before <= df["time"].min() and df["time"].max() <= time.time()
+    assert before <= df["time"].min() and df["time"].max() <= sealed_at
     running = df[df["name"] == "llamacpp:requests_processing"]["value"].tolist()
     assert running == [float((i + 2) % 5) for i in range(scrapes)]  # resolve's check was scrape 1
 
 
 def test_a_failing_source_is_asked_less_often(fake_server: FakeServer, tmp_path: Path) -> None:
     fake_server.route(lambda r: body_script(200, VLLM.encode(), "text/plain"))
-    sampler = scrape.Sampler(scrape.resolve([fake_server.url + "/metrics"], "http://x", interval_s=0.1), tmp_path)
+    (tmp_path / "segments").mkdir()
+    sampler = scrape.Sampler(scrape.resolve([fake_server.url + "/metrics"], "http://x", interval_s=0.1),
+                             lambda: tmp_path)
     fake_server.route(lambda r: body_script(503, b"down", "text/plain"))
     sampler.start()
     time.sleep(1.5)
-    entry = sampler.stop()
+    sampler.stop()
+    entry = scrape.collect(tmp_path / "segments", tmp_path)
+    assert entry is not None and entry["samples"] == 0
     # 3 failures at 0.1 s, then waits of 0.2, 0.4, 0.8 s: about 6 scrapes in 1.5 s instead of 15
     assert 4 <= entry["failed_scrapes"] <= 8 and entry["last_problem"].endswith("answered HTTP 503")
 
@@ -509,7 +524,7 @@ def test_names_outside_the_vocabulary_are_kept_raw_and_said_so(tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_the_web_tab_shows_the_servers_gauges_live(tmp_path: Path) -> None:
+def test_the_web_tab_shows_the_servers_gauges_live_and_the_run_keeps_them(tmp_path: Path) -> None:
     from test_webui import WebRun, _done
 
     scenario = write_scenario(tmp_path, '[load]\nkind = "constant"\nusers = 6\nstep_s = 4\n[stop]\ndrain_s = 2\n'
@@ -529,3 +544,49 @@ def test_the_web_tab_shows_the_servers_gauges_live(tmp_path: Path) -> None:
     assert busy["running"] == 4 and 0 < busy["waiting"] <= 2 and busy["kv_cache_usage"] == pytest.approx(0.8)
     assert rc == 0, stderr
     assert not (tmp_path / "run" / "server_live.json").exists()  # the live hand-off is gone with the session
+    # and the start's samples are in its run directory, analysed like a headless run's (6 users on 4 slots)
+    run_dir = tmp_path / "run"
+    df = series.load(run_dir / SERVER_METRICS_FILE)
+    manifest = json.loads((run_dir / MANIFEST_FILE).read_text())
+    assert df is not None and manifest["server_metrics"]["samples"] == len(df) > 0
+    assert manifest["started_at"] - 1 <= df["time"].min() and df["time"].max() <= manifest["ended_at"] + 3
+    step = json.loads((run_dir / "summary.json").read_text())["steps"][0]["server"]
+    assert abs(step["running_mean"] - 4) <= 0.5 and abs(step["waiting_mean"] - 2) <= 1, step
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_keeps_the_server_samples_up_to_the_kill(tmp_path: Path) -> None:
+    """`kill -9` of `tokenload run`: the samples scraped until then are on disk (they were written a round at a
+    time), and `analyze` (which finalises such a run) turns them into server_metrics.parquet and steps[].server
+    that agree with the 4-slot server's truth: 6 users, 4 running, 2 waiting."""
+    import subprocess
+
+    from test_load_process import _group_alive, _start, _wait_until
+
+    scenario = write_scenario(tmp_path, '[load]\nkind = "constant"\nusers = 6\nstep_s = 60\nstep_warmup_s = 0.5\n'
+                                        '[output]\nmax_tokens = 8\n[stop]\ndrain_s = 1\n[server]\ninterval_s = 0.25\n')
+    out = tmp_path / "run"
+    fake = FakeServer()
+    try:
+        server = GaugeServer(fake, slots=4)
+        proc, pgid = _start(scenario, server.url, out, "--protocol", "anthropic", "--model", "slot-4", records=4)
+        time.sleep(2.0)
+        killed_at = time.time()
+        proc.kill()
+        proc.communicate(timeout=10)
+        assert _wait_until(lambda: not _group_alive(pgid), 15) is not None
+        assert list((out / "segments" / "server").glob("*.arrow"))  # on disk before anyone finalised the run
+        done = subprocess.run([sys.executable, "-m", "tokenload", "analyze", str(out), "--quiet"],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        fake.close()
+    assert done.returncode == 0, done.stderr[-2000:]
+    df = series.load(out / SERVER_METRICS_FILE)
+    assert df is not None
+    # the last round before the kill is there (rounds are 0.25 s apart; a round is written as it ends)
+    assert killed_at - 1.0 <= df["time"].max() <= killed_at
+    entry = json.loads((out / MANIFEST_FILE).read_text())["server_metrics"]
+    assert entry["sources"] == [server.url + "/metrics"] and entry["samples"] == len(df)
+    assert entry["scrapes"] >= df["time"].nunique() >= 8
+    step = json.loads((out / "summary.json").read_text())["steps"][0]["server"]
+    assert abs(step["running_mean"] - 4) <= 0.5 and abs(step["waiting_mean"] - 2) <= 1, step

@@ -241,3 +241,54 @@ def test_a_scenario_file_sets_the_probe(tmp_path: Path, capsys: pytest.CaptureFi
     assert len(frame) == 4 and set(frame["max_tokens"]) == {4} and set(frame["output_tokens"]) == {4}
     assert set(frame["prompt_tokens_target"]) == {16} and set(frame["status"]) == {"ok"}
     assert frame["request_id"].str.endswith(("-0", "-1")).all() and frame["sample_id"].nunique() == 2
+
+
+def test_server_metrics_are_kept_beside_each_sample_and_history_shows_them(
+        fake_server: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A scripted server whose n-th /metrics answer says n running and 2n waiting: the first answer is the
+    check before watching, sample k's scrape is answer k + 1, so what is stored is known exactly."""
+    from fakeserver import FakeServer, Received, Script, body_script, stream_script
+
+    server: FakeServer = fake_server  # type: ignore[assignment]
+    hits = {"metrics": 0}
+
+    def answer(received: Received) -> Script:
+        if received.path == "/metrics":
+            hits["metrics"] += 1
+            n = hits["metrics"]
+            return body_script(200, (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {n}\n"
+                                     f"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting {2 * n}\n"
+                                     ).encode(), "text/plain; version=0.0.4")
+        return stream_script("anthropic", ["a ", "b ", "c"], 0.0, 0.005)
+
+    server.route(answer)
+    db = tmp_path / "h.db"
+    assert main(["watch", "--base-url", server.url, "--model", "m", "--protocol", "anthropic", "--api-key", SECRET,
+                 "--requests", "2", "--every", "0.05s", "--samples", "3", "--db", str(db),
+                 "--server-metrics", server.url + "/metrics"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("server ")[1].split("  ")[0] for line in lines] == [
+        f"{k + 1} running {2 * (k + 1)} waiting" for k in (1, 2, 3)]
+    with closing(open_store(db)) as store:
+        frame = store.query()
+    by_sample = frame.drop_duplicates("sample_id").sort_values("started_at")
+    assert len(frame) == 6 and by_sample["server_running"].tolist() == [2.0, 3.0, 4.0]
+    assert by_sample["server_waiting"].tolist() == [4.0, 6.0, 8.0]
+    assert main(["history", "--db", str(db), "--out", str(tmp_path / "h"), "--csv"]) == 0
+    said = capsys.readouterr().out
+    assert "server (its /metrics, as each sample began): all samples: 3 running, 6 waiting on average (3 samples)" \
+        in said
+    hours = (tmp_path / "h" / "hours.csv").read_text().splitlines()
+    assert hours[0].endswith("server running,server waiting,server KV cache")
+
+
+def test_a_server_metrics_url_that_is_no_metrics_stops_watch_before_any_sample(
+        fake_server: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fakeserver import FakeServer, body_script
+
+    server: FakeServer = fake_server  # type: ignore[assignment]
+    server.route(lambda r: body_script(404, b"not found", "text/plain"))
+    assert main(["watch", "--base-url", server.url, "--model", "m", "--samples", "1", "--db", str(tmp_path / "h.db"),
+                 "--server-metrics", server.url + "/metrics"]) == 2
+    assert capsys.readouterr().err.startswith(f"tokenload: error: server metrics: {server.url}/metrics answered HTTP 404")
+    assert [r.path for r in server.requests] == ["/metrics"]

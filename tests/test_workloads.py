@@ -17,9 +17,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from loadkit import run_cli, truth_frame, write_scenario
-
-from tokenload.sim import launch
+from loadkit import sim_run, write_scenario
 
 SESSION_SCENARIO = """
 [session]
@@ -41,15 +39,9 @@ drain_s = 5
 
 def _run(tmp_path: Path, body: str, *extra: str, profile: str = "fast", sim_args: tuple[str, ...] = ()
          ) -> tuple[pd.DataFrame, pd.DataFrame, Path]:
-    """Run a scenario against a fresh simulator; (records, truth, run dir)."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    scenario = write_scenario(tmp_path, body)
-    truth_path = tmp_path / "truth.jsonl"
-    with launch(["--profile", profile, "--truth", str(truth_path), *sim_args]) as sim:
-        result = run_cli(scenario, sim.base_url, tmp_path / "run", *extra)
-    assert result.returncode == 0, result.stderr
-    run_dir = Path(result.stdout.strip().splitlines()[-1])
-    return pd.read_parquet(run_dir / "requests.parquet"), truth_frame(truth_path), run_dir
+    """Run a scenario against a fresh simulator with `profile`; (records, truth, run dir)."""
+    run = sim_run(tmp_path, body, *extra, sim_args=["--profile", profile, *sim_args])
+    return run.records, run.truth, run.run_dir
 
 
 def _complete_sessions(df: pd.DataFrame, turns: int) -> pd.DataFrame:

@@ -22,6 +22,8 @@ true:
    as one line: what a load test may send; a 429 says when to retry;
 10. prompt caching: does the second of two identical long-prefix requests read
    the prefix from the channel's cache (a relay may strip it)?
+11. with `--server-metrics URL`, the server's load while the checks ran
+   (`check_server_load`, informational): busy with other traffic, or not.
 
 Checks that need an earlier one are skipped with the reason when it failed, so
 a broken channel gets at most a handful of cheap requests. An `ok` means a
@@ -1089,6 +1091,49 @@ CHECKS: tuple[Check, ...] = (
     Check("rate_limits", "rate limits", check_rate_limits, ("auth",), informational=True),
     Check("caching", "prompt caching", check_caching, ("model",), sends=True, informational=True),
 )
+
+
+# A KV cache this full (0..1) during the checks counts as a busy server.
+BUSY_KV_CACHE = 0.9
+
+
+def check_server_load(history: list[tuple[float, dict[str, float]]], found: list[str],
+                      problem: str | None = None) -> CheckResult:
+    """`doctor --server-metrics URL`: was the server itself busy while the checks ran (other traffic)?
+
+    The checks send one request at a time, so more than one request running, any
+    waiting, or a KV cache at least `BUSY_KV_CACHE` full means other traffic
+    shared the server, and the latency measured above includes it. Informational.
+    """
+    title, name = "server load", "server_load"
+    seen = [g for _, g in history]
+    gauged = [g for g in seen if {"running", "waiting", "kv_cache_usage"} & g.keys()]
+    if not gauged:
+        why = (f"no scrape of its metrics succeeded during the checks ({problem})" if not seen
+               else "its metrics publish no running, waiting or KV-cache gauge")
+        return CheckResult(name, title, UNVERIFIED, f"could not tell whether the server was busy: {why}",
+                           details={"scrapes": len(seen)}, informational=True)
+
+    def peak(term: str) -> float | None:
+        values = [g[term] for g in gauged if term in g]
+        return max(values) if values else None
+
+    running, waiting, kv = peak("running"), peak("waiting"), peak("kv_cache_usage")
+    details = {"scrapes": len(gauged), "servers": found, "running_max": running, "waiting_max": waiting,
+               "kv_cache_usage_max": kv}
+    parts = [f"at most {running:g} running" if running is not None else None,
+             f"{waiting:g} waiting" if waiting else ("none waiting" if waiting is not None else None),
+             f"KV cache up to {kv:.0%}" if kv is not None else None]
+    seen_text = ", ".join(p for p in parts if p) + f" ({', '.join(found) or 'its metrics'}, {len(gauged)} scrapes)"
+    busy = (running or 0) > 1 or (waiting or 0) > 0 or (kv or 0) >= BUSY_KV_CACHE
+    if busy:
+        return CheckResult(name, title, FAIL, f"the server was busy during the checks: {seen_text}",
+                           "other traffic shares this server, so the latency above includes its queue: check again "
+                           "when it is idle, or measure it under your own load with tokenload run",
+                           details=details, informational=True)
+    return CheckResult(name, title, OK, f"the server was not busy during the checks: {seen_text}; the checks' "
+                       "own request was the only one, so the latency above is the server's own", details=details,
+                       informational=True)
 
 
 def run_checks(ctx: Doctor) -> list[CheckResult]:

@@ -158,6 +158,10 @@ def measure(tl: Timeline, estimated_input_tokens: int | None = None, max_tokens:
     tpot = None
     if decoded > 1 and tl.t_first_token is not None and tl.t_last_token is not None:
         tpot = (tl.t_last_token - tl.t_first_token) / (decoded - 1)
+    # t0 is stamped when the write returned; an answer that came sooner (headers sent before the request was
+    # read) carries an earlier kernel arrival stamp. Nothing arrives before the request went out, so the origin
+    # is whichever came first, and no latency reads below zero.
+    t0 = tl.t0 if tl.t_headers is None else min(tl.t0, tl.t_headers)
     itl_p50 = itl_p99 = itl_max = None
     times = tl.chunk_times
     if len(times) > 1:
@@ -169,12 +173,12 @@ def measure(tl: Timeline, estimated_input_tokens: int | None = None, max_tokens:
         "error_message": tl.error_message,
         "http_status": tl.http_status,
         "started_at": tl.started_at,
-        "ttfb_s": _since(tl.t_headers, tl.t0),
-        "ttft_s": _since(tl.t_first_token, tl.t0),
-        "ttft_text_s": _since(tl.t_first_text, tl.t0),
+        "ttfb_s": _since(tl.t_headers, t0),
+        "ttft_s": _since(tl.t_first_token, t0),
+        "ttft_text_s": _since(tl.t_first_text, t0),
         "tpot_s": tpot,
-        "e2e_s": _since(tl.t_last_token, tl.t0),
-        "duration_s": _since(tl.t_end, tl.t0),
+        "e2e_s": _since(tl.t_last_token, t0),
+        "duration_s": _since(tl.t_end, t0),
         "input_tokens": input_tokens,
         "input_tokens_source": input_source,
         "output_tokens": output_tokens,

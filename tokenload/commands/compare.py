@@ -8,11 +8,14 @@ Mann-Whitney U test, Holm-corrected over all levels and metrics; a difference
 is called significant when the corrected p < 0.01 and the effect (P(a request
 is slower than the baseline's) far enough from 0.5) is not negligible. The
 headline counts the levels at which each run was slower or faster; runs that
-share no level with the baseline say so.
+share no level with the baseline say so. A run through another URL than the
+baseline's (a relay in front of the same backend) also gets what it adds:
+TTFB, TTFT and inter-token-gap deltas per level with 95% bootstrap intervals,
+and how often its headers came only with the first token.
 
 Writes into --out (default: compare-<time> next to the first run):
 
-  comparison.json   runs, headline, per-level deltas with intervals and p-values
+  comparison.json   runs, headline, per-level deltas with intervals and p-values, overhead
   comparison.html   self-contained: delta table, run table, charts, verdicts
   plots/*.png       overlaid CDFs, per-concurrency curves, each run's fit lines
 

@@ -38,6 +38,11 @@ the key is tried online (1), because neither means anything until the earlier on
                     reads it from the prompt cache; the prefix shrinks to a context limit the
                     channel names; a relay may strip caching
 
+ 11 server load     (informational, with --server-metrics URL) the server's own gauges, scraped
+                    every half second while the checks ran: a server busy with other
+                    traffic (more than one request running, any waiting, KV cache 90% full)
+                    makes the latency above include its queue
+
 `--json` prints the same as a list of objects {name, title, status, saw, fix, details, informational}.
 
 Exit status: 1 when a check you can fix failed (configuration, key, base URL,
@@ -75,6 +80,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="all tokens within this window after a wait = a buffering proxy (default 10)")
     parser.add_argument("--timeout", type=float, default=20.0, metavar="S",
                         help="seconds to wait for a connection, a response or the next token (default 20)")
+    parser.add_argument("--server-metrics", action="append", metavar="URL",
+                        help="the inference server's Prometheus metrics address (repeatable), scraped while the "
+                             "checks run: whether the server itself was busy (running, waiting, KV cache)")
     add_slo_arguments(parser)
     add_channel_arguments(parser)
 
@@ -83,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from tokenload.doctor import FAIL, OK, UNVERIFIED, Limits, diagnose_channel, exit_code
+    from tokenload.doctor import FAIL, OK, UNVERIFIED, Limits, check_server_load, diagnose_channel, exit_code
     from tokenload.errors import ConfigError
 
     for flag in ("burst_ms", "timeout"):
@@ -96,7 +104,21 @@ def run(args: argparse.Namespace) -> int:
     limits = Limits(ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s,
                     expected_output_tokens=args.expected_output_tokens, burst_s=args.burst_ms / 1000,
                     timeout_s=args.timeout, prompt_tokens=args.prompt_tokens)
-    results, channel = diagnose_channel(flags=channel_flags(args), env=os.environ, cwd=Path.cwd(), home=Path.home(), limits=limits)
+    sampler = None
+    if args.server_metrics:  # checked before any request: a URL that is no Prometheus text is exit 2
+        from tokenload.servermetrics import scrape
+        from tokenload.workload.scenario import Scenario
+
+        sources = scrape.resolve(Scenario.server_metrics_urls(args.server_metrics), "", interval_s=0.5)
+        sampler = scrape.Sampler(sources, keep_gauges=True).start()
+    try:
+        results, channel = diagnose_channel(flags=channel_flags(args), env=os.environ, cwd=Path.cwd(),
+                                            home=Path.home(), limits=limits)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+    if sampler is not None and channel is not None:
+        results.append(check_server_load(sampler.history, sampler.sources.found, sampler.last_problem))
 
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2))

@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenload.channel import add_channel_arguments
+from tokenload.commands.prometheus_flags import add_prometheus_arguments, linger, serve_from_args
 from tokenload.commands.slo_flags import add_slo_arguments, slo_from_args
 from tokenload.workload.scenario import SCHEMA_HELP
 
@@ -103,6 +104,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "run into server_metrics.parquet (repeatable; replaces [server] metrics_url); without "
                              "it the base URL's origin + /metrics is tried once (see docs/server-metrics.md)")
     add_slo_arguments(parser)
+    add_prometheus_arguments(parser, "the run's records (all workers'; the master or the single process, headless)")
     dist = parser.add_argument_group("distributed across machines")
     dist.add_argument("--master", action="store_true", help="run as Locust master")
     dist.add_argument("--expect-workers", type=int, default=1, metavar="N", help="master: workers to wait for (default 1)")
@@ -122,9 +124,10 @@ def live_line(live: dict) -> str:
         value = live.get(key)
         return "-" if value is None else f"{value * 1000:.0f}"
 
+    from tokenload.servermetrics.scrape import describe
+
     server = live.get("server") or {}
-    seen = " · server " + " ".join(f"{v:g} {k}" if k != "kv_cache_usage" else f"KV {100 * v:.0f}%"
-                                    for k, v in sorted(server.items())) if server else ""
+    seen = f" · server {describe(server)}" if server else ""
     return (f"step {live['step']} · {live['users']}/{live['target_users']} users · {live['step_rps']:.1f} req/s · "
             f"TTFT p50/p95 {ms('ttft_p50_s')}/{ms('ttft_p95_s')} ms · TPOT p50/p95 {ms('tpot_p50_s')}/"
             f"{ms('tpot_p95_s')} ms · {live['requests']} req · {live['errors']} errors{seen} · {live['elapsed_s']:.0f} s")
@@ -172,6 +175,12 @@ def run(args: argparse.Namespace) -> int:
                                                     channel_flags(args))
     plan = plan_run(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
                     distribution=distribution, web=args.web, web_host=args.web_host, web_port=args.web_port)
+    if args.prometheus_port is not None and (args.web or args.worker):
+        from tokenload.errors import ConfigError
+
+        raise ConfigError("--prometheus-port serves a headless run's records from its master (or single process); "
+                          "drop it on a --worker, or drop --web")
+    metrics = serve_from_args(args)
     if args.resume:
         from tokenload.errors import ConfigError
         from tokenload.search import resume
@@ -185,17 +194,19 @@ def run(args: argparse.Namespace) -> int:
     err.print(f"[bold]{plan.scenario.name}[/] against {plan.channel}")
     err.print(f"[dim]{resolution.describe()}[/]", markup=True, soft_wrap=True)
     if args.web:
-        if plan.scenario.server.metrics_url:
-            err.print("[yellow]note:[/] in a --web session the server's metrics feed the tab's live view only; "
-                      "they are not stored in the run directories (headless runs store them)")
         return _run_web(args, plan.scenario, plan.channel, distribution, err)
-    with err.status("starting Locust") as status:
-        run_dir = execute(plan, on_live=_live_reporter(err, status.update))
-    failed = False
-    if not args.worker:
-        failed = _print_summary(err, run_dir / REQUESTS_FILE)
-    print(run_dir)
-    sys.stdout.flush()
+    try:
+        with err.status("starting Locust") as status:
+            run_dir = execute(plan, on_live=_live_reporter(err, status.update), metrics=metrics)
+        failed = False
+        if not args.worker:
+            failed = _print_summary(err, run_dir / REQUESTS_FILE)
+        print(run_dir)
+        sys.stdout.flush()
+        linger(metrics)
+    finally:
+        if metrics is not None:
+            metrics.close()
     return 1 if failed else 0
 
 

@@ -16,6 +16,11 @@ after the request in flight (a stress run in progress finishes first; Ctrl-C
 again stops it); a restart resumes the rhythm and the day's budget from the
 database.
 
+--server-metrics URL (repeatable) scrapes the inference server's Prometheus
+metrics as each sample begins and keeps its gauges (running, waiting, KV cache)
+beside the sample: the status line shows them, and `tokenload history` puts
+them beside the hours, so a slow hour can be told from a busy server.
+
 --stress SCENARIO@HH:MM,... also runs a load test at those local times (e.g.
 ramp@03:00,14:00 to compare the breakpoint at night and at peak): the run
 directory goes to runs/ beside the database and its requests into the database
@@ -46,6 +51,7 @@ from __future__ import annotations
 import argparse
 
 from tokenload.channel import add_channel_arguments
+from tokenload.commands.prometheus_flags import add_prometheus_arguments, linger, serve_from_args
 from tokenload.commands.slo_flags import add_slo_arguments, slo_from_args
 
 HELP = "long-running low-cost sampler of a channel into the history database (peak-hour finding)"
@@ -68,7 +74,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, metavar="N", help="stop after N samples (default: run until stopped)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="seconds to wait for the first token, and between tokens (default 60)")
+    parser.add_argument("--server-metrics", action="append", metavar="URL",
+                        help="the inference server's Prometheus metrics address (repeatable), scraped as each sample "
+                             "begins: its gauges (running, waiting, KV cache) are kept beside the sample")
     add_slo_arguments(parser)
+    add_prometheus_arguments(parser, "the samples' requests (stress runs not included)")
     add_channel_arguments(parser)
 
 
@@ -109,9 +119,19 @@ def run(args: argparse.Namespace) -> int:
             stress.scenario, slo=slo_from_args(args, stress.scenario.slo)))
     if stress is not None and args.max_tokens_per_day:
         stress.worst_overshoot()  # a scenario without bounded lengths cannot keep a budget: say so now
+    server_metrics: tuple[str, ...] = ()
+    if args.server_metrics:  # each must answer Prometheus text now: exit 2 before any sample otherwise
+        from tokenload.servermetrics.scrape import resolve
+        from tokenload.workload.scenario import Scenario
+
+        server_metrics = Scenario.server_metrics_urls(args.server_metrics)
+        resolve(server_metrics, channel.base_url)
+        if stress is not None:  # the stress runs sample the same server
+            stress = dataclasses.replace(stress, scenario=stress.scenario.with_server_metrics(list(server_metrics)))
     plan = WatchPlan(every_s=every, requests=args.requests, period_s=period, max_tokens_per_day=args.max_tokens_per_day,
-                     stress=stress)
+                     stress=stress, server_metrics=server_metrics)
     stop = threading.Event()
+    metrics = serve_from_args(args, run_id="watch")
 
     def on_signal(signum: int, _frame: object) -> None:
         print(f"tokenload watch: {signal.Signals(signum).name}, stopping after the request in flight", file=sys.stderr)
@@ -123,11 +143,15 @@ def run(args: argparse.Namespace) -> int:
         with closing(open_store(db_path)) as store:
             print(f"watching {fingerprint_of(channel)} every {args.every} into {store.path}", file=sys.stderr,
                   flush=True)
-            watcher = Watcher(store, channel, plan, probe, stop=stop,
+            watcher = Watcher(store, channel, plan, probe, stop=stop, metrics=metrics,
                               on_sample=lambda result: print(status_line(result), flush=True))
             taken = watcher.run(max_samples=args.samples, on_stress=lambda line: print(line, flush=True))
+        print(f"tokenload watch: {taken} sample(s) taken", file=sys.stderr)
+        if not stop.is_set():  # stopped by a signal: whoever sent it wants the watcher gone now
+            linger(metrics)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    print(f"tokenload watch: {taken} sample(s) taken", file=sys.stderr)
+        if metrics is not None:
+            metrics.close()
     return 0

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from tokenload.dayclock import DAY_S, timezone_name
-from tokenload.history.views import HOURS, METRICS, MIN_PER_HOUR, fold
+from tokenload.history.views import HOURS, METRICS, MIN_PER_HOUR, SERVER_TERMS, fold
 
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 DPI = 110
@@ -166,8 +166,23 @@ def verdict_lines(channel: str, result: dict[str, Any]) -> list[str]:
             else:
                 lines.append(f"peak vs off-peak {name.upper()}: too few successful requests in a window to compare "
                              f"(need {MIN_PER_HOUR} in each)")
+    server = result.get("server")
+    if server:  # was the server itself busier at peak? (watch --server-metrics)
+        windows = result["metrics"]["ttft"]
+        parts = [f"{name} {windows[key]['label']}: {_gauges(server[key])}" for key, name in
+                 (("peak", "peak"), ("off_peak", "off-peak")) if windows[key] and server[key]]
+        parts.append(f"all samples: {_gauges(server['overall'])}")
+        lines.append("server (its /metrics, as each sample began): " + "; ".join(parts))
     lines.extend(f"advice: {a}" for a in result["advice"])
     return lines
+
+
+def _gauges(view: dict[str, Any]) -> str:
+    """'4.2 running, 1.5 waiting, KV cache 63% on average (12 samples)'."""
+    parts = [f"{view[f'{t}_mean']:.2g} {t}" for t in ("running", "waiting") if view.get(f"{t}_mean") is not None]
+    if view.get("kv_cache_usage_mean") is not None:
+        parts.append(f"KV cache {view['kv_cache_usage_mean']:.0%}")
+    return f"{', '.join(parts)} on average ({view['samples']} samples)"
 
 
 def _fit_text(fit: dict[str, Any]) -> str:
@@ -205,15 +220,25 @@ WINDOW_HEADERS = ("window", "hours", "requests", "TTFT p50", "TPOT p50", "e2e p5
 
 
 def _hours_rows(result: dict[str, Any]) -> list[list[Any]]:
+    """One row per hour; with the server's gauges (`watch --server-metrics`), their means in that hour too."""
+    server = {h["hour"]: h for h in (result.get("server") or {}).get("hours", [])}
     rows = []
     for ttft, tpot in zip(result["hours"]["ttft"], result["hours"]["tpot"]):
-        rows.append([f"{ttft['hour']:02d}:00", ttft["requests"], ttft["errors"], ttft["p50_s"],
-                     ttft["ratio"], ttft["level"] or "too few", tpot["p50_s"], tpot["level"] or "too few"])
+        row = [f"{ttft['hour']:02d}:00", ttft["requests"], ttft["errors"], ttft["p50_s"],
+               ttft["ratio"], ttft["level"] or "too few", tpot["p50_s"], tpot["level"] or "too few"]
+        if result.get("server"):
+            row += [server.get(ttft["hour"], {}).get(f"{term}_mean") for term in SERVER_TERMS]
+        rows.append(row)
     return rows
 
 
 HOURS_HEADERS = ("hour", "requests", "errors", "TTFT p50 s", "TTFT ratio to rest", "TTFT level", "TPOT p50 s",
                  "TPOT level")
+SERVER_HEADERS = ("server running", "server waiting", "server KV cache")
+
+
+def hours_headers(result: dict[str, Any]) -> tuple[str, ...]:
+    return HOURS_HEADERS + (SERVER_HEADERS if result.get("server") else ())
 
 
 def write_report(reports: Sequence[tuple[str, dict[str, Any], pd.DataFrame]], out_dir: Path,
@@ -235,11 +260,11 @@ def write_report(reports: Sequence[tuple[str, dict[str, Any], pd.DataFrame]], ou
         verdict = "".join(f"<p>{h(line)}</p>" for line in verdict_lines(channel, result))
         body = (verdict + html_table(WINDOW_HEADERS, window_rows(result), left=2)
                 + "".join(figure(path, caption) for path, caption in figures)
-                + html_table(HOURS_HEADERS, _hours_rows(result)))
+                + html_table(hours_headers(result), _hours_rows(result)))
         sections.append((channel, body))
         if csv:
             fold(frame, result["period_s"]).to_csv(out_dir / f"history{tag}.csv", index=False)
-            pd.DataFrame(_hours_rows(result), columns=list(HOURS_HEADERS)).to_csv(out_dir / f"hours{tag}.csv",
+            pd.DataFrame(_hours_rows(result), columns=list(hours_headers(result))).to_csv(out_dir / f"hours{tag}.csv",
                                                                                   index=False)
     (out_dir / "history.json").write_text(json.dumps({c: r for c, r, _ in reports}, indent=2), encoding="utf-8")
     path = out_dir / "history.html"

@@ -37,7 +37,9 @@ import httpx
 from tokenload.channel import Channel
 from tokenload.dayclock import DAY_S, utc_offset_s
 from tokenload.errors import ConfigError, HarnessError
+from tokenload.exporter import LiveMetrics
 from tokenload.history.store import HistoryStore, Sample, fingerprint_of, row_tokens
+from tokenload.servermetrics import scrape
 from tokenload.transport.httpx_client import stream_once, timeouts
 from tokenload.workload.prompts import PromptSource, RequestPlan
 from tokenload.workload.scenario import Scenario
@@ -68,6 +70,7 @@ class SampleResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
     skipped: int = 0
     budget_left: int | None = None
+    server: dict[str, float] | None = None  # the server's gauges when the sample began (--server-metrics)
 
     @property
     def errors(self) -> int:
@@ -138,6 +141,7 @@ class WatchPlan:
     period_s: float = DAY_S
     max_tokens_per_day: int = 0  # 0 = no budget
     stress: Stress | None = None
+    server_metrics: tuple[str, ...] = ()  # the server's /metrics: its gauges are kept with each sample
 
 
 class Watcher:
@@ -145,7 +149,7 @@ class Watcher:
 
     def __init__(self, store: HistoryStore, channel: Channel, plan: WatchPlan, probe: Scenario | None = None, *,
                  on_sample: Callable[[SampleResult], None] | None = None,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, metrics: LiveMetrics | None = None) -> None:
         self.store = store
         self.channel = channel
         self.plan = plan
@@ -155,6 +159,7 @@ class Watcher:
         self.extra_body = probe.output.extra_body()
         self.on_sample = on_sample or (lambda result: None)
         self.stop = stop or threading.Event()
+        self.metrics = metrics  # `--prometheus-port`: every request as it ends, one user while a sample runs
         self._input_seen = 0  # the server's input count of the last request: the best cost estimate
 
     def budget_left(self, now: float) -> int | None:
@@ -179,6 +184,10 @@ class Watcher:
                 allowance = worst
             else:
                 result.skipped, plans = len(plans), []
+        if plans and self.plan.server_metrics:  # what the server was doing when the sample arrived
+            result.server, _problem = scrape.snapshot(self.plan.server_metrics)
+        if self.metrics is not None and plans:
+            self.metrics.set_active_users(1)
         with httpx.Client(timeout=timeouts(self.channel), follow_redirects=False) as client:
             for index, plan in enumerate(plans):
                 if self.stop.is_set():
@@ -191,6 +200,8 @@ class Watcher:
                                      client=client)
                 row = self._row(record, result.sample_id, index, plan)
                 result.rows.append(row)
+                if self.metrics is not None:
+                    self.metrics.observe((row,))
                 if allowance is not None:
                     allowance -= row_tokens(row)
                 counted = record.get("input_tokens")
@@ -198,11 +209,15 @@ class Watcher:
                     self._input_seen = counted
                 if record["status"] != "ok":
                     break  # a channel in trouble gets one request per sample, not three
+        if self.metrics is not None:
+            self.metrics.set_active_users(0)
         if result.rows or result.skipped:
             kind = "probe" if result.rows else "skipped"
             note = f"{result.skipped} request(s) skipped: daily token budget" if result.skipped else None
+            server = json.dumps(result.server, sort_keys=True) if result.server else None
             self.store.add_sample(Sample(result.sample_id, self.fingerprint, kind, started, tokens=result.tokens,
-                                         requests=len(result.rows), errors=result.errors, note=note), result.rows)
+                                         requests=len(result.rows), errors=result.errors, note=note, server=server),
+                                  result.rows)
         else:
             self.store.release(result.sample_id)  # stopped before the first request
         result.budget_left = self.budget_left(started)
@@ -290,7 +305,7 @@ class Watcher:
 
 
 def status_line(result: SampleResult) -> str:
-    """One line per sample: time, TTFT and TPOT medians, errors, budget left."""
+    """One line per sample: time, TTFT and TPOT medians, errors, the server's gauges (if scraped), budget left."""
 
     def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f} s"
@@ -300,8 +315,9 @@ def status_line(result: SampleResult) -> str:
     errors = f"{result.errors}/{len(result.rows)}" + (f" ({', '.join(kinds)})" if kinds else "")
     budget = "no budget" if result.budget_left is None else f"{result.budget_left:,} tokens left today"
     skipped = f"  SKIPPED {result.skipped} (budget)" if result.skipped else ""
+    server = f"  server {scrape.describe(result.server)}" if result.server else ""
     return (f"{stamp}  TTFT p50 {seconds(result.p50('ttft_s'))}  TPOT p50 {seconds(result.p50('tpot_s'))}  "
-            f"errors {errors}  {budget}{skipped}")
+            f"errors {errors}{server}  {budget}{skipped}")
 
 
 def _capacity(run_dir: Path) -> str:

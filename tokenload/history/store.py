@@ -10,7 +10,9 @@ within `BUSY_TIMEOUT_S`).
 A row has the columns of requests.parquet (`tokenload.load.records.SCHEMA`,
 followed as it grows: a column added there is added to an existing database on
 open) plus `channel` (a fingerprint: protocol, host and model, never a secret),
-`sample_id` and `source` (`watch` or `run`). A sample is committed whole in one
+`sample_id` and `source` (`watch` or `run`); `query` adds `server_<term>`
+columns (`server_running`, `server_waiting`, `server_kv_cache_usage`) from the
+server's gauges that `watch --server-metrics` keeps with each sample. A sample is committed whole in one
 transaction with its unique id, so a watcher killed mid-sample leaves either
 all of that sample's rows or none, and `request_id` is unique, so ingesting a
 run directory twice adds nothing.
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 
     from tokenload.channel import Channel
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 60.0
 HISTORY_COLUMNS: tuple[str, ...] = ("channel", "sample_id", "source")
 
@@ -90,8 +92,13 @@ def _migrate_v1(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX samples_channel_time ON samples (channel, started_at)")
 
 
+def _migrate_v2(db: sqlite3.Connection) -> None:
+    """`watch --server-metrics`: the server's gauges beside each sample, as JSON {term: value}."""
+    db.execute("ALTER TABLE samples ADD COLUMN server TEXT")
+
+
 # Migration k brings a database from version k to k + 1; append, never edit.
-MIGRATIONS = (_migrate_v1,)
+MIGRATIONS = (_migrate_v1, _migrate_v2)
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -109,6 +116,8 @@ class Sample:
     requests: int = 0
     errors: int = 0
     note: str | None = None
+    # the server's gauges when the sample began (`watch --server-metrics`): JSON {"running": 4, ...}
+    server: str | None = None
 
 
 def row_tokens(row: Mapping[str, Any]) -> int:
@@ -234,9 +243,9 @@ class SqliteHistory:
     def add_sample(self, sample: Sample, rows: Sequence[Mapping[str, Any]], source: str = "watch") -> int:
         def body() -> int:
             self._db.execute(
-                "INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (sample.sample_id, sample.channel, sample.kind, sample.started_at, sample.tokens, sample.requests,
-                 sample.errors, sample.note),
+                 sample.errors, sample.note, sample.server),
             )
             return self._insert_rows(rows, sample.channel, sample.sample_id, source)
 
@@ -246,7 +255,7 @@ class SqliteHistory:
         def body() -> int:
             if self.tokens_used(sample.channel, since, until) + sample.tokens > budget:
                 return 0
-            self._db.execute("INSERT INTO samples VALUES (?, ?, 'reserved', ?, ?, 0, 0, ?)",
+            self._db.execute("INSERT INTO samples VALUES (?, ?, 'reserved', ?, ?, 0, 0, ?, NULL)",
                              (sample.sample_id, sample.channel, sample.started_at, sample.tokens, sample.note))
             return 1
 
@@ -285,7 +294,24 @@ class SqliteHistory:
         sql = "SELECT * FROM requests" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY started_at"
         cursor = self._db.execute(sql, params)
         names = [d[0] for d in cursor.description]
-        return pd.DataFrame.from_records(cursor.fetchall(), columns=names)
+        frame = pd.DataFrame.from_records(cursor.fetchall(), columns=names)
+        return frame.merge(self._server_gauges(frame), on="sample_id", how="left") if len(frame) else frame
+
+    def _server_gauges(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """`server_<term>` columns (server_running, server_waiting, ...) of the samples in `frame`, by sample_id."""
+        import json
+
+        import pandas as pd
+
+        ids = list(frame["sample_id"].unique())
+        rows = []
+        for start in range(0, len(ids), 500):  # SQLite's parameter limit
+            chunk = ids[start:start + 500]
+            rows += [{"sample_id": sid, **{f"server_{k}": v for k, v in json.loads(server).items()}}
+                     for sid, server in self._db.execute(
+                         f"SELECT sample_id, server FROM samples WHERE server IS NOT NULL AND sample_id IN "
+                         f"({', '.join('?' for _ in chunk)})", chunk)]
+        return pd.DataFrame(rows, columns=None if rows else ["sample_id"])
 
     def channels(self) -> list[tuple[str, int]]:
         rows = self._db.execute("SELECT channel, COUNT(*) AS n FROM requests GROUP BY channel ORDER BY n DESC")

@@ -11,7 +11,9 @@ low hours; when too few hours hold enough requests, the answer says so instead.
 
 The two windows are then compared like `compare` compares runs (Mann-Whitney
 test and effect size, from the analysis package), with the TTFT-vs-input and
-formula fits per window, and turned into advice with numbers.
+formula fits per window, and turned into advice with numbers. Where `watch
+--server-metrics` kept the server's gauges with each sample, their means per
+hour and per window say whether the server itself was busier at peak.
 """
 
 from __future__ import annotations
@@ -275,6 +277,27 @@ def daily_series(folded: pd.DataFrame, period_s: float) -> list[dict[str, Any]]:
     return out
 
 
+SERVER_TERMS = ("running", "waiting", "kv_cache_usage")  # the gauges `watch --server-metrics` keeps per sample
+
+
+def server_view(folded: pd.DataFrame, peak: Window | None, off: Window | None) -> dict[str, Any] | None:
+    """The server's gauges beside the samples (`watch --server-metrics`): their means overall, per hour of the
+    day and in the TTFT peak and off-peak windows, one value per sample; None when no sample has any."""
+    columns = {term: f"server_{term}" for term in SERVER_TERMS if f"server_{term}" in folded}
+    samples = folded.drop_duplicates("sample_id").dropna(subset=list(columns.values()), how="all") if columns else None
+    if samples is None or samples.empty:
+        return None
+
+    def means(rows: pd.DataFrame) -> dict[str, Any]:
+        return {"samples": len(rows), **{f"{term}_mean": float(rows[c].mean()) if rows[c].notna().any() else None
+                                         for term, c in columns.items()}}
+
+    return {"overall": means(samples),
+            "hours": [{"hour": int(hour), **means(rows)} for hour, rows in samples.groupby("hour")],
+            "peak": means(_window_rows(samples, peak)) if peak else None,
+            "off_peak": means(_window_rows(samples, off)) if off else None}
+
+
 def analyze_history(frame: pd.DataFrame, period_s: float = DAY_S, seed: int = 0) -> dict[str, Any]:
     """Hour tables, windows, window statistics, comparison and advice for one channel's rows."""
     rng = np.random.default_rng(seed)
@@ -307,5 +330,6 @@ def analyze_history(frame: pd.DataFrame, period_s: float = DAY_S, seed: int = 0)
     matched: dict[int, Any] = matched_comparison(everything, off, peak) if peak and off else {}
     result["comparison"] = matched.get(1)
     result["comparison_by_load"] = {str(level): c for level, c in matched.items()}
+    result["server"] = server_view(folded, peak, off)
     result["advice"] = advice(result)
     return result

@@ -108,7 +108,7 @@ class Outbox:
         if data.get("sealed"):
             self.writer.sealed = True
         if data.get("seq") is not None:
-            (self.writer.dir / f"{self.writer.worker}-{data['seq']:06d}.arrow").unlink(missing_ok=True)
+            (self.writer.dir / records.segment_name(self.writer.worker, int(data["seq"]))).unlink(missing_ok=True)
             self._sent.pop(data["seq"], None)
         if data.get("state_at") is not None:
             self.state_acked = data["state_at"]
@@ -240,7 +240,7 @@ class Inbox:
         seen = self._ids.setdefault(run_id, set())
         new = table.filter(pa.array([rid not in seen for rid in table.column("request_id").to_pylist()]))
         if new.num_rows:
-            records.write_segment(seg / f"{worker}-{seq:06d}.arrow", new)
+            records.write_segment(seg / records.segment_name(worker, seq), new)
             seen.update(new.column("request_id").to_pylist())
         return table.num_rows - new.num_rows
 

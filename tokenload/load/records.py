@@ -41,9 +41,8 @@ from pyarrow import feather
 
 from tokenload.errors import ConfigError
 from tokenload.record import RequestRecord, arrow_schema
-from tokenload.rundir import REQUESTS_FILE
+from tokenload.rundir import REQUESTS_FILE, SEGMENTS_DIR
 
-SEGMENTS_DIR = "segments"
 # The third `status` beside `ok` and `error`: the run ended while the request was open (`in_flight` is true):
 # no error, no complete answer; the timings it got are kept.
 CANCELLED: Final = "cancelled"
@@ -75,24 +74,27 @@ def write_json(path: Path, data: Any) -> None:
     _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8"))
 
 
-class SegmentWriter:
-    """Buffers one process's records and writes them as numbered Arrow segments."""
+def segment_name(worker: str, seq: int) -> str:
+    """The file name of a worker's `seq`-th segment: the merge reads them in this order."""
+    return f"{worker}-{seq:06d}.arrow"
 
-    def __init__(self, run_dir: Path | None, worker: str) -> None:
-        """`run_dir` None: a worker that learns its run from the master at the first start; writes nothing."""
-        self.dir = Path() if run_dir is None else run_dir / SEGMENTS_DIR
-        if run_dir is not None:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        # Closed once its run is over: the run directory may be finalised (segments gone) after that.
-        self.closed = run_dir is None
+
+def table(rows: list[RequestRecord]) -> pa.Table:
+    """Records as an Arrow table with the run directory's schema."""
+    return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+class RecordBuffer:
+    """One process's records between two flushes, and what every record writer says about itself."""
+
+    def __init__(self, worker: str, closed: bool = False) -> None:
         self.worker = worker
-        self._rows: list[RequestRecord] = []
-        self._seq = 0
-        self.written = 0
+        # Closed once its run is over: the run directory may be finalised (segments gone) after that.
+        self.closed = closed
         self.sealed = False  # the run was finalised under this writer: nothing more is written
-        # The first conversion loads pyarrow's kernels (~0.2 s): pay it now, before
-        # any user runs, not in the middle of a stream where it would delay timestamps.
-        pa.Table.from_pylist([{"request_id": "warm-up"}], schema=SCHEMA)
+        self.written = 0
+        self._rows: list[RequestRecord] = []
+        self._seq = 0  # segments (or batches) made so far: the next one's number
 
     def append(self, record: RequestRecord) -> None:
         self._rows.append(record)
@@ -101,23 +103,40 @@ class SegmentWriter:
     def pending(self) -> int:
         return len(self._rows)
 
+    def take(self, done: bool) -> list[RequestRecord] | None:
+        """A flush's rows, or None: a closed writer writes nothing, a sealed one drops them; `done` closes it."""
+        if self.closed:
+            return None
+        self.closed = done
+        rows, self._rows = self._rows, []
+        return None if self.sealed else rows
+
+
+class SegmentWriter(RecordBuffer):
+    """Buffers one process's records and writes them as numbered Arrow segments."""
+
+    def __init__(self, run_dir: Path | None, worker: str) -> None:
+        """`run_dir` None: a worker that learns its run from the master at the first start; writes nothing."""
+        super().__init__(worker, closed=run_dir is None)
+        self.dir = Path() if run_dir is None else run_dir / SEGMENTS_DIR
+        if run_dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        # The first conversion loads pyarrow's kernels (~0.2 s): pay it now, before
+        # any user runs, not in the middle of a stream where it would delay timestamps.
+        pa.Table.from_pylist([{"request_id": "warm-up"}], schema=SCHEMA)
+
     def flush(self, state: dict[str, Any], done: bool = False) -> None:
         """Write buffered rows (if any) as a new segment, then this process's state file; `done` closes the writer.
 
         Once the run is sealed the rows are dropped (`sealed` turns True): they
         arrived after the run was finalised and must not change it.
         """
-        if self.closed:
-            return
-        self.closed = done
-        rows, self._rows = self._rows, []
-        if self.sealed:
+        rows = self.take(done)
+        if rows is None:
             return
         try:
             if rows:
-                table = pa.Table.from_pylist(rows, schema=SCHEMA)
-                path = self.dir / f"{self.worker}-{self._seq:06d}.arrow"
-                write_segment(path, table)
+                write_segment(self.dir / segment_name(self.worker, self._seq), table(rows))
                 self._seq += 1
                 self.written += len(rows)
             write_json(self.dir / f"{self.worker}.state.json",
@@ -127,6 +146,29 @@ class SegmentWriter:
             if self.dir.is_dir():
                 raise
             self.sealed = True
+
+
+class SegmentTail:
+    """Reads each segment of a run once, as it appears: the records of every process, live.
+
+    Segments are renamed into place whole and never change, so a file read once
+    is done. `tokenload run` polls the live directory while the run goes and the
+    sealed one just before the merge, so every segment is read exactly once.
+    """
+
+    def __init__(self, columns: tuple[str, ...]) -> None:
+        self.columns = list(columns)
+        self._read: set[str] = set()
+
+    def new_records(self, seg_dir: Path) -> list[dict[str, Any]]:
+        """The records of the segments in `seg_dir` not read before (columns `columns`)."""
+        rows: list[dict[str, Any]] = []
+        for path in sorted(seg_dir.glob("*.arrow")):
+            if path.name in self._read:
+                continue
+            self._read.add(path.name)
+            rows += feather.read_table(path, columns=self.columns).to_pylist()
+        return rows
 
 
 def worker_states(seg_dir: Path) -> dict[str, dict[str, Any]]:

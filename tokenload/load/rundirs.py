@@ -5,7 +5,8 @@ with remote workers, after their last flush), never in a Locust `test_stop`:
 the segments are merged into `requests.parquet` and `manifest.json` is written
 (scenario as resolved, channel without secrets, versions, host, start/end,
 steps, stop reason, scheduler lag, open-loop lateness, record counts per
-worker). `tokenload run`, the web UI's run series and plain `locust -f` all
+worker), and the server's samples, if a sampler wrote any, into
+server_metrics.parquet. `tokenload run`, the web UI's run series and plain `locust -f` all
 finalise through `finalise`; `analyze` recovers a killed run with `recover`.
 """
 
@@ -17,6 +18,7 @@ import platform
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from tokenload.errors import ConfigError
 from tokenload.load import lag, records
 from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
+from tokenload.servermetrics import scrape as server_metrics
 from tokenload.workload.scenario import OPEN_LOOP_KINDS, Scenario
 
 if TYPE_CHECKING:
@@ -92,20 +95,25 @@ def _iso(ts: float | None) -> str | None:
 
 
 def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, lingering: list[int] | None = None,
-             recovered: bool = False) -> pa.Table:
+             recovered: bool = False, on_sealed: Callable[[Path], object] | None = None) -> pa.Table:
     """Seal the run, merge its segments into requests.parquet and write manifest.json; returns the records.
 
     `wait_s` > 0 (a master with workers on other machines): first wait that
     long for every worker to flush its last records. `lingering`: pids of
     Locust processes that had to be killed. `recovered`: finalised by
-    `tokenload analyze` for a run whose `tokenload run` was killed.
+    `tokenload analyze` for a run whose `tokenload run` was killed. `on_sealed`
+    sees the sealed segments directory before it is merged (and removed): the
+    live metrics read the last segments there.
     """
     missing = records.wait_for_workers(run_dir, read_json(run_dir / records.SEGMENTS_DIR / "control.json").get(
         "workers", []), wait_s) if wait_s else []
     seg = records.seal(run_dir)
+    if on_sealed is not None:
+        on_sealed(seg)
     info, control = read_json(seg / RUN_INFO), read_json(seg / "control.json")
     scenario = read_json(seg / SCENARIO_FILE)
     states = records.worker_states(seg)
+    server = server_metrics.collect(seg, run_dir)  # before the merge removes the sealed directory
     table = records.merge_segments(run_dir, seg)
     ended = max((s.get("updated_at", 0.0) for s in states.values()), default=time.time())
     warnings: list[str] = []
@@ -175,6 +183,7 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
         "scheduler_lag": scheduler_lag,
         "open_loop_lateness": lateness,
         "warnings": warnings,
+        **({"server_metrics": server} if server is not None else {}),
     }
     records.write_json(run_dir / MANIFEST_FILE, manifest)
     return table

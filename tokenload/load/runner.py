@@ -32,10 +32,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tokenload.channel import Channel
 from tokenload.errors import ConfigError, HarnessError
+from tokenload.exporter import COLUMNS as METRIC_COLUMNS
+from tokenload.exporter import LiveMetrics
 from tokenload.load import handoff, lag, lifeline, records, websession
 from tokenload.load.drain import DRAIN_CAP_S
 from tokenload.load.handoff import bind
@@ -47,12 +49,9 @@ from tokenload.load.rundirs import (
     read_json,
     write_run_info,
 )
-from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
+from tokenload.rundir import REQUESTS_FILE
 from tokenload.servermetrics import scrape as server_metrics
 from tokenload.workload.scenario import Scenario
-
-if TYPE_CHECKING:
-    pass
 
 # After the drain time, how long the processes of a stopping run get to flush and exit before they are killed.
 GROUP_GRACE_S = 10.0
@@ -221,22 +220,26 @@ def run_scenario(
     return execute(plan, on_live)
 
 
-def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = None) -> Path:
+def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = None,
+            metrics: LiveMetrics | None = None) -> Path:
     """Start Locust for a validated plan, supervise it, and finalise the run directory.
 
     Finalising waits until every Locust process of this machine has exited
     (forked workers included: Locust's own `kill_workers` can leave one behind
     its master), so each one's last flush is in; a process still there after
     the drain time and a grace period is killed and named in the manifest.
+    `metrics` (a headless run's master or single process) is fed every record
+    as its segment appears, workers' included, and the last ones at the seal.
     """
     scenario, channel, run_dir, distribution = plan.scenario, plan.channel, plan.run_dir, plan.distribution
-    # One scraper per run, in this process (never in a Locust one); a worker has none. A web session's only
-    # feeds the tab's live view (its runs are finalised and analysed by Locust's master as they stop).
+    # One scraper per run, in this process (never in a Locust one); a worker has none. In a web session it
+    # also feeds the tab's live view, and each start's samples go to that start's run directory.
     sources = None if distribution.worker else server_metrics.resolve(
         scenario.server.metrics_url, channel.base_url, scenario.server.interval_s, scenario.server.discover)
     if distribution.worker:  # the run id and the resolved scenario come from the master (`series.follow_master`)
         run_dir.mkdir(parents=True, exist_ok=True)
         run_args = ["--run-dir", str(run_dir)]
+        run_id = ""
         log_name = f"locust-worker-{socket.gethostname()}-{os.getpid()}.log"
     else:
         run_id = new_run_id()
@@ -244,6 +247,7 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
         scenario_path = write_run_info(run_dir, run_id, scenario, channel.public())
         run_args = ["--scenario", str(scenario_path), "--run-dir", str(run_dir), "--run-id", run_id]
         log_name = LOG_FILE
+    feed = None if metrics is None else _MetricsFeed(metrics, run_id, run_dir)
     command = [
         sys.executable, "-m", "locust", "-f", str(locustfile()), *run_args,
         "--host", channel.base_url,
@@ -255,23 +259,25 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
     env = {**os.environ, **handoff.channel_to_env(channel), **lifeline.parent_env(), "TOKENLOAD_MANAGED": "1",
            "PYTHONUNBUFFERED": "1", **({server_metrics.LIVE_ENV: str(live.absolute())} if live else {})}
     lifeline.adopt_orphans()
-    sampler = None if sources is None else server_metrics.Sampler(sources, run_dir, live, store=not plan.web).start()
+    # Headless, the samples go to the run directory; in a web session, to the run of the current start.
+    target = (lambda: websession.current_run(run_dir, started)) if plan.web else (lambda: run_dir)
+    sampler = None if sources is None else server_metrics.Sampler(sources, target, live).start()
     with open(run_dir / log_name, "ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
-        rc = _supervise(proc, run_dir, on_live if sampler is None or on_live is None else _with_server(on_live, sampler))
+        rc = _supervise(proc, run_dir, on_live if sampler is None or on_live is None else _with_server(on_live, sampler),
+                        feed)
         drain_s = drain_used(run_dir, scenario)
         lingering = lifeline.wait_group(proc.pid, drain_s + GROUP_GRACE_S)
-    server = sampler.stop() if sampler is not None else None
+    if sampler is not None:
+        sampler.stop()
     if distribution.worker:
         return run_dir
     if plan.web:  # each start was a run of its own, finalised by the Locust master at its stop
         websession.session_runs(run_dir, since=started)
     else:
         finalise(run_dir, wait_s=drain_s + GROUP_GRACE_S if distribution.master else 0.0, locust_rc=rc,
-                 lingering=lingering)
-        if server is not None:
-            records.write_json(run_dir / MANIFEST_FILE, {**read_json(run_dir / MANIFEST_FILE), "server_metrics": server})
+                 lingering=lingering, on_sealed=None if feed is None else feed.sealed)
     if rc != 0:
         raise HarnessError(f"Locust exited with code {rc}; see {run_dir / LOG_FILE}")
     return run_dir
@@ -289,7 +295,29 @@ def drain_used(run_dir: Path, scenario: Scenario) -> float:
     return scenario.stop.drain_s if scenario.stop.drain_s is not None else max(scenario.stop.drain_min_s, DRAIN_CAP_S)
 
 
-def _supervise(proc: subprocess.Popen[bytes], run_dir: Path, on_live: Callable[[dict[str, Any]], None] | None) -> int:
+class _MetricsFeed:
+    """Feeds a run's live metrics from its run directory: each new segment's records, the live user count."""
+
+    def __init__(self, metrics: LiveMetrics, run_id: str, run_dir: Path) -> None:
+        self.metrics = metrics
+        self.run_dir = run_dir
+        self.tail = records.SegmentTail(METRIC_COLUMNS)
+        metrics.run_id = run_id
+        metrics.set_active_users(0)
+
+    def tick(self, live: dict[str, Any] | None) -> None:
+        self.metrics.observe(self.tail.new_records(self.run_dir / records.SEGMENTS_DIR))
+        if live:
+            self.metrics.set_active_users(int(live.get("users") or 0))
+
+    def sealed(self, seg: Path) -> None:
+        """The run is over: the segments flushed last, and no users."""
+        self.metrics.observe(self.tail.new_records(seg))
+        self.metrics.set_active_users(0)
+
+
+def _supervise(proc: subprocess.Popen[bytes], run_dir: Path, on_live: Callable[[dict[str, Any]], None] | None,
+               feed: _MetricsFeed | None = None) -> int:
     """Wait for Locust, reporting live numbers; Ctrl-C or SIGTERM stops it gracefully, a second one kills it."""
     control = run_dir / records.SEGMENTS_DIR / "control.json"
     interrupts = 0
@@ -298,10 +326,11 @@ def _supervise(proc: subprocess.Popen[bytes], run_dir: Path, on_live: Callable[[
             try:
                 return proc.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
-                if on_live is not None:
-                    live = read_json(control).get("live")
-                    if live:
-                        on_live(_with_client_lag(live, run_dir))
+                live = read_json(control).get("live") if on_live is not None or feed is not None else None
+                if feed is not None:
+                    feed.tick(live)
+                if on_live is not None and live:
+                    on_live(_with_client_lag(live, run_dir))
             except KeyboardInterrupt:
                 interrupts += 1
                 try:

@@ -60,6 +60,7 @@ from tokenload.workload.traces import TraceRow
 # How long a worker's user waits for the master's run message (sent right after the worker connects).
 JOIN_WAIT_S = 30.0
 
+
 class StreamError(Exception):
     """The request entry's failure in Locust's stats: the error kind and HTTP status only,
     so the error table groups by kind instead of one row per message."""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tokenload.errors import ConfigError
 from tokenload.load import records
-from tokenload.load.rundirs import finalise
+from tokenload.load.rundirs import RUN_INFO, finalise, read_json
 from tokenload.rundir import MANIFEST_FILE
 
 DEFAULT_PORT = 8089  # Locust's
@@ -88,14 +88,35 @@ def announce_when_up(address: str, say: Callable[[str], None], timeout_s: float 
     return stop
 
 
-def session_runs(first: Path, since: float) -> list[Path]:
-    """This session's run directories in start order; runs Locust left unfinalised are finalised here."""
+def _siblings(first: Path) -> list[tuple[int, Path]]:
+    """The directories named like the session's runs (`first`, `first-2`, ...), with their start number."""
     pattern = re.compile(re.escape(first.name) + r"(?:-(\d+))?")
-    found: list[tuple[int, Path]] = []
+    found = []
     for path in first.parent.glob(f"{first.name}*"):
         match = pattern.fullmatch(path.name)
-        if not match or not path.is_dir():
-            continue
+        if match and path.is_dir():
+            found.append((int(match.group(1) or 1), path))
+    return found
+
+
+def current_run(first: Path, since: float) -> Path | None:
+    """The run of this session that is being recorded now (its segments are open), or None between runs.
+
+    The server-metrics sampler of the supervising process asks this once a
+    round, so each start's samples land in that start's run directory.
+    """
+    open_runs = []
+    for number, path in _siblings(first):
+        started = read_json(path / records.SEGMENTS_DIR / RUN_INFO).get("started_at") or 0.0
+        if started >= since:  # open (not sealed) and begun by this session
+            open_runs.append((number, path))
+    return max(open_runs)[1] if open_runs else None
+
+
+def session_runs(first: Path, since: float) -> list[Path]:
+    """This session's run directories in start order; runs Locust left unfinalised are finalised here."""
+    found: list[tuple[int, Path]] = []
+    for number, path in _siblings(first):
         if (path / records.SEGMENTS_DIR).is_dir() and not (path / MANIFEST_FILE).exists():
             finalise(path)
         try:
@@ -103,5 +124,5 @@ def session_runs(first: Path, since: float) -> list[Path]:
         except (OSError, ValueError):
             continue
         if started >= since:
-            found.append((int(match.group(1) or 1), path))
+            found.append((number, path))
     return [path for _, path in sorted(found)]

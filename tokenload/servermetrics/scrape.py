@@ -6,9 +6,11 @@ no credentials: inference servers publish `/metrics` without the API key, and a
 relay's answer (404, 401, an HTML page) only means there is no server view.
 
 `Sampler` runs in a thread of the process that supervises Locust (`tokenload
-run`), so it shares no event loop or socket with the users; it
-stops after the last Locust process has exited and writes every raw sample to
-RUN_DIR/server_metrics.parquet (time, source, name, labels, value).
+run`, headless or `--web`), so it shares no event loop or socket with the users;
+it writes each round's raw samples (time, source, name, labels, value) at once
+beside the run's request segments, and finalising the run (`collect`) turns
+them into RUN_DIR/server_metrics.parquet, also for a run whose `tokenload run`
+was killed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokenload.errors import ConfigError
-from tokenload.rundir import SERVER_METRICS_FILE
+from tokenload.rundir import SEGMENTS_DIR, SERVER_METRICS_FILE
 from tokenload.servermetrics.vocabulary import TERMS, lookup, servers
 
 # A scrape that takes longer than this is abandoned (the next tick tries again).
@@ -95,6 +97,33 @@ def gauges(rows: list[Row]) -> dict[str, float]:
     return {term: sum(v) if TERMS[term].how == "sum" else sum(v) / len(v) for term, v in found.items()}
 
 
+def combine(per_source: list[dict[str, float]]) -> dict[str, float]:
+    """Several sources' gauges as one server's: added or averaged as `TERMS` says (replicas add their queues)."""
+    out: dict[str, float] = {}
+    for term in {t for g in per_source for t in g}:
+        values = [g[term] for g in per_source if term in g]
+        out[term] = sum(values) if TERMS[term].how == "sum" else sum(values) / len(values)
+    return out
+
+
+def describe(found: dict[str, float]) -> str:
+    """Gauges in a few words for a status line: "KV 80% 4 running 2 waiting"."""
+    return " ".join(f"{v:g} {k}" if k != "kv_cache_usage" else f"KV {100 * v:.0f}%" for k, v in sorted(found.items()))
+
+
+def snapshot(urls: Sequence[str]) -> tuple[dict[str, float], str | None]:
+    """One scrape of every URL now: the gauges combined, and the last problem (a source that did not answer)."""
+    found: list[dict[str, float]] = []
+    problem = None
+    with client() as http:
+        for url in urls:
+            try:
+                found.append(gauges(scrape(http, url)))
+            except ValueError as exc:
+                problem = str(exc)
+    return combine(found), problem
+
+
 def client() -> httpx.Client:
     return httpx.Client(timeout=SCRAPE_TIMEOUT_S, follow_redirects=False, trust_env=False)
 
@@ -146,31 +175,52 @@ def read_live(max_age_s: float = 5.0) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and time.time() - float(data.get("at", 0)) <= max_age_s else None
 
 
-class Sampler:
-    """Scrape every source each `interval_s` in a daemon thread; `stop()` writes the parquet file.
+# Where a run's samples wait until it is finalised: RUN_DIR/segments/server/ (beside the request segments).
+SEGMENT_DIR = "server"
+STATE_FILE = "state.json"
 
-    `live`: also leave each scrape's gauges in that file (`read_live`); `store=False` keeps no samples
-    (a web session, whose runs Locust finalises and analyses itself).
+
+def _atomic(path: Path, write: Callable[[Path], object]) -> None:
+    """Write through a temporary name and rename: a reader (or a kill) never leaves half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+class Sampler:
+    """Scrape every source each `interval_s` in a daemon thread, writing the samples as they come.
+
+    `target()` names the run directory the samples belong to now (None: none,
+    e.g. between two runs of a web session); each round's samples are written
+    at once as a segment of RUN_DIR/segments/server/, so a `tokenload run`
+    killed with SIGKILL keeps every sample up to its last second, and
+    finalising the run (`collect`) turns them into server_metrics.parquet. A
+    run directory whose segments/ is gone (sealed: finalised) is never
+    written again. `live`: also leave each scrape's gauges in that file
+    (`read_live`); `keep_gauges`: keep (time, gauges) of every round in
+    `history` (doctor's view of the server during its checks).
     """
 
-    def __init__(self, sources: Sources, run_dir: Path, live: Path | None = None, store: bool = True) -> None:
+    def __init__(self, sources: Sources, target: Callable[[], Path | None] | None = None, live: Path | None = None,
+                 keep_gauges: bool = False) -> None:
         self.sources = sources
-        self.path = run_dir / SERVER_METRICS_FILE
+        self.target = target or (lambda: None)
         self.live = live
-        self.store = store
+        self.keep_gauges = keep_gauges
+        self.history: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tokenload-server-metrics", daemon=True)
-        self._times: list[float] = []
-        self._source: list[str] = []
-        self._rows: list[Row] = []
         self.scrapes = 0
         self._latest: dict[str, dict[str, float]] = {}  # source -> gauge term -> its value in the last scrape
         self.failures: dict[str, int] = {}
         self.last_problem: str | None = None
+        self._dir: Path | None = None  # the segments directory being written, and what was written to it
+        self._seq = 0
+        self._written = {"scrapes": 0, "failed_scrapes": 0}
+        self._names: set[str] = set()
 
     def start(self) -> Sampler:
-        if self.sources.urls:
-            self._thread.start()
+        self._thread.start()
         return self
 
     def _run(self) -> None:
@@ -178,15 +228,19 @@ class Sampler:
         due = {url: time.monotonic() for url in self.sources.urls}
         failed_in_row = dict.fromkeys(self.sources.urls, 0)
         with client() as http:
-            while not self._stop.is_set():
+            while True:
+                batch: list[tuple[float, str, Row]] = []
+                scraped = failed = 0
+                last = self._stop.is_set()  # stopping: one last scrape of every source, due or not
                 for url in self.sources.urls:
-                    if time.monotonic() < due[url]:
+                    if time.monotonic() < due[url] and not last:
                         continue
                     sent = time.time()
                     try:
                         rows = scrape(http, url)
                     except ValueError as exc:
                         failed_in_row[url] += 1
+                        failed += 1
                         self.failures[url] = self.failures.get(url, 0) + 1
                         self.last_problem = str(exc)
                         rows = []
@@ -195,57 +249,102 @@ class Sampler:
                         self._latest[url] = gauges(rows)
                     at = (sent + time.time()) / 2  # the server answered somewhere in between
                     self.scrapes += 1
-                    if self.store:
-                        self._rows += rows
-                        self._times += [at] * len(rows)
-                        self._source += [public_url(url)] * len(rows)
-                    if self.live is not None and rows:
-                        tmp = self.live.with_suffix(".tmp")
-                        tmp.write_text(json.dumps({"at": at, "gauges": self.latest()}), encoding="utf-8")
-                        os.replace(tmp, self.live)
+                    scraped += 1
+                    batch += [(at, public_url(url), row) for row in rows]
                     extra = failed_in_row[url] - BACKOFF_AFTER
                     wait = interval if extra < 0 else min(BACKOFF_MAX_S, interval * 2 ** (extra + 1))
                     due[url] = max(due[url] + wait, time.monotonic() + interval / 10)
-                self._stop.wait(max(0.0, min(due.values()) - time.monotonic()))
+                if batch:
+                    self._show(batch[-1][0])
+                self._write(batch, scraped, failed)
+                if last:
+                    return
+                next_due = min(due.values(), default=time.monotonic() + interval)
+                self._stop.wait(max(0.0, next_due - time.monotonic()))
+
+    def _show(self, at: float) -> None:
+        """Hand the round's gauges to whoever watches them live (the web tab's file, doctor's history)."""
+        now = json.dumps({"at": at, "gauges": self.latest()})
+        if self.live is not None:
+            _atomic(self.live, lambda tmp: tmp.write_text(now, encoding="utf-8"))
+        if self.keep_gauges:
+            self.history.append((at, self.latest()))
+
+    def _write(self, batch: list[tuple[float, str, Row]], scraped: int, failed: int) -> None:
+        """Append one round's samples to the current run directory's segments (and its state file)."""
+        run_dir = self.target()
+        seg = None if run_dir is None else run_dir / SEGMENTS_DIR
+        if seg is None or not seg.is_dir():
+            self._dir = None
+            return
+        here = seg / SEGMENT_DIR
+        if here != self._dir:  # a new run (a web session's next start): its own counts
+            self._dir, self._seq, self._written, self._names = here, 0, {"scrapes": 0, "failed_scrapes": 0}, set()
+        try:
+            here.mkdir(exist_ok=True)  # never parents: a sealed run's segments/ must not come back
+            if batch:
+                import pyarrow as pa
+                from pyarrow import feather
+
+                table = pa.table({
+                    "time": pa.array([b[0] for b in batch], pa.float64()),
+                    "source": pa.array([b[1] for b in batch], pa.string()),
+                    "name": pa.array([b[2][0] for b in batch], pa.string()),
+                    "labels": pa.array([b[2][1] for b in batch], pa.string()),
+                    "value": pa.array([b[2][2] for b in batch], pa.float64()),
+                })
+                _atomic(here / f"{self._seq:06d}.arrow",
+                        lambda tmp: feather.write_feather(table, tmp, compression="uncompressed"))
+                self._seq += 1
+                self._names.update(b[2][0] for b in batch)
+            self._written["scrapes"] += scraped
+            self._written["failed_scrapes"] += failed
+            state: dict[str, Any] = {"sources": [public_url(u) for u in self.sources.urls]}
+            if self.sources.urls:
+                state.update(interval_s=self.sources.interval_s, **self._written,
+                             servers=sorted(set(self.sources.found) | set(servers(self._names))))
+                if self.last_problem:
+                    state["last_problem"] = self.last_problem
+            else:
+                state["note"] = self.sources.note
+            _atomic(here / STATE_FILE, lambda tmp: tmp.write_text(json.dumps(state), encoding="utf-8"))
+        except FileNotFoundError:
+            self._dir = None  # sealed under us: this round's samples belong to no run
 
     def latest(self) -> dict[str, float]:
         """The gauges of each source's last good scrape, combined (for the live line)."""
-        per_source = list(self._latest.values())
-        out: dict[str, float] = {}
-        for term in {t for g in per_source for t in g}:
-            values = [g[term] for g in per_source if term in g]
-            out[term] = sum(values) if TERMS[term].how == "sum" else sum(values) / len(values)
-        return out
+        return combine(list(self._latest.values()))
 
-    def stop(self) -> dict[str, Any]:
-        """Stop sampling, write the samples, and return what the manifest records about them."""
+    def stop(self) -> None:
+        """Stop sampling after one last scrape of every source, so the samples up to now are written."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(SCRAPE_TIMEOUT_S * len(self.sources.urls) + 1.0)
         if self.live is not None:
             self.live.unlink(missing_ok=True)
-        if not self.sources.urls:
-            return {"sources": [], "note": self.sources.note}
-        if not self.store:
-            return {"sources": [public_url(u) for u in self.sources.urls], "scrapes": self.scrapes}
-        import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        table = pa.table({
-            "time": pa.array(self._times, pa.float64()),
-            "source": pa.array(self._source, pa.string()).dictionary_encode(),
-            "name": pa.array([r[0] for r in self._rows], pa.string()).dictionary_encode(),
-            "labels": pa.array([r[1] for r in self._rows], pa.string()),
-            "value": pa.array([r[2] for r in self._rows], pa.float64()),
-        })
-        pq.write_table(table, self.path)
-        names = {r[0] for r in self._rows}
-        out: dict[str, Any] = {
-            "sources": [public_url(u) for u in self.sources.urls], "file": SERVER_METRICS_FILE,
-            "interval_s": self.sources.interval_s, "scrapes": self.scrapes,
-            "failed_scrapes": sum(self.failures.values()), "samples": len(self._rows),
-            "servers": sorted(set(self.sources.found) | set(servers(names))),
-        }
-        if self.last_problem:
-            out["last_problem"] = self.last_problem
-        return out
+
+def collect(sealed: Path, run_dir: Path) -> dict[str, Any] | None:
+    """Turn a finalised run's server segments into RUN_DIR/server_metrics.parquet; the manifest's entry.
+
+    None when the run had no sampler (a worker machine, plain `locust -f`).
+    """
+    here = sealed / SEGMENT_DIR
+    try:
+        entry: dict[str, Any] = json.loads((here / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not entry.get("sources"):
+        return entry
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyarrow import feather
+
+    tables = [feather.read_table(p) for p in sorted(here.glob("*.arrow"))]
+    table = pa.concat_tables(tables) if tables else pa.table({
+        "time": pa.array([], pa.float64()), "source": pa.array([], pa.string()), "name": pa.array([], pa.string()),
+        "labels": pa.array([], pa.string()), "value": pa.array([], pa.float64())})
+    table = table.set_column(1, "source", table.column("source").dictionary_encode())
+    table = table.set_column(2, "name", table.column("name").dictionary_encode())
+    _atomic(run_dir / SERVER_METRICS_FILE, lambda tmp: pq.write_table(table, tmp))
+    return {**entry, "file": SERVER_METRICS_FILE, "samples": len(table)}
