@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -102,4 +104,36 @@ def test_a_batch_sent_twice_is_kept_once(tmp_path: Path) -> None:
         "--scenario", str(scenario), "--run-dir", str(a), "--host", base_url])
     (courier,) = json.loads((a / "manifest.json").read_text())["records"]["courier"].values()
     assert courier["duplicate_records"] > 0
+    _no_finished_run(b)
+
+
+def test_a_worker_killed_mid_run_is_named_and_the_run_is_finalised(tmp_path: Path) -> None:
+    """SIGKILL the worker's Locust process: the master's finalise waits its bounded time, then keeps what arrived
+    and names the worker whose last batches never came, in warnings and workers_lost."""
+    scenario = write_scenario(tmp_path, SCENARIO.replace("step_s = 6", "step_s = 20"))
+    port = str(free_port())
+    truth_path = tmp_path / "truth.jsonl"
+    a, b = tmp_path / "A", tmp_path / "B"
+    with launch(["--truth", str(truth_path)]) as sim:
+        master = subprocess.Popen(run_command(scenario, sim.base_url, a, "--master", "--master-port", port),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        worker = subprocess.Popen(run_command(scenario, sim.base_url, b, "--worker", "--master-port", port),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        state: dict = {}
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and state.get("records", 0) < 3:  # the master has some of its records
+            paths = list((a / "segments").glob("*.state.json"))
+            state = json.loads(paths[0].read_text()) if paths else {}
+            time.sleep(0.2)
+        os.kill(state["pid"], signal.SIGKILL)  # the worker's Locust process, on this machine
+        _, m_err = master.communicate(timeout=90)
+        worker.communicate(timeout=30)
+    assert master.returncode == 1, m_err
+    manifest = json.loads((a / "manifest.json").read_text())
+    assert manifest["workers_lost"] == [state["worker"]]
+    (warning,) = [w for w in manifest["warnings"] if "did not arrive over Locust's channel" in w]
+    assert state["worker"] in warning and "spool" in warning
+    df = pd.read_parquet(a / "requests.parquet")
+    assert df.request_id.is_unique and len(df) >= 3
+    assert set(df.server_request_id.dropna()) <= set(truth_frame(truth_path).request_id)
     _no_finished_run(b)

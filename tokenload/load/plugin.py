@@ -5,16 +5,23 @@ Importing this module (the locustfile does) registers the listeners once:
 - `init_command_line_parser`: `--scenario`, `--run-dir`, `--run-id` (also from
   `TOKENLOAD_SCENARIO` / `TOKENLOAD_RUN_DIR` / `TOKENLOAD_RUN_ID`).
 - `init`: load the scenario; the master (or local runner) gets the `RunControl`
-  the shape uses, workers follow the master's step messages.
-- `init` (checked again at `test_start`): every process that runs users builds
-  its `ProcessContext` (channel, one shared transport, prompts, segment writer,
-  lag probe) and a greenlet that flushes records every second.
+  the shape uses. A worker asks the master for the run instead and does the
+  rest when its first run message comes (`series.follow_master`, `_join`): the
+  master's resolved scenario, its step messages, its run id; its records go
+  into the master's run directory where this machine sees it, else to the
+  master over Locust's channel (`courier`: a local spool, sent until
+  acknowledged, also while the process quits).
+- `init` (checked again at `test_start`), or a worker's join: every process
+  that runs users builds its `ProcessContext` (channel, one shared transport,
+  prompts, record writer, lag probe) and a greenlet that flushes records every
+  second.
 - `init`: every process feeds its live token statistics (`tokenstats`: the
   request event carries each record; workers' deltas merge on the master), and
   the master or local process tracks the runs (`series`: with the web UI each
   start is a run directory of its own) and adds the tokenload tab (`webui`).
 - `test_stop`: the test's users are stopped: flush what is left and close the
-  writer (its run is complete); `quit`: the same for a process that never stopped.
+  writer (its run is complete); `quit`: the same for a process that never stopped,
+  then a master takes its workers' last batches while it waits for them.
 - `init`, for processes `tokenload run` manages and forked workers: the
   lifeline (`lifeline.py`: die with the parent, a worker stops when its master
   is gone) and, on a master with workers, the user census (`census.py`).
@@ -71,7 +78,8 @@ def _arguments(parser: Any) -> None:
     group.add_argument("--scenario", default="smoke", env_var="TOKENLOAD_SCENARIO",
                        help="scenario .toml (or a packaged name: demo, smoke, ramp, ...)")
     group.add_argument("--run-dir", default="", env_var="TOKENLOAD_RUN_DIR",
-                       help="run directory for records (default results/<scenario>-<timestamp>)")
+                       help="run directory for records (default results/<scenario>-<timestamp>); a worker's, "
+                            "unless it is the master's: its spool (default a temporary directory)")
     group.add_argument("--run-id", default="", env_var="TOKENLOAD_RUN_ID", help="run id stored in every record")
 
 
