@@ -15,7 +15,14 @@ the master may get one twice: the second copy adds no record.
 The worker's state (records written, lag, `done`) is written into the master's
 run directory only once every segment it counts has arrived, so `done` there
 means what it means for a worker writing directly: all its records are in, and
-the finaliser's wait for every worker's last flush covers workers sending over the channel too.
+the finaliser's wait for every worker's last flush covers these workers too.
+
+Locust stops listening before the end: a headless master stops its receiver
+half a second after it sends `quit`, while its workers still drain, and a
+worker stops its receiver at that `quit`. So at the end both sides listen on
+the socket themselves: the master while it waits for its workers
+(`collecting`), a worker until its batches are acknowledged (`settle`, at most
+`SETTLE_S`, also after it lost its master: a cut network may heal).
 
 A worker whose `--out` is the master's run directory (a shared filesystem, or
 the forked workers of `--processes N`) sees the master's run there and writes
@@ -82,8 +89,11 @@ class Outbox:
     def pump(self) -> None:
         """Send every batch never sent or unacknowledged for `RESEND_S`, and the state when it changed.
 
-        A send that fails (the master's socket is gone) is tried again at the next pump.
+        A send that fails (the master's socket is gone) is tried again at the next pump. A sealed run (the
+        master finalised it) takes nothing more.
         """
+        if self.writer.sealed:
+            return
         now = time.monotonic()
         state = self._state()
         try:
