@@ -13,7 +13,9 @@ they are not in that list; each also reads the environment variable shown):
   --scenario FILE|NAME  scenario .toml or a packaged name: demo, smoke, ramp, ...
                         (TOKENLOAD_SCENARIO; default smoke)
   --run-dir DIR         run directory for the records (TOKENLOAD_RUN_DIR;
-                        default results/<scenario>-<timestamp>)
+                        default results/<scenario>-<timestamp>); on a worker
+                        that does not see the master's, its spool of records
+                        not yet acknowledged (default a temporary directory)
   --run-id ID           run id stored in every record (TOKENLOAD_RUN_ID; default: a new one)
 
 Locust's statistics count one request per LLM request (the "POST" row: RPS and

@@ -1,10 +1,12 @@
 """Records over Locust's messages (`tokenload/load/courier.py`): a real Locust master and worker, one process.
 
 The child process (gevent's monkey-patching stays out of pytest's) builds a real `MasterRunner` and a real
-`WorkerRunner` talking over ZeroMQ on loopback, a `Receiver` on the master's run directory and a `MessageWriter`
-on the worker. It sends a batch three times before any acknowledgement could arrive (what a resend after a lost ack
-or a reset connection looks like to the master), then finalises the run like `tokenload run` does, then
-writes after the seal: the results are printed as JSON for the assertions here.
+`WorkerRunner` talking over ZeroMQ on loopback, the master's `Inbox` on its run directory and a worker whose
+writer spools (the run is not on its disk). It sends a batch three times before any acknowledgement could arrive
+(what a resend after a lost ack or a reset connection looks like to the master), then, from a second worker,
+records the master already has beside a new one;
+then finalises the run like `tokenload run` does, then writes after the seal: the results are printed as JSON
+for the assertions here.
 """
 
 from __future__ import annotations
@@ -46,50 +48,60 @@ with socket.socket() as probe:
 write_run_info(run_dir, "run-1", load_scenario("smoke"), {})
 master_env = Environment()
 master = master_env.create_master_runner("127.0.0.1", port)
-master_env.parsed_options = options(run_id="run-1", run_dir=str(run_dir))  # what the Receiver reads
-received = []  # the batch numbers as the master's receiver saw them, copies included
+received = []  # the batch numbers as the master's inbox saw them, copies included
+courier.receive(master_env, lambda run_id: run_dir if run_id == "run-1" else None)
+take = master.custom_messages[courier.BATCH_MESSAGE][0]
 
-class Counting(courier.Receiver):
-    def on_records(self, environment, msg, **kw):
+def counting(environment, msg, **kw):
+    if msg.data["seq"] is not None:
         received.append(msg.data["seq"])
-        super().on_records(environment, msg, **kw)
+    take(environment=environment, msg=msg, **kw)
 
-Counting(master_env).install()
+master.custom_messages[courier.BATCH_MESSAGE] = (counting, False)
 worker_env = Environment()
 worker = worker_env.create_worker_runner("127.0.0.1", port)
 courier.follow_acks(worker_env)
 deadline = time.monotonic() + 20
 while not master.clients and time.monotonic() < deadline:
     gevent.sleep(0.1)
-writer = courier.writer_for(worker_env, "w1", "run-1", Path("elsewhere"))  # not on this worker's disk: messages
-worker_env.tokenload_process = argparse.Namespace(writer=writer)
+spool = run_dir.parent / "worker"
+writer = courier.writer_for(worker_env, "run-1", Path("elsewhere"), spool, "w1")  # not on this disk: a spool
 
 def rows(first, n):
     return [{"request_id": f"r{i}", "run_id": "run-1", "worker": "w1", "status": "ok", "started_at": float(i),
              "output_tokens": 1, "in_flight": False} for i in range(first, first + n)]
 
-courier.RESEND_S = 0.0  # every flush sends every batch not yet acknowledged
+def flush(writer, done=False):
+    writer.flush({"pid": 1}, done=done)
+    courier.pump(worker_env)
+
+courier.RESEND_S = 0.0  # every pump sends every batch not yet acknowledged
 for r in rows(0, 5):
     writer.append(r)
-writer.flush({"pid": 1})
-writer.flush({"pid": 1})  # no ack can have arrived (nothing yielded): batch 0 goes out again
+flush(writer)
+courier.pump(worker_env)  # no ack can have arrived (nothing yielded): batch 0 goes out again
 for r in rows(5, 3):
     writer.append(r)
-writer.flush({"pid": 1})
+flush(writer)
 gevent.sleep(1.5)
-spool_after_acks = len(writer._spool)
+spooled_after_acks = sorted(p.name for p in spool.rglob("*.arrow"))
 state_before_done = json.loads((run_dir / "segments" / "w1.state.json").read_text())
-writer.flush({"pid": 1}, done=True)
+flush(writer, done=True)
 gevent.sleep(1.0)
 state = json.loads((run_dir / "segments" / "w1.state.json").read_text())
-files = sorted(p.name for p in (run_dir / "segments").glob("*.arrow"))
-table = finalise(run_dir)
-late = courier.writer_for(worker_env, "w1", "run-1", Path("elsewhere"))
-worker_env.tokenload_process = argparse.Namespace(writer=late)
-late.append(rows(100, 1)[0])
-late.flush({"pid": 1})
+again = courier.writer_for(worker_env, "run-1", Path("elsewhere"), run_dir.parent / "other", "w2")
+for r in rows(0, 3) + rows(8, 1):
+    again.append(r)
+flush(again, done=True)
 gevent.sleep(1.0)
-print(json.dumps({"writer": type(writer).__name__, "received": received, "spool_after_acks": spool_after_acks, "files": files,
+files = sorted(p.name for p in (run_dir / "segments").glob("*.arrow"))
+other = json.loads((run_dir / "segments" / "w2.state.json").read_text())
+table = finalise(run_dir)
+late = courier.writer_for(worker_env, "run-1", Path("elsewhere"), run_dir.parent / "late", "w1")
+late.append(rows(100, 1)[0])
+flush(late)
+gevent.sleep(1.0)
+print(json.dumps({"other": other, "received": received, "spooled_after_acks": spooled_after_acks, "files": files,
                   "state": state, "state_before_done": state_before_done,
                   "ids": table.column("request_id").to_pylist(), "late_sealed": late.sealed,
                   "after_seal": sorted(p.name for p in run_dir.iterdir())}))
@@ -104,12 +116,13 @@ def test_a_batch_sent_again_lands_once_done_waits_for_every_batch_and_a_sealed_r
     child = subprocess.run([sys.executable, "-c", CHILD, str(run_dir)], capture_output=True, text=True, timeout=60)
     assert child.returncode == 0, child.stderr[-3000:]
     out = json.loads(child.stdout.strip().splitlines()[-1])
-    assert out["writer"] == "MessageWriter"
-    assert out["spool_after_acks"] == 0  # both batches acknowledged, nothing left to resend
-    assert out["received"][:4] == [0, 0, 0, 1]  # batch 0 arrived three times (unacknowledged at each flush)...
-    assert out["files"] == ["w1-000000.arrow", "w1-000001.arrow"]  # ... and was written once
+    assert out["spooled_after_acks"] == []  # both batches acknowledged, nothing left to resend
+    assert out["received"][:4] == [0, 0, 0, 1]  # batch 0 arrived three times (unacknowledged at each pump)...
+    assert out["files"] == ["w1-000000.arrow", "w1-000001.arrow", "w2-000000.arrow"]  # ... and was written once
+    assert out["other"]["courier"] == {"batches": 1, "duplicate_records": 3}  # r0-r2 again: kept by request id once
     assert out["state_before_done"]["done"] is False and out["state_before_done"]["records"] == 8
-    assert out["state"]["done"] is True and out["state"]["records"] == 8 and out["state"]["by_message"] is True
-    assert sorted(out["ids"]) == [f"r{i}" for i in range(8)]  # each record once in requests.parquet
+    assert out["state"]["done"] is True and out["state"]["records"] == 8
+    assert out["state"]["courier"] == {"batches": 2, "duplicate_records": 10}  # 2 resends of 5 records
+    assert sorted(out["ids"]) == [f"r{i}" for i in range(9)]  # each record once in requests.parquet
     assert out["late_sealed"] is True  # written after the seal: refused, the worker is told
     assert "requests.parquet" in out["after_seal"] and "segments" not in out["after_seal"]

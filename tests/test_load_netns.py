@@ -5,9 +5,11 @@ the bridge), links each host to the bridge with a veth pair created inside the
 namespaces (nothing is added to the machine's own network), gives them
 addresses in 10.201.0.0/24 and deletes everything afterwards. The simulator and
 the Locust master run on the master host; each worker is `tokenload run
---worker` on its own host, all sharing one run directory on the filesystem, as
-the README describes for several machines. Needs root and iproute2; skipped
-with the reason otherwise.
+--worker` on its own host, all sharing one run directory on the filesystem.
+The last test gives every host its own directory (records go over Locust's
+channel: `tokenload/load/courier.py`) and each worker its own simulator, so
+cutting a worker's link cuts only its channel to the master. Needs root and
+iproute2; skipped with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -87,8 +89,8 @@ def _in(ns: str, *command: str, log: Path) -> subprocess.Popen[bytes]:
                                 env={**os.environ, "TERM": "dumb"})
 
 
-def _wait_for_sim(ns: str, timeout_s: float = 20) -> None:
-    probe = f"import socket; socket.create_connection(('{MASTER_IP}', {SIM_PORT}), 1)"
+def _wait_for_sim(ns: str, timeout_s: float = 20, host: str = MASTER_IP) -> None:
+    probe = f"import socket; socket.create_connection(('{host}', {SIM_PORT}), 1)"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         command = ["ip", "netns", "exec", ns, sys.executable, "-c", probe]
@@ -96,6 +98,17 @@ def _wait_for_sim(ns: str, timeout_s: float = 20) -> None:
             return
         time.sleep(0.3)
     raise AssertionError("the simulator did not come up in the master's namespace")
+
+
+def _stop_all(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=15)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
 
 
 SCENARIO = """
@@ -134,14 +147,7 @@ def cluster(tmp_path: Path, step_s: float) -> Iterator[tuple[dict[str, str], dic
                 procs[role] = _in(ns[role], *run, "--worker", "--master-host", MASTER_IP, log=tmp_path / f"{role}.log")
             yield ns, procs
         finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.terminate()
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=15)
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(timeout=5)
+            _stop_all(procs)
 
 
 def test_master_and_two_workers_on_three_hosts(tmp_path: Path) -> None:
@@ -193,3 +199,57 @@ def test_a_worker_cut_off_mid_run_stops_and_writes_nothing_into_the_finished_run
     survivor = df[df.worker != lost]
     # After the master noticed (about 3 s), the survivor's records carry the 2 users still running.
     assert survivor.active_users.iloc[-5:].eq(2).all(), survivor.active_users.value_counts()
+
+
+def test_a_worker_cut_off_for_10_s_delivers_every_record_over_the_channel(tmp_path: Path) -> None:
+    """No shared directory; one worker's link to the master down for 10 s, then up again: the master's run holds
+    every request each worker's own simulator saw, once; the cut worker stopped early but its spool emptied."""
+    scenario = write_scenario(tmp_path, SCENARIO.format(step_s=40))
+    local_sim = ["--base-url", f"http://127.0.0.1:{SIM_PORT}/api", "--model", "sim-7b"]
+    run = [sys.executable, "-m", "tokenload", "run", str(scenario), *local_sim, "--master-port", str(MASTER_PORT)]
+    a = tmp_path / "A"
+    with hosts() as ns:
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        try:
+            for role in ("w1", "w2"):
+                procs[f"sim-{role}"] = _in(ns[role], sys.executable, "-m", "tokenload", "sim", "--profile", "fast",
+                                           "--host", "127.0.0.1", "--port", str(SIM_PORT), "--truth",
+                                           str(tmp_path / f"truth-{role}.jsonl"), log=tmp_path / f"sim-{role}.log")
+                _wait_for_sim(ns[role], host="127.0.0.1")
+            procs["master"] = _in(ns["m"], *run, "--out", str(a), "--master", "--master-bind-host", MASTER_IP,
+                                  "--expect-workers", "2", log=tmp_path / "master.log")
+            for role in ("w1", "w2"):
+                procs[role] = _in(ns[role], *run, "--out", str(tmp_path / role), "--worker", "--master-host",
+                                  MASTER_IP, log=tmp_path / f"{role}.log")
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline and len(list(a.glob("segments/*.arrow"))) < 6:
+                time.sleep(0.2)  # both workers' batches are arriving
+            _ip("-n", ns["w1"], "link", "set", "eth0", "down")
+            time.sleep(10)
+            _ip("-n", ns["w1"], "link", "set", "eth0", "up")
+            for role in ("w1", "w2", "master"):
+                assert procs[role].wait(timeout=120) is not None
+        finally:
+            _stop_all(procs)
+    master_log = (tmp_path / "master.log").read_text()[-3000:]
+    assert procs["master"].returncode == 1, master_log  # a worker stopped early: the run says so
+    manifest = json.loads((a / "manifest.json").read_text())
+    (lost,) = manifest["workers_lost"]
+    df = pd.read_parquet(a / "requests.parquet")
+    truth = pd.concat([truth_frame(tmp_path / f"truth-{role}.jsonl") for role in ("w1", "w2")])
+    assert df.request_id.is_unique and df.run_id.nunique() == 1 and df.worker.nunique() == 2
+    assert len(df) == len(truth) > 100
+    named = set(df.server_request_id.dropna())
+    assert named <= set(truth.request_id) and len(named) == df.server_request_id.notna().sum()
+    # The cut worker stopped its users at once: a stream cut before its headers arrived has a record with no
+    # server id, and the server saw the client close it. Nothing else is unmatched.
+    unnamed, unseen = df[df.server_request_id.isna()], truth[~truth.request_id.isin(named)]
+    assert len(unnamed) == len(unseen) and (unseen.outcome == "client_closed").all()
+    assert (unnamed.status == "cancelled").all() and unnamed.in_flight.all()
+    assert manifest["records"]["per_worker"] == manifest["records"]["written_per_worker"]
+    assert not any("did not arrive" in w for w in manifest["warnings"]), manifest["warnings"]
+    for role in ("w1", "w2"):
+        assert list((tmp_path / role).rglob("*.arrow")) == []  # every batch acknowledged
+        assert not list((tmp_path / role).rglob("requests.parquet"))
+    assert lost in set(df.worker) and set(unnamed.worker) <= {lost}
+    assert manifest["records"]["courier"][lost]["duplicate_records"] > 0  # sent again during the cut, kept once

@@ -51,14 +51,12 @@ Distributed: `--processes N` forks N local workers (`--processes auto`: one per
 core this command may use, e.g. under `taskset`); across machines start
 `tokenload run SCENARIO --master --master-bind-host ADDR --expect-workers N
 --out DIR` and on each machine `tokenload run SCENARIO --worker --master-host
-ADDR --out WDIR`. No shared filesystem is needed: each worker takes the run id
-from the master when the run starts and sends its records to the master over
-Locust's own connection (acknowledged batches, sent again until acknowledged,
-each kept once), WDIR holding only the worker's log; give every worker the
-same SCENARIO and channel settings. Where DIR is on a filesystem every machine
-shares and WDIR is DIR, workers write their records into it directly, as
-processes of one machine do. Either way the master waits for each worker's
-last records, then finalises.
+ADDR --out SPOOL`. No shared filesystem is needed: workers take the master's
+run id and resolved scenario over Locust's channel and send their records to
+the master the same way; a worker's --out holds its log and the records the
+master has not acknowledged yet (a worker given the master's own DIR on a
+shared filesystem writes into it directly). The master waits for each
+worker's last records, then finalises.
 """
 
 from __future__ import annotations
@@ -83,7 +81,8 @@ __doc__ = f"{__doc__}\nScenario file {SCHEMA_HELP}"
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", metavar="SCENARIO", help="scenario .toml or packaged name (demo, smoke, ramp, ...)")
-    parser.add_argument("--out", metavar="DIR", help="run directory (default results/<scenario>-<timestamp>)")
+    parser.add_argument("--out", metavar="DIR", help="run directory (default results/<scenario>-<timestamp>); "
+                        "--worker: its log and spool (default results/<scenario>-worker-<timestamp>)")
     parser.add_argument("--users", type=int, help="cap users: constant load of N, a ramp up to N, or an open-loop pool of N")
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (caps the scenario's plan)")
     parser.add_argument("--resume", metavar="RUN_DIR",

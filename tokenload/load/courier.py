@@ -1,178 +1,280 @@
-"""Records over Locust's own messages: workers on machines that share no disk with the master.
+"""Records over Locust's own channel (a courier from each worker to its master): no shared disk needed.
 
-A worker whose run directory is not the master's (no shared filesystem: a
-container, a pod, another machine) sends its records to the master instead of
-writing segments: every flush becomes one batch (the same Arrow bytes a segment
-file holds), numbered per worker and run, sent with `runner.send_message` on
-the ZeroMQ socket Locust already has. The master's `Receiver` writes each
-batch into its run directory as that worker's segment (`<worker>-<seq>.arrow`,
-atomically), writes the worker's state file from the state the batch carries,
-and acknowledges the batch. A batch stays in the worker's spool until it is
-acknowledged and is sent again after `RESEND_S` (a connection Locust had to
-reset, a master that was busy), so the master may see it twice: it keeps the
-first copy of each (worker, run, seq), which holds the same request ids as any
-later copy. The state the master writes says `done` only once every batch up
-to the worker's last has arrived, so finalising waits for them exactly as it
-waits for a shared directory's flushes.
+A worker whose directory does not hold its master's run (`tokenload run
+--worker --out B` on another machine, a pod with its own disk) writes its
+segments into a local spool, `B/spool/<run id>/segments/` (the same numbered
+Arrow IPC files and state file as in a run directory: `records.SegmentWriter`),
+and sends each one to the master as a Locust message (`BATCH_MESSAGE`: run id,
+worker, segment number, the file's bytes, the worker's state). The master
+writes it into its run directory under the same name, keeping only request ids
+it has not seen in that run, and acknowledges it (`ACK_MESSAGE`, to that worker
+only); the worker then deletes the spooled file. A batch without an
+acknowledgement is sent again after `RESEND_S` (a lost message, a reconnect), so
+the master may get one twice: the second copy adds no record.
 
-Which way a worker's records go is decided when the master announces the run
-(`series.switch_run`, before the spawn messages): segments where the announced
-run is there on disk (this machine's forked workers, or a shared filesystem,
-as before), messages otherwise.
+The worker's state (records written, lag, `done`) is written into the master's
+run directory only once every segment it counts has arrived, so `done` there
+means what it means for a worker writing directly: all its records are in, and
+the finaliser's wait for every worker's last flush covers these workers too.
+
+Locust stops listening before the end: a headless master stops its receiver
+half a second after it sends `quit`, while its workers still drain, and a
+worker stops its receiver at that `quit`. So at the end both sides listen on
+the socket themselves: the master while it waits for its workers
+(`collecting`), a worker until its batches are acknowledged (`settle`, at most
+`SETTLE_S`, also after it lost its master: a cut network may heal).
+
+A worker whose `--out` is the master's run directory (a shared filesystem, or
+the forked workers of `--processes N`) sees the master's run there and writes
+into it directly, as before; nothing goes over the channel.
 """
 
 from __future__ import annotations
 
-import io
-import logging
+import contextlib
+import math
+import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import gevent
+import pyarrow as pa
 from locust.env import Environment
 from locust.exception import RPCError
-from locust.runners import WorkerRunner
+from locust.runners import MasterRunner, WorkerRunner
 from pyarrow import feather
 
 from tokenload.load import records
 from tokenload.load.rundirs import RUN_INFO, read_json
-from tokenload.record import RequestRecord
 
-RECORDS_MESSAGE = "tokenload_records"
-ACK_MESSAGE = "tokenload_records_ack"
-RESEND_S = 10.0  # a batch not acknowledged after this long is sent again (at the next flush)
-
-
-def segment_bytes(rows: list[RequestRecord]) -> bytes:
-    """Rows as the bytes of one segment file (Arrow IPC, uncompressed)."""
-    sink = io.BytesIO()
-    feather.write_feather(records.table(rows), sink, compression="uncompressed")
-    return sink.getvalue()
+BATCH_MESSAGE = "tokenload_batch"
+ACK_MESSAGE = "tokenload_ack"
+SPOOL_DIR = "spool"
+# A batch the master has not acknowledged after this long is sent again.
+RESEND_S = 3.0
+# How long a worker that quits goes on sending what its master has not acknowledged: long enough to ride out a
+# network cut of 10 s or so (TCP's retransmissions back off to several seconds meanwhile).
+SETTLE_S = 30.0
 
 
-@dataclass
-class _Batch:
-    data: bytes
-    count: int
-    sent_at: float = float("-inf")
-
-
-class MessageWriter(records.RecordBuffer):
-    """A worker's record writer that sends batches to the master; the same interface as `SegmentWriter`."""
-
-    def __init__(self, runner: WorkerRunner, worker: str, run_id: str) -> None:
-        super().__init__(worker)
-        self.runner = runner
-        self.run_id = run_id
-        self._spool: dict[int, _Batch] = {}  # sent, not acknowledged yet
-        self._state: dict[str, Any] = {}
-
-    def flush(self, state: dict[str, Any], done: bool = False) -> None:
-        """Spool the buffered rows as the next batch, then send every batch due, with this process's state."""
-        rows = self.take(done)
-        if rows is None:
-            return
-        if rows:
-            self._spool[self._seq] = _Batch(segment_bytes(rows), len(rows))
-            self._seq += 1
-            self.written += len(rows)
-        self._state = {**state, "done": done}
-        now = time.monotonic()
-        due: list[int | None] = [seq for seq, batch in self._spool.items() if now - batch.sent_at >= RESEND_S]
-        for seq in due or [None]:  # nothing due: the state alone
-            self._send(seq, now)
-
-    def _send(self, seq: int | None, now: float) -> None:
-        batch = None if seq is None else self._spool[seq]
-        message = {"run_id": self.run_id, "worker": self.worker, "seq": seq, "batches": self._seq,
-                   "rows": None if batch is None else batch.data, "count": 0 if batch is None else batch.count,
-                   "state": self._state}
-        try:
-            self.runner.send_message(RECORDS_MESSAGE, message)
-        except RPCError as exc:  # the socket's queue is full or broken (Locust resets it): the spool sends it again
-            logging.getLogger(__name__).warning("tokenload: records batch %s not sent (%s); kept for a resend",
-                                                seq, exc)
-            return
-        if batch is not None:
-            batch.sent_at = now
-
-    def on_ack(self, data: dict[str, Any]) -> None:
-        """The master has batch `seq` (or finalised the run: `sealed`, nothing more will count)."""
-        if data["run_id"] != self.run_id:
-            return
-        self._spool.pop(data["seq"], None)
-        if data.get("sealed"):
-            self.sealed = True
-
-
-def holds_run(run_dir: Path, run_id: str) -> bool:
-    """Whether `run_dir` on this machine is the run `run_id` (the master's own, or on a shared filesystem)."""
+def shares_run(run_dir: Path, run_id: str) -> bool:
+    """True when `run_dir` holds the master's run `run_id` (a shared or local directory): write into it directly."""
     return read_json(run_dir / records.SEGMENTS_DIR / RUN_INFO).get("run_id") == run_id
 
 
-def writer_for(environment: Environment, worker: str, run_id: str,
-               run_dir: Path) -> records.SegmentWriter | MessageWriter:
-    """The record writer of a process joining run `run_id`: segments where the run is on disk, else messages."""
+class Outbox:
+    """Worker side: one run's spooled segments, sent to the master until it acknowledges each."""
+
+    def __init__(self, runner: WorkerRunner, run_id: str, writer: records.SegmentWriter) -> None:
+        self.runner = runner
+        self.run_id = run_id
+        self.writer = writer
+        self._sent: dict[int, float] = {}  # segment number -> when it was last sent (monotonic)
+        self._state_sent: tuple[float | None, float] = (None, -math.inf)  # (state's updated_at, when sent)
+        self.state_acked: float | None = None
+
+    def _state(self) -> dict[str, Any]:
+        return read_json(self.writer.dir / f"{self.writer.worker}.state.json")
+
+    def unacked(self) -> list[Path]:
+        return sorted(self.writer.dir.glob(f"{self.writer.worker}-*.arrow"))
+
+    @property
+    def settled(self) -> bool:
+        """Every batch and the latest state acknowledged (a sealed run takes nothing more: settled too)."""
+        return self.writer.sealed or (not self.unacked() and self._state().get("updated_at") == self.state_acked)
+
+    def pump(self) -> None:
+        """Send every batch never sent or unacknowledged for `RESEND_S`, and the state when it changed.
+
+        A send that fails (the master's socket is gone) is tried again at the next pump. A sealed run (the
+        master finalised it) takes nothing more.
+        """
+        if self.writer.sealed:
+            return
+        now = time.monotonic()
+        state = self._state()
+        try:
+            for path in self.unacked():
+                seq = int(path.stem.rsplit("-", 1)[1])
+                if now - self._sent.get(seq, -math.inf) >= RESEND_S:
+                    self._send(seq, path.read_bytes(), state)
+                    self._sent[seq] = now
+            at, when = self._state_sent
+            stamp = state.get("updated_at")
+            if stamp is not None and stamp != self.state_acked and (stamp != at or now - when >= RESEND_S):
+                self._send(None, None, state)
+                self._state_sent = (stamp, now)
+        except RPCError:
+            return
+
+    def _send(self, seq: int | None, data: bytes | None, state: dict[str, Any]) -> None:
+        self.runner.send_message(BATCH_MESSAGE, {"run_id": self.run_id, "worker": self.writer.worker, "seq": seq,
+                                                 "data": data, "state": state})
+
+    def on_ack(self, data: dict[str, Any]) -> None:
+        if data.get("sealed"):
+            self.writer.sealed = True
+        if data.get("seq") is not None:
+            (self.writer.dir / records.segment_name(self.writer.worker, int(data["seq"]))).unlink(missing_ok=True)
+            self._sent.pop(data["seq"], None)
+        if data.get("state_at") is not None:
+            self.state_acked = data["state_at"]
+
+
+def writer_for(environment: Environment, run_id: str, run_dir: Path, spool_root: Path | None,
+               worker: str) -> records.SegmentWriter:
+    """A worker's record writer for the master's run `run_id`: into `run_dir` if it holds that run, else a spool.
+
+    `spool_root`: the worker's own directory (`--run-dir`); None, a new temporary one.
+    """
+    if shares_run(run_dir, run_id):
+        return records.SegmentWriter(run_dir, worker)
+    root = spool_root if spool_root is not None else Path(tempfile.mkdtemp(prefix="tokenload-spool-"))
+    writer = records.SegmentWriter(root / SPOOL_DIR / run_id, worker)
     runner = environment.runner
-    if isinstance(runner, WorkerRunner) and not holds_run(run_dir, run_id):
-        return MessageWriter(runner, worker, run_id)
-    return records.SegmentWriter(run_dir, worker)
+    assert isinstance(runner, WorkerRunner)
+    _outboxes(environment)[run_id] = Outbox(runner, run_id, writer)
+    return writer
+
+
+def _outboxes(environment: Environment) -> dict[str, Outbox]:
+    boxes: dict[str, Outbox] | None = getattr(environment, "tokenload_outboxes", None)
+    if boxes is None:
+        boxes = {}
+        environment.tokenload_outboxes = boxes  # type: ignore[attr-defined]
+    return boxes
+
+
+def pump(environment: Environment) -> None:
+    """Worker side, after each flush: send what the master has not acknowledged, for every run of this session."""
+    for box in _outboxes(environment).values():
+        box.pump()
+
+
+def _on_ack(environment: Environment, msg: Any, **_: Any) -> None:
+    box = _outboxes(environment).get(msg.data["run_id"])
+    if box is not None:
+        box.on_ack(msg.data)
 
 
 def follow_acks(environment: Environment) -> None:
-    """On a worker: hand the master's acknowledgements to the current writer."""
-    def on_ack(environment: Environment, msg: Any, **_: Any) -> None:
-        writer = getattr(getattr(environment, "tokenload_process", None), "writer", None)
-        if isinstance(writer, MessageWriter):
-            writer.on_ack(msg.data)
-
-    assert environment.runner is not None
-    environment.runner.register_message(ACK_MESSAGE, on_ack)
+    """Worker side: the master's acknowledgements free the spool."""
+    runner = environment.runner
+    assert isinstance(runner, WorkerRunner)
+    runner.register_message(ACK_MESSAGE, _on_ack)
 
 
-class Receiver:
-    """On the master: write each worker's batches into the run directory as its segments, and acknowledge them."""
+@contextlib.contextmanager
+def _listening(receive: Callable[[], Any], handlers: dict[str, Callable[..., None]],
+               environment: Environment) -> Iterator[None]:
+    """Take `handlers`' messages from a socket whose Locust listener has stopped (the runner quit), others dropped."""
 
-    def __init__(self, environment: Environment) -> None:
-        self.environment = environment
-        self._have: dict[tuple[str, str], dict[int, int]] = {}  # (run id, worker) -> seq -> records
+    def listen() -> None:
+        while True:
+            try:
+                msg = receive()
+            except RPCError:
+                gevent.sleep(0.1)
+                continue
+            handler = handlers.get(msg.type)
+            if handler is not None:
+                handler(environment=environment, msg=msg)
 
-    def install(self) -> Receiver:
-        assert self.environment.runner is not None
-        self.environment.runner.register_message(RECORDS_MESSAGE, self.on_records)
-        return self
+    listener = gevent.spawn(listen)
+    try:
+        yield
+    finally:
+        listener.kill()
 
-    def run_dir(self, run_id: str) -> Path | None:
-        """The directory of run `run_id` of this session (with the web UI every start is a run)."""
-        opts = self.environment.parsed_options
-        assert opts is not None
-        if opts.run_id == run_id:
-            return Path(opts.run_dir)
-        runs = getattr(getattr(self.environment, "tokenload_series", None), "runs", [])
-        return next((run.run_dir for run in runs if run.run_id == run_id), None)
 
-    def on_records(self, environment: Environment, msg: Any, **_: Any) -> None:
+def settle(environment: Environment, timeout_s: float = SETTLE_S) -> list[str]:
+    """Worker side, quitting: send what the master has not acknowledged until it has, or `timeout_s` passed.
+
+    Locust's own receiver stopped at the master's quit, which comes before this worker's last batch; so
+    this listens on the socket itself. Returns the spool files still unacknowledged (they stay on disk).
+    """
+    boxes = list(_outboxes(environment).values())
+    runner = environment.runner
+    if not boxes or not isinstance(runner, WorkerRunner):
+        return []
+    deadline = time.monotonic() + timeout_s
+    with _listening(lambda: runner.client.recv(), {ACK_MESSAGE: _on_ack}, environment):
+        while not all(box.settled for box in boxes) and time.monotonic() < deadline:
+            pump(environment)
+            gevent.sleep(0.2)
+    return [str(path) for box in boxes for path in box.unacked()]
+
+
+class Inbox:
+    """Master side: workers' batches into the run directory, each request id once, each batch acknowledged."""
+
+    def __init__(self, runner: MasterRunner, run_dir_of: Callable[[str], Path | None]) -> None:
+        self.runner = runner
+        self.run_dir_of = run_dir_of
+        self._ids: dict[str, set[str]] = {}  # run id -> request ids written
+        self._segments: dict[tuple[str, str], set[int]] = {}  # (run id, worker) -> segment numbers received
+        self._counts: dict[tuple[str, str], dict[str, int]] = {}  # (run id, worker) -> batches, duplicates
+
+    def on_batch(self, environment: Environment, msg: Any, **_: Any) -> None:
         data = msg.data
-        run_id, worker, seq = data["run_id"], data["worker"], data["seq"]
-        run_dir = self.run_dir(run_id)
+        run_id, worker = data["run_id"], records.safe_worker_id(data["worker"])
+        seq = None if data["seq"] is None else int(data["seq"])
+        run_dir = self.run_dir_of(run_id)
         seg = None if run_dir is None else run_dir / records.SEGMENTS_DIR
-        have = self._have.setdefault((run_id, worker), {})
-        try:
-            if seg is None or not seg.is_dir():
-                raise FileNotFoundError(run_id)
-            if seq is not None and seq not in have:  # a batch sent again is already here: the first copy counts
-                records.write_bytes(seg / records.segment_name(worker, seq), data["rows"])
-                have[seq] = data["count"]
-            complete = len(have) == data["batches"]
-            records.write_json(seg / f"{worker}.state.json",
-                               {**data["state"], "worker": worker, "records": sum(have.values()),
-                                "done": bool(data["state"].get("done")) and complete, "updated_at": time.time(),
-                                "by_message": True})
-            sealed = False
-        except FileNotFoundError:  # finalised (or sealed while this batch was written): its records stay out
-            sealed = True
-        if seq is not None or sealed:
-            assert environment.runner is not None
-            environment.runner.send_message(ACK_MESSAGE, {"run_id": run_id, "seq": seq, "sealed": sealed},
-                                            client_id=msg.node_id)
+        if seg is None or not seg.is_dir():  # finalised (or unknown): nothing may change it any more
+            self.runner.send_message(ACK_MESSAGE, {"run_id": run_id, "seq": seq, "sealed": True}, client_id=msg.node_id)
+            return
+        key = (run_id, worker)
+        got = self._segments.setdefault(key, set())
+        counts = self._counts.setdefault(key, {"batches": 0, "duplicate_records": 0})
+        if seq is not None and seq not in got:
+            counts["batches"] += 1
+            counts["duplicate_records"] += self._write(seg, run_id, worker, seq, data["data"])
+            got.add(seq)
+        elif seq is not None:
+            counts["duplicate_records"] += feather.read_table(pa.BufferReader(data["data"])).num_rows
+        state = data["state"]
+        state_at = None
+        if state and got.issuperset(range(int(state.get("segments", 0)))):
+            records.write_json(seg / f"{worker}.state.json", {**state, "worker": worker, "courier": dict(counts)})
+            state_at = state.get("updated_at")
+        self.runner.send_message(ACK_MESSAGE, {"run_id": run_id, "seq": seq, "state_at": state_at},
+                                 client_id=msg.node_id)
+
+    def _write(self, seg: Path, run_id: str, worker: str, seq: int, data: bytes) -> int:
+        """Write a batch's records not seen before in this run; returns how many were seen already."""
+        table = feather.read_table(pa.BufferReader(data))
+        seen = self._ids.setdefault(run_id, set())
+        new = table.filter(pa.array([rid not in seen for rid in table.column("request_id").to_pylist()]))
+        if new.num_rows:
+            records.write_segment(seg / records.segment_name(worker, seq), new)
+            seen.update(new.column("request_id").to_pylist())
+        return table.num_rows - new.num_rows
+
+
+def receive(environment: Environment, run_dir_of: Callable[[str], Path | None]) -> None:
+    """Master side: take the workers' batches; `run_dir_of` maps a run id of this session to its run directory."""
+    runner = environment.runner
+    assert isinstance(runner, MasterRunner)
+    inbox = Inbox(runner, run_dir_of)
+    environment.tokenload_inbox = inbox  # type: ignore[attr-defined]
+    runner.register_message(BATCH_MESSAGE, inbox.on_batch)
+
+
+@contextlib.contextmanager
+def collecting(environment: Environment) -> Iterator[None]:
+    """Master side, after Locust quit (its receiver stopped): go on taking the batches of workers still draining.
+
+    A headless master sends its workers `quit` and stops listening half a second later, while they still
+    drain their users; their last batches come after that.
+    """
+    inbox: Inbox | None = getattr(environment, "tokenload_inbox", None)
+    runner = environment.runner
+    if inbox is None or not isinstance(runner, MasterRunner):
+        yield
+        return
+    with _listening(lambda: runner.server.recv_from_client()[1], {BATCH_MESSAGE: inbox.on_batch}, environment):
+        yield

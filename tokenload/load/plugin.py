@@ -5,16 +5,23 @@ Importing this module (the locustfile does) registers the listeners once:
 - `init_command_line_parser`: `--scenario`, `--run-dir`, `--run-id` (also from
   `TOKENLOAD_SCENARIO` / `TOKENLOAD_RUN_DIR` / `TOKENLOAD_RUN_ID`).
 - `init`: load the scenario; the master (or local runner) gets the `RunControl`
-  the shape uses, workers follow the master's step messages.
-- `init` (checked again at `test_start`): every process that runs users builds
-  its `ProcessContext` (channel, one shared transport, prompts, segment writer,
-  lag probe) and a greenlet that flushes records every second.
+  the shape uses. A worker asks the master for the run instead and does the
+  rest when its first run message comes (`series.follow_master`, `_join`): the
+  master's resolved scenario, its step messages, its run id; its records go
+  into the master's run directory where this machine sees it, else to the
+  master over Locust's channel (`courier`: a local spool, sent until
+  acknowledged, also while the process quits).
+- `init` (checked again at `test_start`), or a worker's join: every process
+  that runs users builds its `ProcessContext` (channel, one shared transport,
+  prompts, record writer, lag probe) and a greenlet that flushes records every
+  second.
 - `init`: every process feeds its live token statistics (`tokenstats`: the
   request event carries each record; workers' deltas merge on the master), and
   the master or local process tracks the runs (`series`: with the web UI each
   start is a run directory of its own) and adds the tokenload tab (`webui`).
 - `test_stop`: the test's users are stopped: flush what is left and close the
-  writer (its run is complete); `quit`: the same for a process that never stopped.
+  writer (its run is complete); `quit`: the same for a process that never stopped,
+  then a master takes its workers' last batches while it waits for them.
 - `init`, for processes `tokenload run` manages and forked workers: the
   lifeline (`lifeline.py`: die with the parent, a worker stops when its master
   is gone) and, on a master with workers, the user census (`census.py`).
@@ -31,7 +38,6 @@ import atexit
 import logging
 import os
 import random
-import re
 import signal
 import time
 import uuid
@@ -72,7 +78,8 @@ def _arguments(parser: Any) -> None:
     group.add_argument("--scenario", default="smoke", env_var="TOKENLOAD_SCENARIO",
                        help="scenario .toml (or a packaged name: demo, smoke, ramp, ...)")
     group.add_argument("--run-dir", default="", env_var="TOKENLOAD_RUN_DIR",
-                       help="run directory for records (default results/<scenario>-<timestamp>)")
+                       help="run directory for records (default results/<scenario>-<timestamp>); a worker's, "
+                            "unless it is the master's: its spool (default a temporary directory)")
     group.add_argument("--run-id", default="", env_var="TOKENLOAD_RUN_ID", help="run id stored in every record")
 
 
@@ -83,18 +90,15 @@ def _init(environment: Environment, **_: Any) -> None:
         return
     global _ENVIRONMENT
     _ENVIRONMENT = environment
+    if isinstance(environment.runner, WorkerRunner):
+        courier.follow_acks(environment)
+        series.follow_master(environment, lambda scenario, channel: _join(environment, scenario, channel))
+        _arm_lifeline(environment)
+        return
     scenario = load_scenario(opts.scenario)
     state = LoadState.for_scenario(scenario)
     environment.tokenload_state = state  # type: ignore[attr-defined]
     tokenstats.install(environment, scenario.slo)
-    if isinstance(environment.runner, WorkerRunner):
-        install_step_listener(environment, state)
-        census.follow_census(environment, state)
-        _setup_process(environment, scenario)
-        series.follow_master(environment)
-        courier.follow_acks(environment)
-        _arm_lifeline(environment)
-        return
     if not opts.run_id:
         opts.run_id = new_run_id()
     if not opts.run_dir:
@@ -105,7 +109,6 @@ def _init(environment: Environment, **_: Any) -> None:
     environment.tokenload = control  # type: ignore[attr-defined]
     if isinstance(environment.runner, MasterRunner):
         census.start_census(environment, control)
-        courier.Receiver(environment).install()
     if not os.environ.get(MANAGED_ENV):
         write_run_info(run_dir, opts.run_id, bound, channel.public())
         if environment.web_ui is None:  # with the web UI every start is a run of its own, finalised at its stop
@@ -114,6 +117,22 @@ def _init(environment: Environment, **_: Any) -> None:
         _setup_process(environment, scenario)
     series.lead(environment)
     _arm_lifeline(environment)
+
+
+def _join(environment: Environment, scenario: Scenario, channel: dict[str, Any]) -> None:
+    """A worker joins its master's run: the master's resolved scenario; under plain Locust, its channel's URL.
+
+    Runs in the handler of the master's first run message, so it is done before any spawn message is handled.
+    Under `tokenload run --worker` the channel was resolved on this machine (its flags, environment and key).
+    """
+    state = LoadState.for_scenario(scenario)
+    environment.tokenload_state = state  # type: ignore[attr-defined]
+    tokenstats.install(environment, scenario.slo)
+    install_step_listener(environment, state)
+    census.follow_census(environment, state)
+    if handoff.channel_from_env() is None and channel.get("base_url"):
+        environment.host = channel["base_url"]
+    _setup_process(environment, scenario)
 
 
 def _channel(scenario: Scenario, host: str | None) -> tuple[Scenario, Channel]:
@@ -206,13 +225,13 @@ def _wait_for_workers(environment: Environment) -> None:
         return
     draining = sorted(c.id for c in runner.clients.all if c.state != STATE_MISSING)  # a lost one flushes no more
     if draining:
-        records.wait_for_workers(control.path.parent.parent, draining, environment.stop_timeout + DRAIN_GRACE_S)
+        with courier.collecting(environment):
+            records.wait_for_workers(control.path.parent.parent, draining, environment.stop_timeout + DRAIN_GRACE_S)
 
 
 def _worker_id(environment: Environment) -> str:
     runner = environment.runner
-    raw = runner.client_id if isinstance(runner, WorkerRunner) else "local"
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+    return records.safe_worker_id(runner.client_id if isinstance(runner, WorkerRunner) else "local")
 
 
 def _setup_process(environment: Environment, scenario: Scenario) -> None:
@@ -248,9 +267,9 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         adapters={m: adapter_for(channel.with_model(m)) for m in models},
         transport=Transport(channel),
         prompts=PromptSource(scenario, models, salt),
-        # A worker with no run id yet learns its run (and so where its records go) when the master announces it.
-        writer=courier.writer_for(environment, worker, opts.run_id, Path(opts.run_dir))
-        if opts.run_dir and opts.run_id else records.SegmentWriter(None, worker),
+        # A worker's writer comes with the master's run message (`series.follow_master`).
+        writer=records.SegmentWriter(None if isinstance(environment.runner, WorkerRunner) else Path(opts.run_dir),
+                                     worker),
         state=state,
         arrivals=arrivals,
         extra_body=scenario.output.extra_body(),
@@ -273,6 +292,7 @@ def _flush(environment: Environment, done: bool = False) -> None:
         state = {"lag": environment.tokenload_probe.stats(), "pid": os.getpid(),  # type: ignore[attr-defined]
                  "lost": None if line is None else line.reason}
         ctx.writer.flush(state, done=done)
+    courier.pump(environment)
 
 
 def _flush_forever(environment: Environment) -> None:
@@ -310,6 +330,11 @@ def _quit(exit_code: int, **_: Any) -> None:
     """The last event of a Locust process (it carries no environment, hence `_ENVIRONMENT`)."""
     if _ENVIRONMENT is not None:
         _flush(_ENVIRONMENT, done=True)
+        # Also when the master seemed gone: a network cut heals, and the master takes batches until it finalises.
+        unsent = courier.settle(_ENVIRONMENT)
+        if unsent:
+            logging.getLogger(__name__).error("tokenload: the master did not acknowledge %d record batches; "
+                                              "they stay in %s", len(unsent), Path(unsent[0]).parent)
         _wait_for_workers(_ENVIRONMENT)
         control: RunControl | None = getattr(_ENVIRONMENT, "tokenload", None)
         if control is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -58,14 +59,19 @@ def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     os.replace(tmp, path)
 
 
+def safe_worker_id(raw: str) -> str:
+    """A worker id fit for a file name (Locust's client ids hold the host name; a courier batch names its own)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", raw).lstrip(".") or "_"
+
+
+def write_segment(path: Path, table: pa.Table) -> None:
+    """Write one segment of records atomically (uncompressed Arrow IPC: cheap to write every second)."""
+    _atomic_write(path, lambda tmp: feather.write_feather(table, tmp, compression="uncompressed"))
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically: readers never see half a file."""
     _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8"))
-
-
-def write_bytes(path: Path, data: bytes) -> None:
-    """Write a file atomically (a segment a worker sent over Locust's messages)."""
-    _atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
 def segment_name(worker: str, seq: int) -> str:
@@ -130,13 +136,11 @@ class SegmentWriter(RecordBuffer):
             return
         try:
             if rows:
-                data = table(rows)
-                path = self.dir / segment_name(self.worker, self._seq)
-                _atomic_write(path, lambda tmp: feather.write_feather(data, tmp, compression="uncompressed"))
+                write_segment(self.dir / segment_name(self.worker, self._seq), table(rows))
                 self._seq += 1
                 self.written += len(rows)
             write_json(self.dir / f"{self.worker}.state.json",
-                       {**state, "worker": self.worker, "records": self.written, "done": done,
+                       {**state, "worker": self.worker, "records": self.written, "segments": self._seq, "done": done,
                         "updated_at": time.time()})
         except FileNotFoundError:
             if self.dir.is_dir():

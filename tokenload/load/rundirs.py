@@ -130,10 +130,17 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
     # A worker that never marked itself done was killed or crashed: what it flushed (every
     # second) is kept, the records of its last second and its open streams are lost.
     unfinished = missing if wait_s else sorted(w for w, s in states.items() if not s.get("done"))
-    if unfinished:
-        last = ", ".join(f"{w} (last flush {_iso(states.get(w, {}).get('updated_at'))})" for w in unfinished)
+    local = [w for w in unfinished if "courier" not in states.get(w, {})]
+    if local:
+        last = ", ".join(f"{w} (last flush {_iso(states.get(w, {}).get('updated_at'))})" for w in local)
         warnings.append(f"workers did not finish (killed or crashed): {last}; records after their last flush "
                         "are lost (at most about 1 s of each)")
+    remote = [w for w in unfinished if w not in local]
+    if remote:  # sending over Locust's channel: its batches did not all reach the master in time
+        last = ", ".join(f"{w} (last batch received for its flush at {_iso(states[w].get('updated_at'))})"
+                         for w in remote)
+        warnings.append(f"the last record batches of workers {last} did not arrive over Locust's channel; "
+                        "what is missing is in each one's spool (its --out, spool/RUN_ID) and is not in this run")
     # A worker that lost its master (killed, or the network to it cut) stopped early on its own: its
     # records are all there, but its users were missing from the rest of the run.
     cut_off = sorted(w for w, s in states.items() if s.get("lost") and w not in unfinished)
@@ -171,6 +178,7 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
             "in_flight": int(sum(table.column("in_flight").to_pylist())) if len(table) else 0,
             "per_worker": {c["worker"]: c["request_id_count"] for c in counts},
             "written_per_worker": {w: s.get("records") for w, s in states.items()},
+            "courier": {w: s["courier"] for w, s in states.items() if "courier" in s},
         },
         "scheduler_lag": scheduler_lag,
         "open_loop_lateness": lateness,

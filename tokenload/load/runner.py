@@ -43,8 +43,6 @@ from tokenload.load.drain import DRAIN_CAP_S
 from tokenload.load.handoff import bind
 from tokenload.load.rundirs import (
     LOG_FILE,
-    RUN_INFO,
-    SCENARIO_FILE,
     default_run_dir,
     finalise,
     new_run_id,
@@ -173,11 +171,10 @@ def plan_run(
     PromptSource(scenario, scenario.channel.models, 0)
     for model in scenario.channel.models:
         adapter_for(channel.with_model(model))
-    if distribution.worker:
-        if out_dir is None:
-            raise ConfigError("a worker needs --out: a directory for its log (the master's run directory, where a "
-                              "filesystem is shared)")
-        run_dir = Path(out_dir)
+    if distribution.worker:  # its log and its spool; or the master's run directory, if the machines share it
+        run_dir = Path(out_dir) if out_dir else default_run_dir(f"{scenario.name}-worker")
+        if run_dir.exists() and not run_dir.is_dir():
+            raise ConfigError(f"--out {run_dir} is a file, not a directory; choose another --out")
     else:
         run_dir = Path(out_dir) if out_dir else default_run_dir(scenario.name)
         _check_new_run_dir(run_dir)
@@ -239,18 +236,20 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
     # also feeds the tab's live view, and each start's samples go to that start's run directory.
     sources = None if distribution.worker else server_metrics.resolve(
         scenario.server.metrics_url, channel.base_url, scenario.server.interval_s, scenario.server.discover)
-    if distribution.worker:
+    if distribution.worker:  # the run id and the resolved scenario come from the master (`series.follow_master`)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        run_args = ["--run-dir", str(run_dir)]
+        run_id = ""
         log_name = f"locust-worker-{socket.gethostname()}-{os.getpid()}.log"
-        run_id, scenario_path = _worker_run(run_dir, scenario, log_name)
     else:
         run_id = new_run_id()
         started = time.time()
         scenario_path = write_run_info(run_dir, run_id, scenario, channel.public())
+        run_args = ["--scenario", str(scenario_path), "--run-dir", str(run_dir), "--run-id", run_id]
         log_name = LOG_FILE
     feed = None if metrics is None else _MetricsFeed(metrics, run_id, run_dir)
     command = [
-        sys.executable, "-m", "locust", "-f", str(locustfile()),
-        "--scenario", str(scenario_path), "--run-dir", str(run_dir), "--run-id", run_id,
+        sys.executable, "-m", "locust", "-f", str(locustfile()), *run_args,
         "--host", channel.base_url,
         "--exit-code-on-error", "0", "--loglevel", "INFO",
         *(websession.locust_args(plan.web_host, plan.web_port) if plan.web else ["--headless"]),
@@ -287,30 +286,13 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
 def drain_used(run_dir: Path, scenario: Scenario) -> float:
     """The drain the run's master settled on (derived when the plan ended: `drain.py`), from control.json.
 
-    A worker machine reads the master's (on the shared run directory); without one, the longest the
+    A worker machine reads the master's when it shares the run directory; otherwise, the longest the
     scenario allows.
     """
     drain = read_json(run_dir / records.SEGMENTS_DIR / "control.json").get("drain") or {}
     if drain.get("drain_s") is not None:
         return float(drain["drain_s"])
     return scenario.stop.drain_s if scenario.stop.drain_s is not None else max(scenario.stop.drain_min_s, DRAIN_CAP_S)
-
-
-def _worker_run(run_dir: Path, scenario: Scenario, log_name: str) -> tuple[str, Path]:
-    """A worker's run id and scenario file: the master's, where its run directory is shared and already there.
-
-    Otherwise (no shared filesystem, or a worker started before its master) the
-    worker starts on its own scenario with no run id and learns the run id when
-    the master announces the run; its records then go to the master over
-    Locust's messages (`courier.py`) unless the announced run is on its disk.
-    """
-    seg = run_dir / records.SEGMENTS_DIR
-    if (seg / RUN_INFO).exists() and (seg / SCENARIO_FILE).exists():
-        return str(read_json(seg / RUN_INFO)["run_id"]), seg / SCENARIO_FILE
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / log_name.replace(".log", ".scenario.json")
-    records.write_json(path, scenario.to_dict())
-    return "", path
 
 
 class _MetricsFeed:

@@ -19,9 +19,14 @@ local runner) with the web UI:
 - at quit a run still open is finalised before Locust exits (not analysed:
   the user is leaving).
 
-Headless runs have exactly one start; the master still sends `RUN_MESSAGE`,
-which is how workers started by plain `locust --processes N` (no --run-dir of
-their own) learn where the run's records go.
+Headless runs have exactly one start; the master still sends `RUN_MESSAGE`.
+It is how every worker learns the run: its id, the resolved scenario, the
+channel without secrets and the master's run directory. A worker asks for it
+when it connects (`HELLO_MESSAGE`, answered to that worker alone) and gets it
+again at each start; it builds its users' context from the first one and its
+record writer from each (`courier.writer_for`: into the master's run directory
+when it can see it, else a spool whose batches go to the master over Locust's
+channel).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,8 +48,10 @@ from tokenload.load import courier, records
 from tokenload.load.control import BUDGET_MESSAGE, RunControl
 from tokenload.load.rundirs import RUN_INFO, finalise, new_run_id, write_run_info
 from tokenload.rundir import MANIFEST_FILE
+from tokenload.workload.scenario import Scenario
 
 RUN_MESSAGE = "tokenload_run"
+HELLO_MESSAGE = "tokenload_hello"
 REPORT_FILE = "report.html"
 FINALISE_GRACE_S = 15.0  # beyond the drain time: workers' last flush after their users stopped
 
@@ -116,13 +124,27 @@ class Series:
         self.runs.append(run)
         return run
 
+    def announcement(self) -> dict[str, Any]:
+        """`RUN_MESSAGE`'s data: what a worker needs to take part in the current run (no secrets)."""
+        run = self.current
+        return {"run_id": run.run_id, "run_dir": str(run.run_dir), "number": run.number,
+                "scenario": self.scenario.to_dict(), "channel": self._channel}
+
+    def run_dir_of(self, run_id: str) -> Path | None:
+        return next((run.run_dir for run in self.runs if run.run_id == run_id), None)
+
     def on_test_start(self, **_: Any) -> None:
         run = self.current
         run.state, run.started_at = "running", time.time()
         runner = self.environment.runner
         if isinstance(runner, MasterRunner):
-            runner.send_message(RUN_MESSAGE, {"run_id": run.run_id, "run_dir": str(run.run_dir),
-                                              "number": run.number})
+            runner.send_message(RUN_MESSAGE, self.announcement())
+
+    def on_hello(self, environment: Environment, msg: Any, **_: Any) -> None:
+        """A worker connected: tell it the current run (before any spawn message the master sends it later)."""
+        runner = self.environment.runner
+        assert isinstance(runner, MasterRunner)
+        runner.send_message(RUN_MESSAGE, self.announcement(), client_id=msg.node_id)
 
     def on_test_stop(self, **_: Any) -> None:
         run = self.current
@@ -170,19 +192,26 @@ class Series:
             run.state, run.detail = "failed", f"analyze exited {proc.returncode}: {lines[-1] if lines else ''}"
 
 
-def switch_run(environment: Environment, run_id: str, run_dir: Path) -> None:
-    """Point this process at a new run: its run id, and a record writer in the new run directory."""
+def switch_run(environment: Environment, run_id: str, run_dir: Path, spool_root: Path | None = None) -> None:
+    """Point this process at a new run: its run id, and a record writer for it.
+
+    A worker's writer is `courier.writer_for`'s (its spool under `spool_root` when it cannot see `run_dir`).
+    """
     opts = environment.parsed_options
     assert opts is not None
     opts.run_id, opts.run_dir = run_id, str(run_dir)
     ctx = getattr(environment, "tokenload_process", None)
     if ctx is not None:
         ctx.run_id = run_id
-        ctx.writer = courier.writer_for(environment, ctx.worker, run_id, run_dir)
+        ctx.writer = courier.writer_for(environment, run_id, run_dir, spool_root, ctx.worker) \
+            if isinstance(environment.runner, WorkerRunner) else records.SegmentWriter(run_dir, ctx.worker)
 
 
 def lead(environment: Environment) -> Series:
-    """On the master or a local runner: track the runs; with the web UI, one run per start."""
+    """On the master or a local runner: track the runs; with the web UI, one run per start.
+
+    A master also answers its workers' hellos and takes the records they send over Locust's channel (`courier`).
+    """
     web = environment.web_ui is not None
     series = Series(environment, web)
     environment.tokenload_series = series  # type: ignore[attr-defined]
@@ -192,30 +221,41 @@ def lead(environment: Environment) -> Series:
         events.test_stop.add_listener(series.on_test_stop)
         events.quitting.add_listener(series.on_quitting)
         events.quit.add_listener(series.on_quit)
+    runner = environment.runner
+    if isinstance(runner, MasterRunner):
+        runner.register_message(HELLO_MESSAGE, series.on_hello)
+        courier.receive(environment, series.run_dir_of)
     return series
 
 
-def follow_master(environment: Environment) -> None:
-    """On a worker: switch to the run the master announces.
+def follow_master(environment: Environment, join: Callable[[Scenario, dict[str, Any]], None]) -> None:
+    """On a worker: join the master's run at the first `RUN_MESSAGE`, switch to each run it announces later.
 
-    A worker started with its own --run-dir (`tokenload run --worker --out DIR`,
-    on a filesystem shared with the master) maps the master's later runs to
-    siblings of DIR: the master's path may be relative to another machine's
-    working directory.
+    `join(scenario, channel)` builds this process's part of the run from the master's resolved scenario and
+    channel (no secrets). A worker started with its own --run-dir (`tokenload run --worker --out DIR`) maps
+    the master's later runs to siblings of DIR: the master's path may be relative to another machine's working
+    directory. Whether DIR holds the master's run (a shared filesystem) or is only a spool decides
+    `courier.writer_for`.
     """
     runner = environment.runner
     assert isinstance(runner, WorkerRunner)
     opts = environment.parsed_options
     assert opts is not None
-    first = opts.run_dir
+    own = Path(opts.run_dir) if opts.run_dir else None
 
     def on_run(environment: Environment, msg: Any, **_: Any) -> None:
         data = msg.data
-        if data["run_id"] == opts.run_id:
+        ctx = getattr(environment, "tokenload_process", None)
+        if ctx is not None and data["run_id"] == ctx.run_id:
             return
+        if ctx is None:
+            scenario = data["scenario"]
+            join(Scenario.from_dict(scenario, "the master's resolved scenario", Path("."), scenario.get("name", "")),
+                 data.get("channel") or {})
         run_dir = Path(data["run_dir"])
-        if first:
-            run_dir = Path(first) if data["number"] == 1 else Path(first).with_name(run_dir.name)
-        switch_run(environment, data["run_id"], run_dir)
+        if own is not None:
+            run_dir = own if data["number"] == 1 else own.with_name(run_dir.name)
+        switch_run(environment, data["run_id"], run_dir, own)
 
     runner.register_message(RUN_MESSAGE, on_run)
+    runner.send_message(HELLO_MESSAGE)

@@ -44,7 +44,6 @@ from tokenload import errors as ek
 from tokenload.limits import parse_rate_headers
 from tokenload.load.arrivals import PARK_S, Arrivals, TraceArrivals
 from tokenload.load.control import REQUEST_TYPE, LoadState
-from tokenload.load.courier import MessageWriter
 from tokenload.load.pacing import pushed_back
 from tokenload.load.records import CANCELLED, SegmentWriter
 from tokenload.load.tokenstats import CHUNK_TIMES_KEY, RECORD_KEY
@@ -57,6 +56,9 @@ from tokenload.transport.gevent_client import Transport
 from tokenload.workload.prompts import PromptSource, RequestPlan
 from tokenload.workload.sessions import Session
 from tokenload.workload.traces import TraceRow
+
+# How long a worker's user waits for the master's run message (sent right after the worker connects).
+JOIN_WAIT_S = 30.0
 
 
 class StreamError(Exception):
@@ -75,7 +77,7 @@ class ProcessContext:
     adapters: dict[str, ProtocolAdapter]
     transport: Transport
     prompts: PromptSource
-    writer: SegmentWriter | MessageWriter
+    writer: SegmentWriter
     state: LoadState
     arrivals: Arrivals | TraceArrivals | None
     extra_body: dict[str, Any]
@@ -108,6 +110,10 @@ class LLMUser(User):
         return self.ctx.think_time_s
 
     def on_start(self) -> None:
+        # A worker learns its run from the master's run message; a spawn message that overtook it waits for it.
+        deadline = time.monotonic() + JOIN_WAIT_S
+        while not hasattr(self.environment, "tokenload_process") and time.monotonic() < deadline:
+            gevent.sleep(0.05)
         self.ctx: ProcessContext = self.environment.tokenload_process
         self.user_id = self.ctx.new_user_id()
         self.parked = False
