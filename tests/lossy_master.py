@@ -1,9 +1,18 @@
-"""A locustfile for tests: tokenload's own, on a master that drops its first acknowledgement of a batch.
+"""A locustfile for tests: tokenload's own, on a master that loses acknowledgements of batches.
 
-The worker never hears that its first batch arrived, so it sends that batch
-again: the master gets it twice, for real, over Locust's channel.
+By default it drops its first acknowledgement of a batch: the worker never
+hears that its first batch arrived, so it sends that batch again and the master
+gets it twice, for real, over Locust's channel. With `LOSSY_MASTER_MUTE_S=S` in
+its environment it drops every acknowledgement for S seconds from the first
+batch it receives instead: to the worker, a master it cannot reach. Either way
+it writes `acks.json` into its working directory: for each batch number, the
+seconds (since its first batch) at which a copy of it came in.
 """
 
+import json
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 from locust import events
@@ -14,18 +23,29 @@ from tokenload.locustfiles.llm import LLMUser, ScenarioShape
 
 __all__ = ["LLMUser", "ScenarioShape"]
 
+MUTE_S = float(os.environ.get("LOSSY_MASTER_MUTE_S", "0"))
+
 
 @events.init.add_listener
-def _drop_first_ack(environment: Environment, **_: Any) -> None:
+def _lose_acks(environment: Environment, **_: Any) -> None:
     runner = environment.runner
     assert runner is not None
     send = runner.send_message
     dropped: list[int] = []
+    arrivals: dict[int, list[float]] = {}  # batch number -> seconds since the first batch, one per copy received
+    started: list[float] = []
 
     def lossy(msg_type: str, data: Any = None, client_id: str | None = None) -> None:
-        if msg_type == ACK_MESSAGE and data.get("seq") is not None and not dropped:
-            dropped.append(data["seq"])
-            return
+        if msg_type == ACK_MESSAGE:
+            now, seq = time.monotonic(), data.get("seq")
+            if seq is not None:  # the master answers each copy of a batch it receives
+                started[:] = started or [now]
+                arrivals.setdefault(seq, []).append(now - started[0])
+                Path("acks.json").write_text(json.dumps(arrivals))
+            muted = bool(started) and now - started[0] < MUTE_S
+            if muted or (not MUTE_S and seq is not None and not dropped):
+                dropped.append(seq)
+                return
         send(msg_type, data, client_id)
 
     runner.send_message = lossy  # type: ignore[method-assign]

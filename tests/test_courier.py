@@ -119,10 +119,14 @@ def test_a_batch_sent_again_lands_once_done_waits_for_every_batch_and_a_sealed_r
     assert out["spooled_after_acks"] == []  # both batches acknowledged, nothing left to resend
     assert out["received"][:4] == [0, 0, 0, 1]  # batch 0 arrived three times (unacknowledged at each pump)...
     assert out["files"] == ["w1-000000.arrow", "w1-000001.arrow", "w2-000000.arrow"]  # ... and was written once
-    assert out["other"]["courier"] == {"batches": 1, "duplicate_records": 3}  # r0-r2 again: kept by request id once
+    other = out["other"]["courier"]
+    assert other["batches"] == 1 and other["duplicate_records"] == 3  # r0-r2 again: kept by request id once
+    assert other["messages"] == 2 and other["bytes"] > 0  # the batch, then the state saying done
     assert out["state_before_done"]["done"] is False and out["state_before_done"]["records"] == 8
     assert out["state"]["done"] is True and out["state"]["records"] == 8
-    assert out["state"]["courier"] == {"batches": 2, "duplicate_records": 10}  # 2 resends of 5 records
+    courier = out["state"]["courier"]
+    assert courier["batches"] == 2 and courier["duplicate_records"] == 10  # 2 resends of 5 records
+    assert courier["messages"] >= 5  # batch 0 three times, batch 1, and the state saying done
     assert sorted(out["ids"]) == [f"r{i}" for i in range(9)]  # each record once in requests.parquet
     assert out["late_sealed"] is True  # written after the seal: refused, the worker is told
     assert "requests.parquet" in out["after_seal"] and "segments" not in out["after_seal"]

@@ -45,16 +45,19 @@ drain_s = 5
 """
 
 
-def _master_and_worker(tmp_path: Path, master_command: Callable[[Path, str, str], list[str]]) -> pd.DataFrame:
-    """Run a master (`master_command(scenario, base_url, port)`, run directory A) and `tokenload run --worker
-    --out B` against the simulator; A's records, checked against its truth file."""
-    scenario = write_scenario(tmp_path, SCENARIO)
+def _master_and_worker(tmp_path: Path, master_command: Callable[[Path, str, str], list[str]],
+                       scenario_text: str = SCENARIO, master_env: dict[str, str] | None = None) -> pd.DataFrame:
+    """Run a master (`master_command(scenario, base_url, port)`, run directory A, `master_env` added to its
+    environment) and `tokenload run --worker --out B` against the simulator; A's records, checked against its truth
+    file."""
+    scenario = write_scenario(tmp_path, scenario_text)
     port = str(free_port())
     truth_path = tmp_path / "truth.jsonl"
     with launch(["--truth", str(truth_path)]) as sim:
         master = subprocess.Popen(master_command(scenario, sim.base_url, port), stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-                                  env={k: v for k, v in os.environ.items() if not k.startswith("TOKENLOAD_")})
+                                  env={**{k: v for k, v in os.environ.items() if not k.startswith("TOKENLOAD_")},
+                                       **(master_env or {})})
         worker = subprocess.run(run_command(scenario, sim.base_url, tmp_path / "B", "--worker", "--master-port", port),
                                 capture_output=True, text=True, timeout=60)
         m_out, _ = master.communicate(timeout=60)
@@ -95,16 +98,38 @@ def test_master_and_worker_share_no_directory(tmp_path: Path) -> None:
     assert list((b / "spool").rglob("*.arrow")) == []
 
 
+def _lossy_master(a: Path) -> Callable[[Path, str, str], list[str]]:
+    """The command of a Locust master that loses acknowledgements (tests/lossy_master.py), run directory `a`."""
+    return lambda scenario, base_url, port: [
+        sys.executable, "-m", "locust", "-f", str(Path(__file__).with_name("lossy_master.py")), "--headless",
+        "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--expect-workers", "1",
+        "--scenario", str(scenario), "--run-dir", str(a), "--host", base_url]
+
+
 def test_a_batch_sent_twice_is_kept_once(tmp_path: Path) -> None:
     """The master drops its first acknowledgement: the worker sends that batch again, the run keeps one copy."""
     a, b = tmp_path / "A", tmp_path / "B"
-    _master_and_worker(tmp_path, lambda scenario, base_url, port: [
-        sys.executable, "-m", "locust", "-f", str(Path(__file__).with_name("lossy_master.py")), "--headless",
-        "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--expect-workers", "1",
-        "--scenario", str(scenario), "--run-dir", str(a), "--host", base_url])
+    _master_and_worker(tmp_path, _lossy_master(a))
     (courier,) = json.loads((a / "manifest.json").read_text())["records"]["courier"].values()
     assert courier["duplicate_records"] > 0
     _no_finished_run(b)
+
+
+def test_resends_back_off_while_the_master_is_unreachable(tmp_path: Path) -> None:
+    """The master acknowledges nothing for 12 s from its first batch (to the worker, a master it cannot reach): the
+    worker's first batch comes again after 3 s and then 6 s later (3 copies in those 12 s, where a fixed 3 s period
+    sends 5), and once acknowledgements flow again every record is in, once."""
+    a, b = tmp_path / "A", tmp_path / "B"
+    df = _master_and_worker(tmp_path, _lossy_master(a), SCENARIO.replace("step_s = 6", "step_s = 16"),
+                            {"LOSSY_MASTER_MUTE_S": "12"})
+    copies = json.loads((tmp_path / "acks.json").read_text())["0"]  # seconds since the first batch, per copy
+    muted = [t for t in copies if t < 12]
+    assert 2 <= len(muted) <= 3, copies  # resent, but backing off: 0, ~3, ~9 s (the next at ~21 s, or at an ack)
+    assert len(copies) > len(muted)  # sent again once the master answered, and then acknowledged (no spool left)
+    (courier,) = json.loads((a / "manifest.json").read_text())["records"]["courier"].values()
+    assert courier["duplicate_records"] > 0 and len(df) > 5
+    _no_finished_run(b)
+    assert list((b / "spool").rglob("*.arrow")) == []
 
 
 def test_a_worker_killed_mid_run_is_named_and_the_run_is_finalised(tmp_path: Path) -> None:

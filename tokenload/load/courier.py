@@ -10,7 +10,11 @@ writes it into its run directory under the same name, keeping only request ids
 it has not seen in that run, and acknowledges it (`ACK_MESSAGE`, to that worker
 only); the worker then deletes the spooled file. A batch without an
 acknowledgement is sent again after `RESEND_S` (a lost message, a reconnect), so
-the master may get one twice: the second copy adds no record.
+the master may get one twice: the second copy adds no record. While nothing is
+acknowledged (the master unreachable) each batch waits twice as long before each
+next copy, up to `RESEND_MAX_S`, and any acknowledgement brings the wait back to
+`RESEND_S`: a copy sent into a cut network only waits in ZeroMQ's queue, so a
+fixed period would fill memory with one copy per batch every `RESEND_S`.
 
 The worker's state (records written, lag, `done`) is written into the master's
 run directory only once every segment it counts has arrived, so `done` there
@@ -32,7 +36,6 @@ into it directly, as before; nothing goes over the channel.
 from __future__ import annotations
 
 import contextlib
-import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -52,11 +55,25 @@ from tokenload.load.rundirs import RUN_INFO, read_json
 BATCH_MESSAGE = "tokenload_batch"
 ACK_MESSAGE = "tokenload_ack"
 SPOOL_DIR = "spool"
-# A batch the master has not acknowledged after this long is sent again.
+# A batch the master has not acknowledged after this long is sent again; each further copy waits twice as long as
+# the one before, at most RESEND_MAX_S (a 10 s cut: copies at 3 and 9 s, and the next at most 12 s after it heals,
+# well within SETTLE_S; any acknowledgement brings the wait back to RESEND_S at once).
 RESEND_S = 3.0
+RESEND_MAX_S = 12.0
 # How long a worker that quits goes on sending what its master has not acknowledged: long enough to ride out a
 # network cut of 10 s or so (TCP's retransmissions back off to several seconds meanwhile).
 SETTLE_S = 30.0
+
+
+def _due(last: tuple[float, float] | None, now: float) -> tuple[float, float] | None:
+    """A send due `now` as (when, wait for its ack), or None; `last` is the previous send's (None: never sent).
+
+    A first send waits `RESEND_S` for its acknowledgement, each copy after it twice as long, at most `RESEND_MAX_S`.
+    """
+    if last is None:
+        return now, RESEND_S
+    when, wait = last
+    return (now, min(2 * wait, RESEND_MAX_S)) if now - when >= wait else None
 
 
 def shares_run(run_dir: Path, run_id: str) -> bool:
@@ -71,8 +88,8 @@ class Outbox:
         self.runner = runner
         self.run_id = run_id
         self.writer = writer
-        self._sent: dict[int, float] = {}  # segment number -> when it was last sent (monotonic)
-        self._state_sent: tuple[float | None, float] = (None, -math.inf)  # (state's updated_at, when sent)
+        self._sent: dict[int, tuple[float, float]] = {}  # segment number -> (when last sent (monotonic), wait)
+        self._state_sent: tuple[float | None, tuple[float, float] | None] = (None, None)  # (updated_at, as _sent)
         self.state_acked: float | None = None
 
     def _state(self) -> dict[str, Any]:
@@ -87,7 +104,7 @@ class Outbox:
         return self.writer.sealed or (not self.unacked() and self._state().get("updated_at") == self.state_acked)
 
     def pump(self) -> None:
-        """Send every batch never sent or unacknowledged for `RESEND_S`, and the state when it changed.
+        """Send every batch never sent or unacknowledged for its wait (`_due`), and the state when it changed.
 
         A send that fails (the master's socket is gone) is tried again at the next pump. A sealed run (the
         master finalised it) takes nothing more.
@@ -99,14 +116,16 @@ class Outbox:
         try:
             for path in self.unacked():
                 seq = int(path.stem.rsplit("-", 1)[1])
-                if now - self._sent.get(seq, -math.inf) >= RESEND_S:
+                due = _due(self._sent.get(seq), now)
+                if due is not None:
                     self._send(seq, path.read_bytes(), state)
-                    self._sent[seq] = now
-            at, when = self._state_sent
+                    self._sent[seq] = due
+            at, last = self._state_sent
             stamp = state.get("updated_at")
-            if stamp is not None and stamp != self.state_acked and (stamp != at or now - when >= RESEND_S):
+            due = _due(last if stamp == at else None, now)
+            if stamp is not None and stamp != self.state_acked and due is not None:
                 self._send(None, None, state)
-                self._state_sent = (stamp, now)
+                self._state_sent = (stamp, due)
         except RPCError:
             return
 
@@ -115,6 +134,11 @@ class Outbox:
                                                  "data": data, "state": state})
 
     def on_ack(self, data: dict[str, Any]) -> None:
+        """The master got a batch (or the state): free it; the link works, so what is still unacknowledged waits
+        `RESEND_S` again (sent at the next pump if that is over)."""
+        self._sent = {seq: (when, RESEND_S) for seq, (when, _) in self._sent.items()}
+        at, last = self._state_sent
+        self._state_sent = (at, None if last is None else (last[0], RESEND_S))
         if data.get("sealed"):
             self.writer.sealed = True
         if data.get("seq") is not None:
@@ -216,7 +240,8 @@ class Inbox:
         self.run_dir_of = run_dir_of
         self._ids: dict[str, set[str]] = {}  # run id -> request ids written
         self._segments: dict[tuple[str, str], set[int]] = {}  # (run id, worker) -> segment numbers received
-        self._counts: dict[tuple[str, str], dict[str, int]] = {}  # (run id, worker) -> batches, duplicates
+        # (run id, worker) -> batches written, duplicate records dropped, messages and Arrow bytes received
+        self._counts: dict[tuple[str, str], dict[str, int]] = {}
 
     def on_batch(self, environment: Environment, msg: Any, **_: Any) -> None:
         data = msg.data
@@ -229,7 +254,9 @@ class Inbox:
             return
         key = (run_id, worker)
         got = self._segments.setdefault(key, set())
-        counts = self._counts.setdefault(key, {"batches": 0, "duplicate_records": 0})
+        counts = self._counts.setdefault(key, {"batches": 0, "duplicate_records": 0, "messages": 0, "bytes": 0})
+        counts["messages"] += 1
+        counts["bytes"] += len(data["data"] or b"")
         if seq is not None and seq not in got:
             counts["batches"] += 1
             counts["duplicate_records"] += self._write(seg, run_id, worker, seq, data["data"])

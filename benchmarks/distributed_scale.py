@@ -1,0 +1,268 @@
+"""Distributed scale: 1, 2 and 4 workers sending their records to one master over Locust's channel.
+
+For each worker count N: a fresh `tokenload sim --workers 2 --truth` (its own profile: `--tps` tokens/s
+per stream, no noise, slots for every user), a real `tokenload run --master --expect-workers N --out A`
+and N `tokenload run --worker --out B_i` processes, each worker with its own directory, so every record
+reaches A over Locust's messages (`tokenload.load.courier`), as on machines with no shared disk. The
+load: `--users-per-worker` x N users, all spawned at once, for `--seconds`. Printed, one row per N:
+
+- streams held: open streams in the simulator's truth (arrival to last token), median over the middle
+  of the load (20% to 90% of it), against the users planned;
+- records: rows of A/requests.parquet against the truth, joined by `server_request_id`: lost (in the
+  truth, not in A), extra (in A, not in the truth) and duplicated (twice in A);
+- master CPU per 1,000 records: the master's Locust process (it receives, deduplicates and writes the
+  batches, besides Locust's own work: heartbeats, the workers' stats), from its first batch to its
+  exit, read from /proc (psutil); `finalise` is the CPU of the `tokenload` process that supervises it
+  from that exit to its own (the merge into requests.parquet and manifest.json);
+- master load: that Locust process's share of one core over its run;
+- channel: the batch messages and their Arrow bytes the master counted (`manifest.json`
+  `records.courier`), and every byte on the master's ZeroMQ connections (`ss -ti`'s `bytes_received` /
+  `bytes_sent`, sampled every 0.2 s: Locust's heartbeats and stats included), per record;
+- worker CPU per 1,000 records (each `tokenload run --worker` and its Locust process) and wall time.
+
+    python benchmarks/distributed_scale.py                 # about 2-3 minutes on 2 cores
+    python benchmarks/distributed_scale.py --workers 4 --seconds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import psutil
+
+PROFILE = """slots = {slots}
+prefill_base_s = 0.005
+prefill_per_token_s = 0.00001
+prefill_exponent = 0.85
+prefill_interference = 0.0
+decode_base_s = {decode}
+decode_per_seq_s = 0.0
+noise = 0.0
+"""
+
+SCENARIO = """[channel]
+model = "sim-7b"
+[prompt]
+tokens = 32
+calibrate = false
+[output]
+max_tokens = {max_tokens}
+ignore_eos = true
+[load]
+kind = "constant"
+users = {users}
+spawn_rate = {users}
+step_s = {seconds}
+[stop]
+drain_s = 10
+"""
+
+SAMPLE_S = 0.2
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _cpu(proc: psutil.Process) -> tuple[float, float]:
+    """(own CPU seconds, CPU seconds of its children already waited for)."""
+    t = proc.cpu_times()
+    return t.user + t.system, t.children_user + t.children_system
+
+
+@dataclass
+class Watch:
+    """Samples, every `SAMPLE_S`, the master's processes and its ZeroMQ connections until the master exits."""
+
+    pid: int  # the master's `tokenload run`
+    port: int
+    segments: Path
+    done: threading.Event = field(default_factory=threading.Event)  # set once the master was waited for
+    conns: dict[str, tuple[int, int]] = field(default_factory=dict)  # peer -> max (bytes received, sent) seen
+    locust_at_first_batch: float | None = None
+    locust_last: float = 0.0  # the Locust master's CPU at the last sample it was alive
+    locust_total: float | None = None  # its CPU, exact, from the supervisor's waited-for children
+    supervisor_at_locust_exit: float | None = None
+    locust_exit: float | None = None
+    load_from: float | None = None
+
+    def run(self) -> None:
+        sup = psutil.Process(self.pid)
+        locust: psutil.Process | None = None
+        while not self.done.is_set():
+            try:
+                self._sample_sockets()
+                if locust is None and self.locust_exit is None:
+                    kids = [p for p in sup.children() if "locust" in " ".join(p.cmdline())]
+                    locust = kids[0] if kids else None
+                if locust is not None:
+                    try:
+                        own, _ = _cpu(locust)
+                        self.locust_last = own
+                        if self.locust_at_first_batch is None and any(self.segments.glob("*-*.arrow")):
+                            self.locust_at_first_batch, self.load_from = own, time.monotonic()
+                    except psutil.NoSuchProcess:
+                        locust, self.locust_exit = None, time.monotonic()
+                if self.locust_exit is not None and self.locust_total is None:
+                    own, children = _cpu(sup)
+                    if children > 0:
+                        self.locust_total, self.supervisor_at_locust_exit = children, own
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(SAMPLE_S)
+
+    def _sample_sockets(self) -> None:
+        out = subprocess.run(["ss", "-tinH", "state", "established", f"( sport = :{self.port} )"],
+                             capture_output=True, text=True).stdout
+        for block in re.split(r"\n(?=\S)", out.strip()):
+            head = block.split()
+            if len(head) < 4:
+                continue
+            received = re.search(r"bytes_received:(\d+)", block)
+            sent = re.search(r"bytes_sent:(\d+)", block)
+            was = self.conns.get(head[3], (0, 0))
+            self.conns[head[3]] = (max(was[0], int(received.group(1)) if received else 0),
+                                   max(was[1], int(sent.group(1)) if sent else 0))
+
+
+def _truth(path: Path) -> pd.DataFrame:
+    return pd.DataFrame([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+
+
+def _held(truth: pd.DataFrame, seconds: float) -> float:
+    """Median open streams (arrival to last token) over 20%..90% of the load after the first arrival."""
+    ends = truth.last_token.fillna(truth.arrival)
+    start = float(truth.arrival.min())
+    grid = np.arange(start + 0.2 * seconds, start + 0.9 * seconds, 0.1)
+    arrivals, finished = np.sort(truth.arrival.to_numpy()), np.sort(ends.to_numpy())
+    open_ = np.searchsorted(arrivals, grid, side="right") - np.searchsorted(finished, grid, side="right")
+    return float(np.median(open_))
+
+
+def cell(tmp: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One worker count: simulator, master, workers; what they left, measured."""
+    users = n * args.users_per_worker
+    (tmp / "profile.toml").write_text(PROFILE.format(slots=max(256, users), decode=1.0 / args.tps))
+    scenario = tmp / "scenario.toml"
+    scenario.write_text(SCENARIO.format(users=users, seconds=args.seconds, max_tokens=args.max_tokens))
+    truth_path = tmp / "truth.jsonl"
+    sim = subprocess.Popen([sys.executable, "-m", "tokenload", "sim", "--port", "0", "--workers", "2", "--profile",
+                            str(tmp / "profile.toml"), "--truth", str(truth_path)],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert sim.stdout is not None
+    base_url = sim.stdout.readline().strip()
+    port = _free_port()
+    env = {**os.environ, "TERM": "dumb"}
+    common = ["--base-url", base_url, "--model", "sim-7b", "--master-port", str(port)]
+    a = tmp / "A"
+    try:
+        started = time.monotonic()
+        master_log = (tmp / "master.log").open("w")
+        master = subprocess.Popen([sys.executable, "-m", "tokenload", "run", str(scenario), *common, "--master",
+                                   "--expect-workers", str(n), "--out", str(a)],
+                                  stdout=master_log, stderr=subprocess.STDOUT, text=True, env=env)
+        watch = Watch(master.pid, port, a / "segments")
+        watcher = threading.Thread(target=watch.run, daemon=True)
+        watcher.start()
+        workers = [subprocess.Popen([sys.executable, "-m", "tokenload", "run", str(scenario), *common, "--worker",
+                                     "--out", str(tmp / f"B{i}")],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=env)
+                   for i in range(n)]
+        worker_cpu = 0.0
+        for w in workers:
+            _, status, usage = os.wait4(w.pid, 0)
+            w.returncode = os.waitstatus_to_exitcode(status)
+            worker_cpu += usage.ru_utime + usage.ru_stime
+        _, status, usage = os.wait4(master.pid, 0)
+        master.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.monotonic() - started
+        master_tree = usage.ru_utime + usage.ru_stime
+        watch.done.set()
+        watcher.join()
+        master_log.close()
+    finally:
+        sim.terminate()
+        sim.wait(timeout=10)
+    if master.returncode != 0 or any(w.returncode for w in workers):
+        print(f"N={n}: master exit {master.returncode}, workers {[w.returncode for w in workers]}\n"
+              f"{(tmp / 'master.log').read_text()[-2000:]}", file=sys.stderr)
+    df = pd.read_parquet(a / "requests.parquet")
+    manifest = json.loads((a / "manifest.json").read_text())
+    truth = _truth(truth_path)
+    ids = df.server_request_id.dropna()
+    courier = manifest["records"].get("courier", {})
+    locust_total = watch.locust_total if watch.locust_total is not None else watch.locust_last
+    live_cpu = locust_total - (watch.locust_at_first_batch or 0.0)
+    supervisor_own = master_tree - locust_total
+    finalise_cpu = supervisor_own - (watch.supervisor_at_locust_exit or supervisor_own)
+    load_s = (watch.locust_exit or time.monotonic()) - (watch.load_from or started)
+    received = sum(r for r, _ in watch.conns.values())
+    sent = sum(s for _, s in watch.conns.values())
+    k = len(df) / 1000
+    return {
+        "workers": n, "users": users, "held": _held(truth, args.seconds), "records": len(df), "truth": len(truth),
+        "lost": len(set(truth.request_id) - set(ids)), "extra": len(set(ids) - set(truth.request_id)),
+        "dup": int(ids.duplicated().sum() + df.request_id.duplicated().sum()),
+        "master_cpu_per_k": live_cpu / k, "master_core": live_cpu / load_s if load_s > 0 else float("nan"),
+        "finalise_cpu": finalise_cpu, "locust_cpu_total": locust_total,
+        "messages": sum(c.get("messages", 0) for c in courier.values()),
+        "batches": sum(c.get("batches", 0) for c in courier.values()),
+        "arrow_bytes": sum(c.get("bytes", 0) for c in courier.values()),
+        "wire_in": received, "wire_out": sent, "load_s": load_s,
+        "worker_cpu_per_k": worker_cpu / k, "wall": wall, "rc": (master.returncode, [w.returncode for w in workers]),
+        "exit_ok": master.returncode == 0 and not any(w.returncode for w in workers),
+    }
+
+
+def _row(r: dict[str, Any]) -> str:
+    n = r["records"]
+    return (f"| {r['workers']} | {r['held']:.0f} / {r['users']} | {n} / {r['truth']} | {r['lost']} / {r['extra']} / "
+            f"{r['dup']} | {r['master_cpu_per_k']:.3f} | {r['master_core']:.2f} | {r['finalise_cpu']:.2f} | "
+            f"{r['messages']} ({r['messages'] / r['load_s']:.1f}/s) | {r['arrow_bytes'] / n:.0f} | "
+            f"{r['wire_in'] / n:.0f} / {r['wire_out'] / n:.0f} | {r['worker_cpu_per_k']:.2f} | {r['wall']:.0f} s |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", default="1,2,4", help="worker counts, comma-separated")
+    parser.add_argument("--users-per-worker", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=20.0, help="load per cell")
+    parser.add_argument("--tps", type=float, default=50.0, help="tokens/s per stream (simulator decode step)")
+    parser.add_argument("--max-tokens", type=int, default=50)
+    args = parser.parse_args()
+    rows = []
+    for n in (int(x) for x in args.workers.split(",")):
+        with tempfile.TemporaryDirectory() as name:
+            print(f"N={n}: load average {os.getloadavg()[0]:.2f} before", file=sys.stderr)
+            rows.append(cell(Path(name), n, args))
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    print(f"{args.users_per_worker} users per worker, {args.max_tokens} tokens at {args.tps:g} tokens/s each, "
+          f"{args.seconds:g} s of load; simulator --workers 2; {os.cpu_count()} CPUs")
+    print("| workers | streams held / users | records / truth | lost / extra / dup | master CPU s per 1k records "
+          "| master core | finalise CPU s | batch messages | Arrow B/record | wire B/record in / out "
+          "| worker CPU s per 1k records | wall |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(_row(r))
+    good = all(r["lost"] == r["extra"] == r["dup"] == 0 and r["records"] == r["truth"] and r["exit_ok"] for r in rows)
+    return 0 if good else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
