@@ -20,6 +20,11 @@ load: `--users-per-worker` x N users, all spawned at once, for `--seconds`. Prin
   `bytes_sent`, sampled every 0.2 s: Locust's heartbeats and stats included), per record;
 - worker CPU per 1,000 records (each `tokenload run --worker` and its Locust process) and wall time.
 
+Then the master's per-record work in isolation, in this process, on copies of the last cell's records
+(`--batches` batches of `--batch-size` records, 20 workers' request ids): the inbox's CPU per record
+written and per record of a copy it drops, the memory its set of request ids takes per record, and the
+finalise merge (`records.merge_segments`) of those batches: CPU and peak memory per 100k records.
+
     python benchmarks/distributed_scale.py                 # about 2-3 minutes on 2 cores
     python benchmarks/distributed_scale.py --workers 4 --seconds 60
 """
@@ -43,6 +48,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow import feather
+
+# What the merge of the isolated part runs in a child process of its own: its peak memory is the merge's.
+MERGE = """
+import json, resource, sys, time
+from pathlib import Path
+import psutil
+from tokenload.load import records
+rss = psutil.Process().memory_info().rss
+cpu = time.process_time()
+records.merge_segments(Path(sys.argv[2]), Path(sys.argv[1]))
+print(json.dumps({"cpu": time.process_time() - cpu, "rss": rss,
+                  "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
 
 PROFILE = """slots = {slots}
 prefill_base_s = 0.005
@@ -155,8 +176,8 @@ def _held(truth: pd.DataFrame, seconds: float) -> float:
     return float(np.median(open_))
 
 
-def cell(tmp: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One worker count: simulator, master, workers; what they left, measured."""
+def cell(tmp: Path, n: int, args: argparse.Namespace) -> tuple[dict[str, Any], pa.Table]:
+    """One worker count: simulator, master, workers; what they left, measured, and the master's records."""
     users = n * args.users_per_worker
     (tmp / "profile.toml").write_text(PROFILE.format(slots=max(256, users), decode=1.0 / args.tps))
     scenario = tmp / "scenario.toml"
@@ -202,7 +223,8 @@ def cell(tmp: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
     if master.returncode != 0 or any(w.returncode for w in workers):
         print(f"N={n}: master exit {master.returncode}, workers {[w.returncode for w in workers]}\n"
               f"{(tmp / 'master.log').read_text()[-2000:]}", file=sys.stderr)
-    df = pd.read_parquet(a / "requests.parquet")
+    table = pq.read_table(a / "requests.parquet")
+    df = table.to_pandas()
     manifest = json.loads((a / "manifest.json").read_text())
     truth = _truth(truth_path)
     ids = df.server_request_id.dropna()
@@ -227,7 +249,51 @@ def cell(tmp: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
         "wire_in": received, "wire_out": sent, "load_s": load_s,
         "worker_cpu_per_k": worker_cpu / k, "wall": wall, "rc": (master.returncode, [w.returncode for w in workers]),
         "exit_ok": master.returncode == 0 and not any(w.returncode for w in workers),
-    }
+    }, table
+
+
+def isolated(template: pa.Table, batches: int, size: int) -> dict[str, float]:
+    """The master's work per record without Locust: the inbox's write and drop, its id set, the merge.
+
+    Imported here, after the cells: importing Locust monkey-patches threads, which the cells' `Watch` needs real.
+    """
+    from tokenload.load import courier, records
+
+    rows = template.cast(records.SCHEMA).take([i % len(template) for i in range(size)])
+    column = rows.schema.get_field_index("request_id")
+
+    def batch(k: int) -> bytes:
+        ids = pa.array([f"0a1b2c3d-w{k % 20:02d}-{k * size + i:07d}" for i in range(size)])
+        sink = pa.BufferOutputStream()
+        feather.write_feather(rows.set_column(column, "request_id", ids), sink, compression="uncompressed")
+        return bytes(sink.getvalue().to_pybytes())
+
+    data = [batch(k) for k in range(batches)]
+    inbox = courier.Inbox.__new__(courier.Inbox)  # its `_write` only: no runner, no messages
+    inbox._ids = {}
+    n = batches * size
+    with tempfile.TemporaryDirectory() as name:
+        seg, out = Path(name) / "segments", Path(name) / "run"
+        seg.mkdir()
+        out.mkdir()
+        cpu = time.process_time()
+        for k, blob in enumerate(data):
+            inbox._write(seg, "run", f"w{k % 20}", k, blob)
+        write = time.process_time() - cpu
+        seen = inbox._ids["run"]
+        ids_bytes = sys.getsizeof(seen) + sum(map(sys.getsizeof, seen))  # the set and its strings, exactly
+        cpu = time.process_time()
+        for k, blob in enumerate(data[:batches // 4]):
+            inbox._write(seg, "run", f"w{k % 20}", batches + k, blob)
+        drop = time.process_time() - cpu
+        merge = json.loads(subprocess.run([sys.executable, "-c", MERGE, str(seg), str(out)], check=True,
+                                          capture_output=True, text=True).stdout)
+        merged = pq.read_metadata(out / "requests.parquet").num_rows
+    assert merged == n
+    return {"arrow_b": len(batch(0)) / size, "write_us": write / n * 1e6, "drop_us": drop / (n // 4) * 1e6,
+            "ids_b": ids_bytes / n, "merge_cpu_100k": merge["cpu"] / n * 1e5,
+            "merge_mb_100k": (merge["peak"] - merge["rss"]) / n * 1e5 / 1e6,
+            "n": n}
 
 
 def _row(r: dict[str, Any]) -> str:
@@ -245,13 +311,17 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="load per cell")
     parser.add_argument("--tps", type=float, default=50.0, help="tokens/s per stream (simulator decode step)")
     parser.add_argument("--max-tokens", type=int, default=50)
+    parser.add_argument("--batches", type=int, default=200, help="isolated part: batches of --batch-size records")
+    parser.add_argument("--batch-size", type=int, default=500)
     args = parser.parse_args()
     rows = []
     for n in (int(x) for x in args.workers.split(",")):
         with tempfile.TemporaryDirectory() as name:
             print(f"N={n}: load average {os.getloadavg()[0]:.2f} before", file=sys.stderr)
-            rows.append(cell(Path(name), n, args))
-            print(json.dumps(rows[-1]), file=sys.stderr)
+            row, template = cell(Path(name), n, args)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    alone = isolated(template, args.batches, args.batch_size)
     print(f"{args.users_per_worker} users per worker, {args.max_tokens} tokens at {args.tps:g} tokens/s each, "
           f"{args.seconds:g} s of load; simulator --workers 2; {os.cpu_count()} CPUs")
     print("| workers | streams held / users | records / truth | lost / extra / dup | master CPU s per 1k records "
@@ -260,6 +330,12 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(_row(r))
+    print(f"\nThe master's work per record alone ({alone['n']:,} records in batches of {args.batch_size}, "
+          f"{alone['arrow_b']:.0f} Arrow bytes each):\n"
+          "| inbox write, us/record | inbox drop of a copy, us/record | id set, B/record "
+          "| merge CPU s per 100k records | merge peak MB per 100k records |\n| --- | --- | --- | --- | --- |\n"
+          f"| {alone['write_us']:.1f} | {alone['drop_us']:.1f} | {alone['ids_b']:.0f} | {alone['merge_cpu_100k']:.2f} "
+          f"| {alone['merge_mb_100k']:.0f} |")
     good = all(r["lost"] == r["extra"] == r["dup"] == 0 and r["records"] == r["truth"] and r["exit_ok"] for r in rows)
     return 0 if good else 1
 
