@@ -102,3 +102,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.alone)
         for fixture in sorted(fixtures & SHARED_FIXTURES.keys()):
             item.add_marker(pytest.mark.xdist_group(SHARED_FIXTURES[fixture]))
+    # The workers take tests in this order: the long ones first, the short ones last to even out the end.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
