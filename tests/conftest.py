@@ -75,6 +75,7 @@ ALONE_TESTS = frozenset({
     "test_a_full_kv_cache_is_named_before_the_queue", "test_auto_stop_is_named_and_related_to_the_slo_breakpoint",
     "test_t0_is_when_the_request_was_out_so_a_held_back_write_is_send_lag_not_ttft",
     "test_cli_simulator_does_not_delay_the_first_token_on_kept_alive_connections",
+    "test_a_run_killed_with_sigkill_keeps_the_server_samples_up_to_the_kill",
 })
 ALONE_MODULES = frozenset({"test_sim_model"})  # the simulator's timing model, each test a few seconds
 

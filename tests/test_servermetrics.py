@@ -463,8 +463,11 @@ def test_probe_says_where_one_requests_time_went(tmp_path: Path) -> None:
         server = json.loads(done.stdout)["server"]
         assert server["servers"] == ["vLLM"] and server["running_before"] == 0 and server["waiting_before"] == 0
         assert server["server_ttft_bucket_s"] == [0.04, 0.06] and server["queue_time_bucket_s"] == [0.0, 0.001]
-        assert re.fullmatch(r"the server's TTFT was at most 0.06 s of the client's 0.5\d+ s: at least 0.4\d+ s were "
-                            r"added between you and the server", server["note"]), server["note"]
+        said = re.fullmatch(r"the server's TTFT was at most 0.06 s of the client's ([\d.]+) s: at least ([\d.]+) s "
+                            r"were added between you and the server", server["note"])
+        assert said, server["note"]
+        client, added = float(said[1]), float(said[2])  # the relay holds 0.5 s; a busy machine adds to it
+        assert client >= 0.5 and added == pytest.approx(client - 0.06, abs=0.002), server["note"]
         text = subprocess.run(command, capture_output=True, text=True, timeout=60, env={"TERM": "dumb", **os.environ})
         assert "server (vLLM): the server's TTFT was at most 0.06 s" in text.stdout
         assert [r.path for r in fake.requests].count("/metrics") == 4  # two scrapes per probe, no more
