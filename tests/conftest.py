@@ -71,10 +71,10 @@ ALONE_TESTS = frozenset({
     "test_ttft_follows_the_hour_of_the_simulated_day", "test_a_saturated_client_warns_live_with_advice_that_can_help",
     "test_analyze_does_not_finalise_a_run_that_is_still_writing",
     "test_records_after_a_lost_worker_carry_the_users_really_running",
-    "test_max_requests_is_not_overshot_by_fast_errors", "test_model_size_and_load_factor_scale_latency",
     "test_a_full_kv_cache_is_named_before_the_queue", "test_auto_stop_is_named_and_related_to_the_slo_breakpoint",
     "test_t0_is_when_the_request_was_out_so_a_held_back_write_is_send_lag_not_ttft",
     "test_cli_simulator_does_not_delay_the_first_token_on_kept_alive_connections",
+    "test_a_run_killed_with_sigkill_keeps_the_server_samples_up_to_the_kill",
 })
 ALONE_MODULES = frozenset({"test_sim_model"})  # the simulator's timing model, each test a few seconds
 
@@ -102,3 +102,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.alone)
         for fixture in sorted(fixtures & SHARED_FIXTURES.keys()):
             item.add_marker(pytest.mark.xdist_group(SHARED_FIXTURES[fixture]))
+    # The workers take tests in this order: the long ones first, the short ones last to even out the end.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

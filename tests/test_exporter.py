@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadkit import free_port, run_command, write_scenario
 
-from tokenload.exporter import TTFT_BUCKETS
+from tokenload.exporter import TTFT_BUCKETS, LiveMetrics
 from tokenload.sim import launch
 
 FAULTS = 'extends = "fast"\n[faults]\n"status code=500 body=json" = 0.15\n"disconnect after=2" = 0.1\n'
@@ -181,6 +181,23 @@ def test_watch_metrics_equal_the_history_rows(tmp_path: Path) -> None:
         df = pd.read_sql_query("SELECT * FROM requests", con)
     assert len(df) >= 4
     assert_matches(end, df, "watch")
+
+
+def test_a_scrape_after_the_end_but_before_the_linger_is_the_final_one() -> None:
+    """The watch said its samples were taken and a scraper read the numbers before the command began to linger:
+    that scrape read the final numbers, so the linger ends at once (it waited its whole 30 s for another)."""
+    metrics = LiveMetrics("r").serve("127.0.0.1", 0)
+    try:
+        metrics.seal()
+        scrape(metrics.port)
+        assert metrics.linger(5.0)
+        unsealed = LiveMetrics("s").serve("127.0.0.1", 0)
+        try:
+            assert not unsealed.linger(0.2)  # no scrape since: the numbers were not read
+        finally:
+            unsealed.close()
+    finally:
+        metrics.close()
 
 
 def test_a_port_in_use_is_one_line_before_any_load(tmp_path: Path) -> None:

@@ -45,17 +45,15 @@ drain_s = 5
 """)
     truth_path = tmp_path / "truth.jsonl"
     extra = ("--processes", str(processes)) if processes else ()
-    started = time.monotonic()
     with launch(["--profile", str(_failing_profile(tmp_path)), "--truth", str(truth_path)]) as sim:
         result = subprocess.run(run_command(scenario, sim.base_url, tmp_path / "run", *extra),
                                 capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "no request succeeded" in result.stderr, result.stderr
-    assert time.monotonic() - started < 15  # stopped by the limit, not by the 20 s plan
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     assert df.error_kind.eq("server_error").all()
     assert len(df) == len(truth_frame(truth_path)) == 40  # no more sent than the limit, every one recorded
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert manifest["stop_reason"].startswith("max_requests"), manifest["stop_reason"]
+    assert manifest["stop_reason"].startswith("max_requests"), manifest["stop_reason"]  # not the 20 s plan
     if processes:
         assert df.worker.nunique() == 2
 

@@ -80,6 +80,7 @@ class LiveMetrics:
         self._children: dict[tuple[str, str], tuple[list[tuple[str, Any]], Any]] = {}
         self._scrapes = _ScrapeCount()
         self.registry.register(self._scrapes)
+        self._sealed_at: int | None = None
         self._server: Any = None
 
     def serve(self, host: str, port: int) -> LiveMetrics:
@@ -122,12 +123,18 @@ class LiveMetrics:
     def set_active_users(self, users: int) -> None:
         self._users.labels(self.run_id).set(users)
 
+    def seal(self) -> None:
+        """The numbers are final: a scrape from now on reads them (`linger` waits for one)."""
+        with self._scrapes.changed:
+            self._sealed_at = self._scrapes.count
+
     def linger(self, timeout_s: float) -> bool:
-        """Keep serving until one more scrape reads the final numbers, or `timeout_s`; True if one did."""
+        """Keep serving until a scrape since `seal` (or since now) reads the final numbers, or `timeout_s`; True if
+        one did. A scrape between the seal and this call counts: whoever saw the end may have scraped already."""
         if self._server is None:
             return False
         with self._scrapes.changed:
-            seen = self._scrapes.count
+            seen = self._scrapes.count if self._sealed_at is None else self._sealed_at
             deadline = time.monotonic() + timeout_s
             while self._scrapes.count == seen:
                 left = deadline - time.monotonic()

@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
             watcher = Watcher(store, channel, plan, probe, stop=stop, metrics=metrics,
                               on_sample=lambda result: print(status_line(result), flush=True))
             taken = watcher.run(max_samples=args.samples, on_stress=lambda line: print(line, flush=True))
+        if metrics is not None:
+            metrics.seal()
         print(f"tokenload watch: {taken} sample(s) taken", file=sys.stderr)
         if not stop.is_set():  # stopped by a signal: whoever sent it wants the watcher gone now
             linger(metrics)

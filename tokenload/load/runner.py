@@ -314,6 +314,7 @@ class _MetricsFeed:
         """The run is over: the segments flushed last, and no users."""
         self.metrics.observe(self.tail.new_records(seg))
         self.metrics.set_active_users(0)
+        self.metrics.seal()
 
 
 def _supervise(proc: subprocess.Popen[bytes], run_dir: Path, on_live: Callable[[dict[str, Any]], None] | None,
