@@ -52,6 +52,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import feather
 
+# startup_burst's steady simulator (slots, a fixed decode step, no noise) and constant load, all spawned at once
+from startup_burst import PROFILE, SCENARIO
+
 # What the merge of the isolated part runs in a child process of its own: its peak memory is the merge's.
 MERGE = """
 import json, resource, sys, time
@@ -63,33 +66,6 @@ cpu = time.process_time()
 records.merge_segments(Path(sys.argv[2]), Path(sys.argv[1]))
 print(json.dumps({"cpu": time.process_time() - cpu, "rss": rss,
                   "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
-"""
-
-PROFILE = """slots = {slots}
-prefill_base_s = 0.005
-prefill_per_token_s = 0.00001
-prefill_exponent = 0.85
-prefill_interference = 0.0
-decode_base_s = {decode}
-decode_per_seq_s = 0.0
-noise = 0.0
-"""
-
-SCENARIO = """[channel]
-model = "sim-7b"
-[prompt]
-tokens = 32
-calibrate = false
-[output]
-max_tokens = {max_tokens}
-ignore_eos = true
-[load]
-kind = "constant"
-users = {users}
-spawn_rate = {users}
-step_s = {seconds}
-[stop]
-drain_s = 10
 """
 
 SAMPLE_S = 0.2
@@ -181,7 +157,8 @@ def cell(tmp: Path, n: int, args: argparse.Namespace) -> tuple[dict[str, Any], p
     users = n * args.users_per_worker
     (tmp / "profile.toml").write_text(PROFILE.format(slots=max(256, users), decode=1.0 / args.tps))
     scenario = tmp / "scenario.toml"
-    scenario.write_text(SCENARIO.format(users=users, seconds=args.seconds, max_tokens=args.max_tokens))
+    scenario.write_text(SCENARIO.format(protocol="anthropic", users=users, seconds=args.seconds,
+                                        max_tokens=args.max_tokens))
     truth_path = tmp / "truth.jsonl"
     sim = subprocess.Popen([sys.executable, "-m", "tokenload", "sim", "--port", "0", "--workers", "2", "--profile",
                             str(tmp / "profile.toml"), "--truth", str(truth_path)],
