@@ -58,6 +58,15 @@ class StampServer:
     def close(self) -> None:
         self._listener.close()
 
+    def ttfts(self, requests: int, timeout_s: float = 10.0) -> dict[str, float]:
+        """Each request's true TTFT by its id, once `requests` are noted (a request is noted after its last write,
+        which the client may have read already)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.truth) < requests and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with self._lock:
+            return {t["request_id"]: t["first_token"] - t["arrival"] for t in self.truth}
+
     def __enter__(self) -> StampServer:
         return self
 
