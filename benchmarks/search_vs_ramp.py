@@ -23,6 +23,7 @@ and judge the same SLO; their `[load]` and `[stop]` are the packaged ones:
 
     python benchmarks/search_vs_ramp.py                  # about 20 minutes on 2 cores
     python benchmarks/search_vs_ramp.py --capacities 4   # one row
+    python benchmarks/search_vs_ramp.py --search-only    # the search's columns only (ramp: docs/benchmarks.md)
 """
 
 from __future__ import annotations
@@ -140,6 +141,8 @@ def cell(o: Outcome, truth: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--capacities", default="4,24,96", help="simulator capacities in users (default 4,24,96)")
+    parser.add_argument("--search-only", action="store_true",
+                        help="run only the search (to measure a change to it; the ramp's tokens do not move)")
     parser.add_argument("--keep", metavar="DIR", help="keep the run directories here (default: a temporary one)")
     args = parser.parse_args()
     capacities = [int(c) for c in args.capacities.split(",")]
@@ -152,21 +155,24 @@ def main() -> int:
         search_file.write_text(scenario("search", workload, stop={"max_tokens": 20_000_000}), encoding="utf-8")
         ramp_file.write_text(scenario("ramp", workload, stop={"breakpoint_ttft_p95_s": SLO_TTFT_S}),
                              encoding="utf-8")
-        rows = []
+        rows: list[tuple[int, Outcome, Outcome | None]] = []
         for cap in capacities:
             profile_file = root / f"cap{cap}.toml"
             profile_file.write_text(profile(cap), encoding="utf-8")
             s = searched(*run(search_file, profile_file, root / f"search-{cap}"))
-            r = ramped(*run(ramp_file, profile_file, root / f"ramp-{cap}"))
+            r = None if args.search_only else ramped(*run(ramp_file, profile_file, root / f"ramp-{cap}"))
             rows.append((cap, s, r))
-            print(f"capacity {cap}: search {fmt(s.capacity)} [{s.note}], ramp {fmt(r.capacity)} [{r.note}]",
-                  file=sys.stderr, flush=True)
+            print(f"capacity {cap}: search {fmt(s.capacity)} [{s.note}]"
+                  + ("" if r is None else f", ramp {fmt(r.capacity)} [{r.note}]"), file=sys.stderr, flush=True)
     print(f"SLO TTFT <= {SLO_TTFT_S} s for {TARGET:.0%}; tokens = what the simulator served (its truth file)")
     print("| truth | search: capacity (error) | probes | wall | tokens | ramp: capacity (error) | steps | wall "
           "| tokens | search/ramp tokens |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for cap, s, r in rows:
-        print(f"| {cap} | {cell(s, cap)} | {cell(r, cap)} | {s.tokens / max(1, r.tokens):.2f} |")
+        if r is None:
+            print(f"| {cap} | {cell(s, cap)} | - | - | - | - | - |")
+        else:
+            print(f"| {cap} | {cell(s, cap)} | {cell(r, cap)} | {s.tokens / max(1, r.tokens):.2f} |")
     for cap, s, _ in rows:
         print(f"search probes at {cap}: {s.note}")
     return 0

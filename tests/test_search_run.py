@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from fakeserver import FakeServer, json_script
-from loadkit import run_cli, write_scenario
+from loadkit import run_cli, sim_run, write_scenario
 from slotserver import SlotServer
 
 pytestmark = pytest.mark.slow
@@ -73,11 +73,14 @@ def test_the_search_finds_an_eight_slot_servers_capacity(tmp_path: Path) -> None
     assert s["verdict"].startswith(f"capacity {s['capacity']} users ({s['first_failing']} fails: TTFT p90")
     # the boundary level was held twice and passed twice
     assert [p["verdict"] for p in s["probes"] if p["level"] == s["capacity"]] == ["pass", "pass"]
-    # every probe's numbers are its records' truth: n and attainment recounted from requests.parquet
+    # every probe's numbers are its records' truth: n and attainment recounted from requests.parquet (a
+    # stream the search cut counts when its first token was late: the run counted it as a miss live)
     for p in s["probes"]:
-        rows = df[(df["step"] == p["step"]) & (df["phase"] == "measure") & (df["status"] == "ok")]
-        assert p["n"] == len(rows)
-        assert p["attainment"] == pytest.approx((rows["ttft_s"] <= 0.5).mean())
+        rows = df[(df["step"] == p["step"]) & (df["phase"] == "measure")]
+        ok = rows[rows["status"] == "ok"]
+        cut_late = rows[rows["in_flight"] & (rows["ttft_s"] > 0.5)]
+        assert p["n"] == len(ok) + len(cut_late)
+        assert p["attainment"] == pytest.approx((ok["ttft_s"] <= 0.5).sum() / p["n"])
         assert p["tokens"] <= int(df.loc[df["step"] == p["step"], ["input_tokens", "output_tokens"]].sum().sum())
     assert s["tokens"] == sum(p["tokens"] for p in s["probes"])
     assert server.max_busy <= 8
@@ -182,3 +185,68 @@ def test_a_step_down_judges_the_lower_level_only_once_the_higher_levels_backlog_
         higher = df[df["step"] == prev["step"]]
         assert higher["finished_at"].max() > first
     assert [p["verdict"] for p in probes if p["level"] == 2] == ["pass", "pass"]
+
+
+def test_a_failing_probe_counts_requests_still_waiting_past_the_ttft_as_misses_before_they_finish(
+        tmp_path: Path) -> None:
+    # 1 slot, e2e about 2 s: at 6 users five requests queue behind the first, each late for the 0.5 s TTFT
+    # from 0.5 s on. Counted only where they finish, the fail's 5 judged requests would take five queued
+    # requests finishing one after the other (about 10 s, their tokens served); counted once late, it fails
+    # before any of them finished.
+    server = SlotServer(slots=1, ttft_base_s=0.05, ttft_per_token_s=0.0, tpot_s=0.05)
+    body = (SCENARIO.format(min=6).replace("max = 32", "max = 12").replace("probe_warmup_s = 1", "probe_warmup_s = 0")
+            .replace("max_tokens = 32", "max_tokens = 40") + "[stop]\ndrain_s = 3\n")
+    try:
+        proc = run_cli(write_scenario(tmp_path, body), server.url + "/v1", tmp_path / "run", "--protocol",
+                       "openai-chat", model="gpt-test", timeout=120)
+    finally:
+        server.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    probes = json.loads((tmp_path / "run" / "search.json").read_text())["probes"]
+    assert [(p["level"], p["verdict"]) for p in probes] == [(6, "fail")]
+    p = probes[0]
+    assert p["n"] >= 5 and p["attainment"] == 0.0 and p["binding"] == "ttft"
+    df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    step = df[(df["step"] == p["step"]) & (df["phase"] == "measure")]
+    decided_at = p["started_at"] + p["duration_s"]
+    finished = step[step["finished_at"].notna() & (step["finished_at"] <= decided_at)]
+    assert len(finished) < p["n"] <= len(step)  # judged in flight, each request once
+    assert (step["ttft_s"].dropna() > 0.5).sum() + step["ttft_s"].isna().sum() >= p["n"]  # every one judged was late
+
+
+CUT_PROFILE = """slots = 5
+prefill_base_s = 0.005
+prefill_per_token_s = 0.0
+prefill_interference = 0.0
+decode_base_s = 0.02
+decode_per_seq_s = 0.0
+noise = 0.0
+prefix_cache_tokens = 0
+eos_probability = 0.0
+"""
+
+
+def test_a_search_cuts_the_streams_its_verdicts_no_longer_need_at_each_step_down_and_at_its_end(
+        tmp_path: Path) -> None:
+    # 5 slots, 50 tokens at 20 ms: 1 s a request. 5 passes, 10 fails, then 8 and 6 fail: each step down
+    # stops users whose streams belong to a decided level, and the end leaves the last level's in flight.
+    # Drained (before), the channel served every one of them to the last token.
+    profile = tmp_path / "cut.toml"
+    profile.write_text(CUT_PROFILE)
+    body = (SCENARIO.format(min=5).replace("max = 32", "max = 10").replace("probe_warmup_s = 1", "probe_warmup_s = 0")
+            .replace("max_tokens = 32", "max_tokens = 50").replace("ttft_s = 0.5", "ttft_s = 0.3")
+            .replace("[slo]", "confirm = false\n[slo]"))
+    run = sim_run(tmp_path, body, sim_args=["--profile", str(profile)], timeout=120)
+    probes = json.loads((run.run_dir / "search.json").read_text())["probes"]
+    assert [(p["level"], p["verdict"]) for p in probes] == [(5, "pass"), (10, "fail"), (8, "fail"), (6, "fail")]
+    truth = run.truth
+    cut = truth[truth["outcome"] == "client_closed"]
+    assert (cut["output_tokens"] < 50).all()
+    # cut at the step downs: streams of the 10 and 8 levels that ended before the last probe began
+    assert (cut["last_token"].fillna(cut["arrival"]) < probes[-1]["started_at"]).any(), truth[["arrival", "outcome"]]
+    # cut at the end: the last level's streams, none served to its end after the search was over
+    manifest = json.loads((run.run_dir / "manifest.json").read_text())
+    ended = truth[truth["outcome"] == "ok"]["last_token"].max()
+    assert len(cut) >= 6 and ended < truth["arrival"].max() + 1.0, manifest.get("drain")
+    df = run.records
+    assert (df["status"] == "cancelled").sum() >= len(cut) - 1  # the run records the cut streams as cancelled

@@ -86,6 +86,10 @@ class Timeline:
     # The response headers (names lower-cased), kept for the rate-limit headers the load side and doctor read.
     response_headers: dict[str, str] | None = None
     on_text: Callable[[str, str], None] | None = None  # (text, kind), for live display
+    # A search's TTFT deadline: `on_late()` runs (in the event loop) once the request has gone `late_s` past t0
+    # without a first token, so the search counts the miss while the request is still in flight.
+    late_s: float | None = None
+    on_late: Callable[[], None] | None = None
 
     def token(self, t: float, kind: str, text: str = "") -> None:
         """One content delta arrived at `t` (counted before any display callback runs)."""

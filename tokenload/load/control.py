@@ -48,7 +48,7 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from tokenload.channel import Channel
 from tokenload.load import stoprules
-from tokenload.load.drain import DRAIN_MESSAGE, derive, initial
+from tokenload.load.drain import ANSWERED, DRAIN_MESSAGE, Drain, derive, initial
 from tokenload.load.pacing import Pacer
 from tokenload.load.probing import Prober
 from tokenload.load.records import SEGMENTS_DIR, write_json
@@ -194,13 +194,13 @@ class RunControl:
         flag = getattr(environment.parsed_options, "stop_timeout", None)
         self.drain = initial(scenario.stop.drain_s, scenario.stop.drain_min_s, flag)
         self._floor = self.drain
-        environment.stop_timeout = self.drain.drain_s
         self.scenario = scenario
         self.channel = channel  # for doctor's fix and the breaker's probe
         self.sources = sources
         self.plan = build_plan(scenario)
         run_id = str(getattr(environment.parsed_options, "run_id", "") or "")
         self.prober = Prober(scenario, run_dir, run_id) if scenario.load.search is not None else None
+        environment.stop_timeout = self._stop_timeout()
         self.state = state
         self.path = run_dir / SEGMENTS_DIR / CONTROL_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -255,7 +255,7 @@ class RunControl:
             self.config_errors = {}
             self.state.new_test()
             self.drain = self._floor
-            self.environment.stop_timeout = self.drain.drain_s
+            self.environment.stop_timeout = self._stop_timeout()
         self._step_start = self._snapshot()
         self.steps.append({**asdict(phase), "started_at": time.time()})
         runner = self.environment.runner
@@ -383,22 +383,35 @@ class RunControl:
         return record["status"] == "ok", record["error_kind"] or "ok"
 
     def finish(self, reason: str) -> None:
-        """The run ends (`reason`): close its step; a plan that ended by itself derives its drain."""
+        """The run ends (`reason`): close its step; a plan that ended by itself derives its drain (a search
+        cuts its streams instead: `drain.ANSWERED`)."""
         if self.stopped is None:
             self.stopped = reason
             if self.prober is not None:
                 self.prober.stop(reason)
             self._close_step()
             if reason != INTERRUPTED and self.drain.source == "floor":
-                self._derive_drain()
+                self._set_drain(ANSWERED if self.prober is not None else self._derived_drain())
+            elif self.prober is not None:  # the stop drains as set (a Ctrl-C: the floor), not as a step down
+                self._set_drain(self.drain)
             self.write_live()
 
-    def _derive_drain(self) -> None:
-        """Set the drain from the run's live statistics, here and (ahead of their stop) on every worker."""
+    def _stop_timeout(self) -> float:
+        """Locust's wait for stopped users while the run goes on: the drain, but none in a search, whose
+        step downs cut the streams of the users they stop (their level's verdict is in: the rest of those
+        streams would only spend tokens, and keep the channel busier than the lower level it now probes)."""
+        return 0.0 if self.prober is not None else self.drain.drain_s
+
+    def _derived_drain(self) -> Drain:
+        """The drain from the run's live statistics."""
         stats = current_run(self.environment)
         last = self.steps[-1]["step"] if self.steps else 0
-        self.drain = derive(self.scenario.stop.drain_min_s, last, stats.steps.get(last), stats.total(),
-                            time.time() - self._started_at)
+        return derive(self.scenario.stop.drain_min_s, last, stats.steps.get(last), stats.total(),
+                      time.time() - self._started_at)
+
+    def _set_drain(self, drain: Drain) -> None:
+        """Drain for `drain`, here and (ahead of their stop) on every worker."""
+        self.drain = drain
         self.environment.stop_timeout = self.drain.drain_s
         if isinstance(self.environment.runner, MasterRunner):
             self.environment.runner.send_message(DRAIN_MESSAGE, {"drain_s": self.drain.drain_s})

@@ -11,7 +11,10 @@ request has finished at all, the run's length so far stands in: every open
 stream is at most that old. A fast channel pays nothing for a long drain: Locust
 ends it as soon as every user's stream is done.
 
-A Ctrl-C drains for the floor: the person asked to stop. The master sends the
+A search that ended (its answer found, or its budget spent) does not drain at
+all (`ANSWERED`): its verdicts are in `search.json`, and a stream still in
+flight would only spend the channel's tokens on requests no verdict reads; they
+are cut and recorded as cancelled. A Ctrl-C drains for the floor: the person asked to stop. The master sends the
 derived value to its workers (`DRAIN_MESSAGE`) before it tells them to stop; the
 value and its reason go to `control.json`, so the manifest records them and
 `tokenload run` sets its kill deadline from them.
@@ -41,6 +44,9 @@ class Drain:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+ANSWERED = Drain(0.0, "search", "the search has ended: a stream still in flight would only spend tokens")
 
 
 def initial(drain_s: float | None, floor_s: float, flag_s: float | None) -> Drain:

@@ -277,6 +277,7 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         retry=load.retry,
         warmup=Warmup(load.warmup_requests, load.warmup_s, state, probe_warmup, drain=load.search is not None)
         if load.warmup_requests or load.warmup_s or load.search is not None else None,
+        late_s=scenario.slo.ttft_s if load.search is not None else None,
     )
     environment.tokenload_process = ctx  # type: ignore[attr-defined]
     probe = LagProbe()

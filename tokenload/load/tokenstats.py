@@ -45,6 +45,8 @@ TOKENSTATS_MESSAGE = "tokenload_tokenstats"
 REPORT_KEY = "tokenload_tokenstats"
 # Keys of the request event's `context` that carry one request's record and its chunk arrival times.
 RECORD_KEY, CHUNK_TIMES_KEY = "tokenload_record", "tokenload_chunk_times"
+# In a request event's context: the request was already judged in flight (its first token came too late).
+JUDGED_KEY = "tokenload_judged"
 SERIES_S = 2.0  # width of one point of the charts over time
 METRICS = ("ttft", "tpot", "itl", "e2e")
 PERCENTILES = (50, 95, 99)
@@ -203,6 +205,7 @@ class RunStats:
     series: dict[int, Cell] = field(default_factory=dict)
 
     def observe(self, record: dict[str, Any], gaps: np.ndarray | None, slo: Slo | None = None) -> None:
+        """Count a finished request (`slo` None: not judged again, its verdict was counted in flight)."""
         step = int(record.get("step") or 0)
         self.steps.setdefault(step, Cell()).observe(record, gaps, slo)
         point = int((record.get("finished_at") or record["started_at"]) // SERIES_S)
@@ -260,9 +263,14 @@ class TokenStats:
     def run(self, run_id: str) -> RunStats:
         return self.runs.setdefault(run_id, RunStats())
 
-    def observe(self, record: dict[str, Any], chunk_times: Sequence[float] | None = None) -> None:
+    def observe(self, record: dict[str, Any], chunk_times: Sequence[float] | None = None,
+                judged: bool = False) -> None:
         gaps = np.diff(np.asarray(chunk_times)) if chunk_times is not None and len(chunk_times) > 1 else None
-        self.run(str(record.get("run_id") or "")).observe(record, gaps, self.slo)
+        self.run(str(record.get("run_id") or "")).observe(record, gaps, None if judged else self.slo)
+
+    def late(self, run_id: str, step: int) -> None:
+        """A measured request of `step` is still without its first token past the SLO's TTFT (`Evidence.late`)."""
+        self.run(run_id).steps.setdefault(step, Cell()).evidence.late()
 
     def take_wire(self) -> dict[str, Any]:
         """Everything not sent yet, as msgpack-friendly data, and forget it."""
@@ -285,7 +293,7 @@ def install(environment: Environment, slo: Slo | None = None) -> TokenStats:
     def on_request(context: dict[str, Any] | None = None, **_: Any) -> None:
         record = (context or {}).get(RECORD_KEY)
         if record is not None:
-            stats.observe(record, context.get(CHUNK_TIMES_KEY))  # type: ignore[union-attr]
+            stats.observe(record, context.get(CHUNK_TIMES_KEY), bool(context.get(JUDGED_KEY)))  # type: ignore[union-attr]
 
     events.request.add_listener(on_request)
     runner = environment.runner

@@ -46,7 +46,7 @@ from tokenload.load.arrivals import PARK_S, Arrivals, TraceArrivals
 from tokenload.load.control import REQUEST_TYPE, LoadState
 from tokenload.load.pacing import pushed_back
 from tokenload.load.records import CANCELLED, SegmentWriter
-from tokenload.load.tokenstats import CHUNK_TIMES_KEY, RECORD_KEY
+from tokenload.load.tokenstats import CHUNK_TIMES_KEY, JUDGED_KEY, RECORD_KEY
 from tokenload.load.warmup import DRAIN_POLL_S, MEASURE, Warmup
 from tokenload.measure import TOKEN_TEXT
 from tokenload.protocols.base import ProtocolAdapter
@@ -84,6 +84,7 @@ class ProcessContext:
     think_time_s: float
     retry: int = 0
     warmup: Warmup | None = None
+    late_s: float | None = None  # a search's SLO TTFT: a measured request without a first token by then is a miss
 
     def __post_init__(self) -> None:
         self._requests = count(1)
@@ -209,6 +210,14 @@ class LLMUser(User):
 
         session = StreamSession(adapter, time.perf_counter(), estimated_input_tokens=plan.estimated_input_tokens,
                                 max_tokens=plan.max_tokens, on_text=None if answer is None else keep_answer)
+        judged = False
+        if ctx.late_s is not None and phase == MEASURE:
+            def late() -> None:
+                nonlocal judged
+                judged = True
+                self.environment.tokenload_tokens.late(ctx.run_id, step)
+
+            session.timeline.late_s, session.timeline.on_late = ctx.late_s, late
         in_flight = False
         try:
             request = adapter.prepare(plan.conversation, plan.max_tokens, ctx.extra_body)
@@ -249,14 +258,16 @@ class LLMUser(User):
             if not in_flight:
                 state.failfast.observe(record["error_kind"], record["http_status"], record["error_message"])
                 ctx.prompts.observe(record, plan)
-                self._fire(record, session.timeline.chunk_times)
+                self._fire(record, session.timeline.chunk_times, judged)
         return None if in_flight else record
 
-    def _fire(self, r: RequestRecord, chunk_times: list[float]) -> None:
-        """One Locust request per LLM request; the token metrics ride in `context` to `tokenstats`."""
+    def _fire(self, r: RequestRecord, chunk_times: list[float], judged: bool = False) -> None:
+        """One Locust request per LLM request; the token metrics ride in `context` to `tokenstats`
+        (`judged`: its SLO verdict was counted in flight, a late first token)."""
         ok = r["status"] == "ok"
         exc = None if ok else StreamError(f"{r['error_kind']} (HTTP {r['http_status']})")
         tokens = (r["input_tokens"] or 0) + (r["output_tokens"] or 0)
         self.environment.events.request.fire(
             request_type=REQUEST_TYPE, name=r["model"], response_time=(r["duration_s"] or 0.0) * 1000,
-            response_length=tokens, exception=exc, context={RECORD_KEY: r, CHUNK_TIMES_KEY: chunk_times})
+            response_length=tokens, exception=exc, context={RECORD_KEY: r, CHUNK_TIMES_KEY: chunk_times,
+                                                                 JUDGED_KEY: judged})

@@ -23,6 +23,10 @@ trials' requests pooled lie above the target (the first trial's requests count
 again, the second trial must agree on its own). A clearly failing level is
 decided after a handful of requests, always at 95%.
 
+A request still waiting for its first token past the SLO's `ttft_s` is a miss
+whatever follows: the load side counts it then (`Evidence.late`), not where it
+finishes, so a failing level is decided seconds (and its queue's tokens) earlier.
+
 Repeated looks at a growing sample make a 95% interval somewhat optimistic;
 the second trial of the boundary level (`bisect`) is the guard that catches a
 verdict decided by chance.
@@ -54,6 +58,16 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def late_first_token(slo: Slo, ttft_s: float | None, waited_s: float | None) -> bool:
+    """A request's first token came (`ttft_s`), or had not come after `waited_s`, past the SLO's TTFT."""
+    limit = slo.ttft_s
+    if limit is None:
+        return False
+    if ttft_s is not None and not math.isnan(ttft_s):
+        return ttft_s > limit
+    return waited_s is not None and not math.isnan(waited_s) and waited_s > limit
 
 
 @dataclass
@@ -92,8 +106,21 @@ class Evidence:
         self.missed_by.update(other.missed_by)
         self.error_kinds.update(other.error_kinds)
 
+    def late(self) -> None:
+        """A request still waiting for its first token past the SLO's `ttft_s`: a TTFT miss whatever follows,
+        counted while it is in flight (the load side arms the deadline) so a failing level fails after its
+        first late requests instead of after they finish, tokens later. Its record is not counted again."""
+        self.judged += 1
+        self.missed_by["ttft"] += 1
+
     def count(self, slo: Slo, record: dict[str, Any]) -> None:
-        """Add one finished request (a record's fields) judged against `slo`."""
+        """Add one finished request (a record's fields) judged against `slo`; a stream the run cut (in
+        flight at a step down or the end) counts only when its first token was already late (`late`), as
+        the run counted it live."""
+        if record.get("in_flight"):
+            if late_first_token(slo, record.get("ttft_s"), record.get("duration_s")):
+                self.late()
+            return
         status, kind = record["status"], record.get("error_kind")
         values = {m: record.get(column) for m, column in COLUMN.items()}
         met = verdict(slo, status, kind, values)

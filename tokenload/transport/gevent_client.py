@@ -115,6 +115,7 @@ class Transport:
         response: HTTPSocketPoolResponse | None = None
         arrived: float | None = None
         guard: _Deadline | None = None
+        late: _Late | None = None
         timeline = session.timeline
         intended = timeline.t0  # when the user handed the request over; t0 moves to when it was out
         connecting = True
@@ -134,6 +135,10 @@ class Transport:
                 timeline.reconnects = attempt
                 # The first-token deadline counts from here: a write the server never takes times out too.
                 guard = _Deadline(ready, self._first, self._idle, timeline, partial(_cancel_socket_wait, sock))
+                if timeline.on_late is not None:  # one deadline per request; it syncs the current attempt's reader
+                    if late is None:
+                        late = _Late(timeline, guard)
+                    late.deadline = guard
                 sent = self._send(sock, data, retry=reused and attempt == 0,
                                   on_sent=partial(timeline.sent, intended=intended,
                                                   connect_s=0.0 if reused else ready - started))
@@ -173,6 +178,8 @@ class Transport:
         finally:
             if guard is not None:
                 guard.close()
+            if late is not None:
+                late.close()
             if response is not None and not response.message_complete:
                 _drop(response)
 
@@ -271,6 +278,47 @@ class _Deadline:
             due, kind, message = last + self.idle, ek.TIMEOUT_STALL, f"no token for {now - last:.1f} s"
         if due > now or not self.cancel(_Expired(kind, message)):  # not due yet, or busy with data
             self._arm(min(max(due - now, 0.01), self.idle))
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.close()
+            self.timer = None
+
+
+class _Late:
+    """Calls `timeline.on_late()` once the request is `timeline.late_s` past t0 without a first token.
+
+    Armed before the request is written (t0 moves to when it was out: `Timeline.sent`), it re-arms
+    until then and for what is left of the deadline; the compiled reader's tokens are brought up to date
+    first (`deadline.sync`), so a token that came in time is never taken for a late one.
+    """
+
+    __slots__ = ("deadline", "hub", "timeline", "timer")
+
+    def __init__(self, timeline: Any, deadline: _Deadline) -> None:
+        self.timeline, self.deadline, self.hub = timeline, deadline, get_hub()
+        self.timer: Any = None
+        self._arm(timeline.late_s)
+
+    def _arm(self, delay: float) -> None:
+        if self.timer is not None:
+            self.timer.close()
+        self.timer = self.hub.loop.timer(max(delay, 0.001))
+        self.timer.start(self._fire)
+
+    def _fire(self) -> None:
+        if self.deadline.sync is not None:
+            self.deadline.sync()
+        tl = self.timeline
+        if tl.t_first_token is not None or tl.error_kind is not None or tl.t_end is not None:
+            self.close()
+            return
+        left = tl.t0 + tl.late_s - _perf()
+        if tl.send_lag_s is None or left >= 0:  # not written yet, or not late yet
+            self._arm(tl.late_s if tl.send_lag_s is None else left + 0.001)
+            return
+        self.close()
+        tl.on_late()
 
     def close(self) -> None:
         if self.timer is not None:
