@@ -57,6 +57,17 @@ def run_cli_analyze(out: Path):  # type: ignore[no-untyped-def]
                           timeout=120)
 
 
+def slot_search(tmp_path: Path, server: SlotServer, body: str) -> list[dict]:
+    """`tokenload run` of the search `body` against `server` (closed after), to completion: its probes."""
+    try:
+        proc = run_cli(write_scenario(tmp_path, body), server.url + "/v1", tmp_path / "run", "--protocol",
+                       "openai-chat", model="gpt-test", timeout=300)
+    finally:
+        server.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads((tmp_path / "run" / "search.json").read_text())["probes"]
+
+
 def test_the_search_finds_an_eight_slot_servers_capacity(tmp_path: Path) -> None:
     server = SlotServer(slots=8, ttft_base_s=0.2, ttft_per_token_s=0.0005, tpot_s=0.02)
     try:
@@ -161,13 +172,7 @@ def test_a_step_down_judges_the_lower_level_only_once_the_higher_levels_backlog_
     server = SlotServer(slots=2, ttft_base_s=0.05, ttft_per_token_s=0.0, tpot_s=0.02)
     body = (SCENARIO.format(min=2).replace("max = 32", "max = 4").replace("probe_warmup_s = 1", "probe_warmup_s = 0.2")
             .replace("ttft_s = 0.5", "ttft_s = 0.3").replace("max_tokens = 32", "max_tokens = 40"))
-    try:
-        proc = run_cli(write_scenario(tmp_path, body), server.url + "/v1", tmp_path / "run", "--protocol",
-                       "openai-chat", model="gpt-test", timeout=300)
-    finally:
-        server.close()
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    probes = json.loads((tmp_path / "run" / "search.json").read_text())["probes"]
+    probes = slot_search(tmp_path, server, body)
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     downs = [(prev, p) for prev, p in zip(probes, probes[1:]) if p["level"] < prev["level"]]
     assert [p["level"] for _, p in downs] == [3, 2], [(p["level"], p["verdict"]) for p in probes]
@@ -196,13 +201,7 @@ def test_a_failing_probe_counts_requests_still_waiting_past_the_ttft_as_misses_b
     server = SlotServer(slots=1, ttft_base_s=0.05, ttft_per_token_s=0.0, tpot_s=0.05)
     body = (SCENARIO.format(min=6).replace("max = 32", "max = 12").replace("probe_warmup_s = 1", "probe_warmup_s = 0")
             .replace("max_tokens = 32", "max_tokens = 40") + "[stop]\ndrain_s = 3\n")
-    try:
-        proc = run_cli(write_scenario(tmp_path, body), server.url + "/v1", tmp_path / "run", "--protocol",
-                       "openai-chat", model="gpt-test", timeout=120)
-    finally:
-        server.close()
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    probes = json.loads((tmp_path / "run" / "search.json").read_text())["probes"]
+    probes = slot_search(tmp_path, server, body)
     assert [(p["level"], p["verdict"]) for p in probes] == [(6, "fail")]
     p = probes[0]
     assert p["n"] >= 5 and p["attainment"] == 0.0 and p["binding"] == "ttft"

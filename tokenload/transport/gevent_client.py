@@ -239,7 +239,31 @@ class _Expired(Exception):
         self.message = message
 
 
-class _Deadline:
+class _LoopTimer:
+    """One libev timer that re-arms itself until `_fire` is done with it (one per stream: no per-read cost)."""
+
+    __slots__ = ("hub", "timer")
+
+    def __init__(self) -> None:
+        self.hub = get_hub()
+        self.timer: Any = None
+
+    def _arm(self, delay: float) -> None:
+        if self.timer is not None:
+            self.timer.close()
+        self.timer = self.hub.loop.timer(max(delay, 0.001))
+        self.timer.start(self._fire)
+
+    def _fire(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.close()
+            self.timer = None
+
+
+class _Deadline(_LoopTimer):
     """First-token and stall timeouts for one response, at no cost per read.
 
     A socket timeout would allocate and start a gevent `Timeout` on every read;
@@ -251,21 +275,14 @@ class _Deadline:
     `sync`, when set, brings the timeline up to date first (the compiled reader's tokens).
     """
 
-    __slots__ = ("cancel", "first", "hub", "idle", "sync", "t0", "timeline", "timer")
+    __slots__ = ("cancel", "first", "idle", "sync", "t0", "timeline")
 
     def __init__(self, t0: float, first: float, idle: float, timeline: Any,
                  cancel: Callable[[BaseException], bool]) -> None:
+        super().__init__()
         self.t0, self.first, self.idle, self.timeline, self.cancel = t0, first, idle, timeline, cancel
         self.sync: Callable[[], None] | None = None
-        self.hub = get_hub()
-        self.timer: Any = None
         self._arm(min(first, idle))
-
-    def _arm(self, delay: float) -> None:
-        if self.timer is not None:
-            self.timer.close()
-        self.timer = self.hub.loop.timer(max(delay, 0.001))
-        self.timer.start(self._fire)
 
     def _fire(self) -> None:
         if self.sync is not None:
@@ -279,13 +296,8 @@ class _Deadline:
         if due > now or not self.cancel(_Expired(kind, message)):  # not due yet, or busy with data
             self._arm(min(max(due - now, 0.01), self.idle))
 
-    def close(self) -> None:
-        if self.timer is not None:
-            self.timer.close()
-            self.timer = None
 
-
-class _Late:
+class _Late(_LoopTimer):
     """Calls `timeline.on_late()` once the request is `timeline.late_s` past t0 without a first token.
 
     Armed before the request is written (t0 moves to when it was out: `Timeline.sent`), it re-arms
@@ -293,18 +305,12 @@ class _Late:
     first (`deadline.sync`), so a token that came in time is never taken for a late one.
     """
 
-    __slots__ = ("deadline", "hub", "timeline", "timer")
+    __slots__ = ("deadline", "timeline")
 
     def __init__(self, timeline: Any, deadline: _Deadline) -> None:
-        self.timeline, self.deadline, self.hub = timeline, deadline, get_hub()
-        self.timer: Any = None
+        super().__init__()
+        self.timeline, self.deadline = timeline, deadline
         self._arm(timeline.late_s)
-
-    def _arm(self, delay: float) -> None:
-        if self.timer is not None:
-            self.timer.close()
-        self.timer = self.hub.loop.timer(max(delay, 0.001))
-        self.timer.start(self._fire)
 
     def _fire(self) -> None:
         if self.deadline.sync is not None:
@@ -320,10 +326,6 @@ class _Late:
         self.close()
         tl.on_late()
 
-    def close(self) -> None:
-        if self.timer is not None:
-            self.timer.close()
-            self.timer = None
 
 
 def _first_read(sock: Any) -> tuple[bytes, float]:
