@@ -19,7 +19,17 @@ client cannot see: the time between the request leaving the client (`started_at`
 simulator reading it (`arrival`), i.e. the server's own accept and read queue, which its truth leaves out:
 in the runs of docs/benchmarks.md it matched the first requests' remaining TTFT error within 0.2 ms.
 
+`--server stamp` runs the same burst against `tests/stampserver.py` instead (pinned the same way):
+an independent server whose truth starts at the kernel's arrival of each request's last byte, so its
+own read queue is out of the error, and which keeps when it wrote each token. A record whose first
+token's stamp is later than the server's write of its second token read its first token late, in one
+read with later ones: the kernel gives a read of several writes the newest one's arrival (and merges
+small writes still unread into one buffer stamped with the newest, so no read or peek can recover the
+first's). Printed for these: the TTFT error by how many later tokens shared the first one's read, and
+whether a stall of the client's loop (from the manifest) was under way when the first token was written.
+
     python benchmarks/startup_burst.py              # about 30 s on 2 cores
+    python benchmarks/startup_burst.py --server stamp
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -63,6 +74,10 @@ drain_s = 10
 """
 
 
+MATCH_S = 0.001  # a first-token stamp this close to a later token's write carries that write's arrival
+PROBE_S = 0.05  # tokenload.load.lag.INTERVAL_S: a stall began up to one probe interval before it was due
+
+
 def _pin(cpu: int, pin: bool) -> list[str]:
     return ["taskset", "-c", str(cpu)] if pin else []
 
@@ -76,6 +91,16 @@ def _start_sim(tmp: Path, args: argparse.Namespace, pin: bool) -> tuple[subproce
     sim = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert sim.stdout is not None
     return sim, sim.stdout.readline().strip(), truth
+
+
+def _start_stamp(tmp: Path, args: argparse.Namespace, pin: bool) -> tuple[subprocess.Popen[str], str, Path]:
+    truth = tmp / "truth.jsonl"
+    cmd = [*_pin((os.cpu_count() or 1) - 1, pin), sys.executable, str(Path(__file__).parents[1] / "tests" /
+           "stampserver.py"), "--truth", str(truth), "--ttft-s", str(args.ttft_s), "--tpot-s", str(1.0 / args.tps),
+           "--tokens", str(args.max_tokens)]
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert server.stdout is not None
+    return server, server.stdout.readline().strip(), truth
 
 
 def _run(tmp: Path, base_url: str, args: argparse.Namespace, pin: bool) -> Path:
@@ -106,6 +131,33 @@ def _table(joined: pd.DataFrame) -> list[str]:
     return rows
 
 
+def _late_reads(joined: pd.DataFrame, lag: dict[str, Any]) -> list[str]:
+    """The TTFT error split by the later token write (if any) whose time the first token's stamp carries.
+
+    A first token stamped at the arrival of the server's k-th later write has an error of that write's
+    time after the first (within `MATCH_S`); `stall` marks first tokens written while the client's loop
+    stood still (a stall the manifest kept, from its due time minus one probe interval to its end).
+    """
+    later = []
+    for writes, err in zip(joined.token_writes, joined.err_after):
+        gaps = np.asarray(writes) - writes[0]
+        k = int(np.argmin(np.abs(gaps - err)))
+        later.append(k if k and abs(gaps[k] - err) < MATCH_S else 0)
+    joined = joined.assign(later=later)
+    stalls = [(st["at"] - PROBE_S, st["at"] + st["lag_s"]) for w in lag.get("workers", {}).values()
+              for st in w.get("longest_stalls", ())]
+    joined["stall"] = [any(a <= t <= b for a, b in stalls) for t in joined.first_token]
+    rows = ["| first token stamped at | n | TTFT error p50 / p99 / max (ms) |", "| --- | --- | --- |"]
+    for label, group in (("its own arrival (no later write matches)", joined[joined.later == 0]),
+                         ("the next token's arrival", joined[joined.later == 1]),
+                         ("a later token's arrival (2nd or further)", joined[joined.later >= 2]),
+                         ("any, first token written during a kept stall", joined[joined.stall]),
+                         ("all", joined)):
+        err = group.err_after
+        rows.append(f"| {label} | {len(group)} | {_ms(err, 50)} / {_ms(err, 99)} / {_ms(err, 100)} |")
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--users", type=int, default=200)
@@ -113,12 +165,16 @@ def main() -> int:
     parser.add_argument("--tps", type=float, default=50.0, help="tokens/s per stream (simulator decode step)")
     parser.add_argument("--max-tokens", type=int, default=20)
     parser.add_argument("--protocol", default="anthropic")
+    parser.add_argument("--server", choices=("sim", "stamp"), default="sim",
+                        help="the simulator, or tests/stampserver.py (kernel-stamped truth, each token's write kept)")
+    parser.add_argument("--ttft-s", type=float, default=0.05, help="the stamp server's TTFT (--server stamp)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin client and simulator to separate CPUs")
     args = parser.parse_args()
     pin = not args.no_pin and (os.cpu_count() or 1) > 1
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        sim, base_url, truth_path = _start_sim(tmp, args, pin)
+        start = _start_stamp if args.server == "stamp" else _start_sim
+        sim, base_url, truth_path = start(tmp, args, pin)
         try:
             out = _run(tmp, base_url, args, pin)
         finally:
@@ -146,6 +202,8 @@ def main() -> int:
         print(f"{label}: left the client -> read by the simulator p50 {_ms(group.unseen, 50)} ms, "
               f"p99 {_ms(group.unseen, 99)} ms")
     lag = manifest.get("scheduler_lag", {})
+    if "token_writes" in joined:
+        print("\n".join(_late_reads(joined, lag)))
     print("scheduler lag:", json.dumps({k: v for k, v in lag.items() if k != "workers"}))
     for worker, stats in lag.get("workers", {}).items():
         print(f"  {worker}: {json.dumps(stats)}")

@@ -9,6 +9,11 @@ after that arrival and each further token `tpot_s` apart, and the truth keeps bo
 stamps as written, so `first_token - arrival` is the server's time even when a thread
 ran late. One thread per connection (keep-alive), Anthropic Messages streams from
 `fakeserver.anthropic_stream`, each named by its id in `x-request-id` and `message_start`.
+The truth also keeps when each token was written (`token_writes`): a client whose first
+token's stamp matches a later write's read it late (benchmarks/startup_burst.py).
+
+`python tests/stampserver.py --truth FILE` serves until SIGTERM (its base URL on the
+first line of stdout) and then writes its truth as JSON lines: the benchmark's server.
 
 `read_delay_s` holds each new connection that long before its first read, with a
 small receive buffer until then (`rcvbuf`): a large request cannot be written until
@@ -19,8 +24,12 @@ accepted, before the request is read: they reach the client before its write ret
 
 from __future__ import annotations
 
+import argparse
+import json
+import signal
 import socket
 import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -109,17 +118,17 @@ class StampServer:
         writes = anthropic_stream([f"t{i} " for i in range(self.tokens)], 1.0, 1.0, message_id=request_id)
         if not headers_sent:
             conn.sendall(_HEADERS[:-2] + f"x-request-id: {request_id}\r\n\r\n".encode())
-        first = None
+        token_writes: list[float] = []
         due = arrival + self.ttft_s
         for i, (delay, data) in enumerate(writes):
             if delay:
                 time.sleep(max(0.0, due - time.time()))
-                if first is None:
-                    first = time.time()
+                token_writes.append(time.time())
                 due += self.tpot_s
             conn.sendall(f"{len(data):x}\r\n".encode() + data + b"\r\n" + (b"0\r\n\r\n" if i == len(writes) - 1 else b""))
         with self._lock:
-            self.truth.append({"request_id": request_id, "arrival": arrival, "first_token": first, "bytes": size})
+            self.truth.append({"request_id": request_id, "arrival": arrival, "first_token": token_writes[0],
+                               "token_writes": token_writes, "bytes": size})
 
 
 def _read_request(conn: socket.socket, buffered: bytes) -> tuple[int, float, bytes] | None:
@@ -153,3 +162,27 @@ def _recv_stamped(conn: socket.socket) -> tuple[bytes, float]:
             sec, nsec = struct.unpack("qq", payload[:16])
             return data, sec + nsec * 1e-9
     return data, time.time()
+
+
+def main() -> int:
+    """Serve until SIGTERM, then write the truth as JSON lines (the benchmark's independent server)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--truth", required=True, help="JSON lines written here at SIGTERM")
+    parser.add_argument("--ttft-s", type=float, default=0.2)
+    parser.add_argument("--tpot-s", type=float, default=0.01)
+    parser.add_argument("--tokens", type=int, default=4)
+    args = parser.parse_args()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with StampServer(ttft_s=args.ttft_s, tpot_s=args.tpot_s, tokens=args.tokens) as server:
+        print(server.base_url, flush=True)
+        stop.wait()
+        with server._lock:
+            lines = [json.dumps(t) for t in server.truth]
+    with open(args.truth, "w") as out:
+        out.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
