@@ -12,16 +12,21 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
+from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from loadkit import free_port, run_command, write_scenario
 
@@ -197,6 +202,37 @@ def test_a_scrape_after_the_end_but_before_the_linger_is_the_final_one() -> None
         finally:
             unsealed.close()
     finally:
+        metrics.close()
+
+
+class _Gate(Collector):
+    """A collector that holds the page being made until the test opens it."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+
+    def collect(self) -> Iterator[Metric]:
+        self.open.wait(10)
+        return iter(())
+
+
+def test_the_linger_ends_only_once_the_scrapers_page_is_written() -> None:
+    """The command exits as soon as its linger ends, so the scrape that ends it must have its page by then: counted
+    when the registry was read, it let a watch exit mid-page and its scraper read headers with an empty page."""
+    metrics = LiveMetrics("r").serve("127.0.0.1", 0)
+    gate = _Gate()
+    metrics.registry.register(gate)  # read after every tokenload metric: the page is held, not the reading
+    try:
+        metrics.observe([{"status": "ok", "step": 1, "output_tokens": 3, "ttft_s": 0.1}])
+        metrics.seal()
+        with ThreadPoolExecutor(1) as pool:
+            page = pool.submit(scrape, metrics.port)
+            assert not metrics.linger(1.0)  # read but not written: not answered yet
+            gate.open.set()
+            assert metrics.linger(10.0)
+            assert value(page.result(timeout=10), "tokenload_ttft_seconds_count", run_id="r") == 1
+    finally:
+        gate.open.set()
         metrics.close()
 
 

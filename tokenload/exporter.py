@@ -6,7 +6,8 @@ what the run directory holds at the end agree: `tokenload_ttft_seconds_count`
 is the number of records with a TTFT, `tokenload_requests_total` by `status`
 the records by status. Each metric lives in a registry of its own (never
 prometheus_client's global one, so nothing else a library user registers leaks
-in) and is served by prometheus_client's HTTP server from a thread of the
+in) and is served (prometheus_client's page, the standard library's threading
+WSGI server) from a thread of the
 process that owns the records: the supervising `tokenload run` (never a Locust
 process, so the load path does not pay for it) or `tokenload watch`.
 
@@ -19,14 +20,15 @@ counters, `status` and `error_kind` (the contract's kinds) on the requests.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from socketserver import ThreadingMixIn
 from typing import Any, Final
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from tokenload.errors import ConfigError
 
@@ -47,18 +49,52 @@ HISTOGRAMS: Final = {
 COLUMNS: Final = ("status", "error_kind", "step", "output_tokens", *HISTOGRAMS)
 
 
-class _ScrapeCount(Collector):
-    """Counts scrapes (each one collects every collector once) and wakes whoever waits for the next."""
+class _Scrapes:
+    """Numbers each scrape when it begins to read the registry and wakes whoever waits when its page has been written
+    to the socket. Counted any earlier (when the registry was read), a scrape let the command close and exit while
+    the page was half written: the scraper read headers and an empty page (1 watch in ~40, three at once on 2 cores).
+    """
 
     def __init__(self) -> None:
-        self.count = 0
+        self.begun = 0
+        self.written = 0  # the highest number of a scrape whose page has been written
         self.changed = threading.Condition()
 
-    def collect(self) -> Iterator[Metric]:
+    def begin(self) -> int:
         with self.changed:
-            self.count += 1
+            self.begun += 1
+            return self.begun
+
+    def wrote(self, number: int) -> None:
+        with self.changed:
+            self.written = max(self.written, number)
             self.changed.notify_all()
-        return iter(())
+
+
+class _AfterPage:
+    """A WSGI page that calls `done` when the server closes it, which it does after writing the last byte."""
+
+    def __init__(self, page: Iterable[bytes], done: Callable[[], None]) -> None:
+        self._page = list(page)
+        self._done = done
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._page)
+
+    def __len__(self) -> int:  # wsgiref sends a Content-Length for a page of one block
+        return len(self._page)
+
+    def close(self) -> None:
+        self._done()
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a scraper that never reads does not keep the command alive
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the parent's name)
+        """Scrapes are not the command's news: nothing on stderr."""
 
 
 class LiveMetrics:
@@ -78,18 +114,26 @@ class LiveMetrics:
         self._users = Gauge("tokenload_active_users", "users (streams) running now", ("run_id",),
                             registry=self.registry)
         self._children: dict[tuple[str, str], tuple[list[tuple[str, Any]], Any]] = {}
-        self._scrapes = _ScrapeCount()
-        self.registry.register(self._scrapes)
+        self._scrapes = _Scrapes()
         self._sealed_at: int | None = None
         self._server: Any = None
 
     def serve(self, host: str, port: int) -> LiveMetrics:
         """Listen on host:port (`/metrics`); a port that cannot be bound is a ConfigError naming the flag."""
+        exposition = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> _AfterPage:
+            number = self._scrapes.begin()
+            return _AfterPage(exposition(environ, start_response), lambda: self._scrapes.wrote(number))
+
         try:
-            self._server, _thread = start_http_server(port, host, registry=self.registry)
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+            self._server = make_server(host, port, app, type("_Server", (_Server,), {"address_family": family}),
+                                       handler_class=_Quiet)
         except OSError as exc:
             raise ConfigError(f"--prometheus-port {port}: cannot listen on {host}:{port} ({exc.strerror or exc}); "
                               "choose a free port") from None
+        threading.Thread(target=self._server.serve_forever, name="tokenload-metrics", daemon=True).start()
         return self
 
     @property
@@ -124,19 +168,19 @@ class LiveMetrics:
         self._users.labels(self.run_id).set(users)
 
     def seal(self) -> None:
-        """The numbers are final: a scrape from now on reads them (`linger` waits for one)."""
+        """The numbers are final: a scrape that begins from now on reads them (`linger` waits for one)."""
         with self._scrapes.changed:
-            self._sealed_at = self._scrapes.count
+            self._sealed_at = self._scrapes.begun
 
     def linger(self, timeout_s: float) -> bool:
-        """Keep serving until a scrape since `seal` (or since now) reads the final numbers, or `timeout_s`; True if
-        one did. A scrape between the seal and this call counts: whoever saw the end may have scraped already."""
+        """Keep serving until a scrape begun since `seal` (or since now) has been answered, or `timeout_s`; True if
+        one was. A scrape between the seal and this call counts: whoever saw the end may have scraped already."""
         if self._server is None:
             return False
         with self._scrapes.changed:
-            seen = self._scrapes.count if self._sealed_at is None else self._sealed_at
+            seen = self._scrapes.begun if self._sealed_at is None else self._sealed_at
             deadline = time.monotonic() + timeout_s
-            while self._scrapes.count == seen:
+            while self._scrapes.written <= seen:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
