@@ -102,5 +102,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.alone)
         for fixture in sorted(fixtures & SHARED_FIXTURES.keys()):
             item.add_marker(pytest.mark.xdist_group(SHARED_FIXTURES[fixture]))
-    # The workers take tests in this order: the long ones first, the short ones last to even out the end.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # The workers take tests in this order: the alone ones first, while nothing else has started (an alone test
+    # queued later waits for every running test to end, and the other workers idle meanwhile: 587 worker-seconds
+    # of a 694 s suite), then the long ones, the short ones last to even out the end.
+    items.sort(key=lambda item: (item.get_closest_marker("alone") is None, item.get_closest_marker("slow") is None))
