@@ -155,6 +155,12 @@ def _late_reads(joined: pd.DataFrame, lag: dict[str, Any]) -> list[str]:
                          ("all", joined)):
         err = group.err_after
         rows.append(f"| {label} | {len(group)} | {_ms(err, 50)} / {_ms(err, 99)} / {_ms(err, 100)} |")
+    if "first_read_tokens" in joined:  # what the record itself says: its first token was read with later ones
+        flagged = joined.first_read_tokens.fillna(1).gt(1)
+        rows.append(f"records whose first_read_tokens > 1 (ttft_s an upper bound): {int(flagged.sum())}, of them "
+                    f"stamped at a later write's arrival {int((flagged & joined.later.gt(0)).sum())}; stamped at a "
+                    f"later write's arrival but not flagged: {int((~flagged & joined.later.gt(0)).sum())}; "
+                    f"TTFT error p99 of the others {_ms(joined.err_after[~flagged], 99)} ms")
     return rows
 
 
