@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -175,6 +176,7 @@ def main() -> int:
                         help="the simulator, or tests/stampserver.py (kernel-stamped truth, each token's write kept)")
     parser.add_argument("--ttft-s", type=float, default=0.05, help="the stamp server's TTFT (--server stamp)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin client and simulator to separate CPUs")
+    parser.add_argument("--keep", type=Path, help="copy the run directory and the server's truth file here")
     args = parser.parse_args()
     pin = not args.no_pin and (os.cpu_count() or 1) > 1
     with tempfile.TemporaryDirectory() as name:
@@ -186,6 +188,9 @@ def main() -> int:
         finally:
             sim.terminate()
             sim.wait(timeout=10)
+        if args.keep is not None:
+            shutil.copytree(out, args.keep / "run")
+            shutil.copy(truth_path, args.keep / "truth.jsonl")
         records = pd.read_parquet(out / "requests.parquet")
         manifest = json.loads((out / "manifest.json").read_text())
         truth = pd.DataFrame([json.loads(line) for line in truth_path.read_text().splitlines() if line.strip()])
