@@ -25,8 +25,10 @@ own read queue is out of the error, and which keeps when it wrote each token. A 
 token's stamp is later than the server's write of its second token read its first token late, in one
 read with later ones: the kernel gives a read of several writes the newest one's arrival (and merges
 small writes still unread into one buffer stamped with the newest, so no read or peek can recover the
-first's). Printed for these: the TTFT error by how many later tokens shared the first one's read, and
-whether a stall of the client's loop (from the manifest) was under way when the first token was written.
+first's). Printed for these: the TTFT error by how many later tokens shared the first one's read,
+whether a stall of the client's loop (from the manifest) was under way when the first token was written,
+and whether the records' own flag (`first_read_tokens` > 1: `ttft_s` an upper bound) names the same ones.
+`--keep DIR` keeps the run directory and the server's truth for a closer look.
 
     python benchmarks/startup_burst.py              # about 30 s on 2 cores
     python benchmarks/startup_burst.py --server stamp
