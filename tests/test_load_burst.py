@@ -67,6 +67,9 @@ def test_a_burst_of_new_users_reads_the_servers_ttft_and_keeps_its_own_wait_in_s
     assert (joined.send_lag_s[first] > 0).all() and (joined.connect_s[first] > 0).all()  # each opened a connection
     (step,) = analyze_run(tmp_path / "run", write=False)["steps"]
     assert ok.send_lag_s.median() <= step["send_lag_p99_s"] <= records.send_lag_s.max()
+    # Every first token read says with how many tokens it came; the step counts those whose TTFT is an upper bound.
+    assert ok.first_read_tokens.ge(1).all()
+    assert step["ttft_upper_bounds"] == int(records.first_read_tokens.gt(1).sum())
 
 
 _STOP = r"""

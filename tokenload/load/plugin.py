@@ -35,6 +35,7 @@ each run when it stops.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import inspect
 import logging
 import os
@@ -144,9 +145,11 @@ def warm_inspect() -> None:
     `Runner.stop` logs its caller with `inspect.stack()`, and the first call in a process maps the file of
     every module loaded (a `realpath` each: 40 ms with pandas and pyarrow loaded) while the streams sent
     last wait to be read: their first tokens were read 2-3 tokens late (`benchmarks/startup_burst.py`).
-    Later calls map only the modules loaded since.
+    Later calls map only the modules loaded since. Locust guards its own call (a frame without a source file
+    can make it fail), and so does this one: it only moves a cost.
     """
-    inspect.stack()
+    with contextlib.suppress(Exception):
+        inspect.stack()
 
 
 def _channel(scenario: Scenario, host: str | None) -> tuple[Scenario, Channel]:
