@@ -117,9 +117,10 @@ def _init(environment: Environment, **_: Any) -> None:
             atexit.register(_finalise_standalone, run_dir)
     if not isinstance(environment.runner, MasterRunner):
         _setup_process(environment, scenario)
+    else:
+        warm_inspect()
     series.lead(environment)
     _arm_lifeline(environment)
-    warm_inspect()
 
 
 def _join(environment: Environment, scenario: Scenario, channel: dict[str, Any]) -> None:
@@ -136,7 +137,6 @@ def _join(environment: Environment, scenario: Scenario, channel: dict[str, Any])
     if handoff.channel_from_env() is None and channel.get("base_url"):
         environment.host = channel["base_url"]
     _setup_process(environment, scenario)
-    warm_inspect()
 
 
 def warm_inspect() -> None:
@@ -297,6 +297,7 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         late_s=scenario.slo.ttft_s if load.search is not None else None,
     )
     environment.tokenload_process = ctx  # type: ignore[attr-defined]
+    warm_inspect()
     probe = LagProbe()
     probe.start()
     environment.tokenload_probe = probe  # type: ignore[attr-defined]
