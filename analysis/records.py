@@ -41,9 +41,10 @@ WORKLOAD_COLUMNS: tuple[str, ...] = (
     "phase", "session_id", "turn", "context_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
 )
 WARMUP_PHASE = "warmup"
-# Connection setup (`connect_s`, 0 on a reused connection; `reconnects`) and the client's wait to get each request
-# out (`send_lag_s`), carried through when the run has them.
-CONNECTION_COLUMNS: tuple[str, ...] = ("connect_s", "reconnects", "send_lag_s")
+# Connection setup (`connect_s`, 0 on a reused connection; `reconnects`), the client's wait to get each request
+# out (`send_lag_s`) and the tokens read with the first one (`first_read_tokens`), carried through when the run
+# has them.
+CONNECTION_COLUMNS: tuple[str, ...] = ("connect_s", "reconnects", "send_lag_s", "first_read_tokens")
 # What the answer was against what was asked: fidelity (tokenload.analysis.fidelity) and `truncated`
 # (cut for length below the max_tokens asked), carried through when the run has them.
 ANSWER_COLUMNS: tuple[str, ...] = ("chunks", "max_tokens", "output_tokens_source", "ttfb_s", "truncated")

@@ -193,6 +193,10 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
     if "send_lag_s" in measured:
         # The client's own wait before each request was out (t0): kept out of TTFT, reported here.
         table["send_lag_p99_s"] = measured.groupby("step", sort=True)["send_lag_s"].quantile(0.99)
+    if "first_read_tokens" in measured:
+        # First tokens read with later ones carry the newest one's arrival: their TTFT is an upper bound.
+        bound = pd.to_numeric(measured["first_read_tokens"], errors="coerce").gt(1)
+        table["ttft_upper_bounds"] = bound.groupby(measured["step"]).sum()
 
     meets, known = meets_slo(measured, slo, cut)
     table["slo_attainment"] = _share(meets, known, measured["step"])
@@ -268,12 +272,12 @@ STEP_KEYS: tuple[str, ...] = (
     "load_error_rate", "start", "end", "duration_s", "slo_n", "slo_ci", "goodput_rps", "goodput_share", "ttft_n", "tpot_n", "e2e_n",
     "ttft_censored", "e2e_censored", "e2e_p50_s", "itl_p50_s", "itl_p99_s", "input_tokens_p50",
     "output_tokens_p50", "ttft_slope_s_per_token", "decided", "new_connections", "connect_p50_s", "connect_p95_s",
-    "reconnects", "send_lag_p99_s",
+    "reconnects", "send_lag_p99_s", "ttft_upper_bounds",
 )
 
 INT_KEYS: frozenset[str] = frozenset({"active_users", "requests", "slo_n", "errors", "ok", "censored", "open_at_step_end",
                                       "warmup_excluded", "load_errors", "input_errors", "config_errors",
-                                      "planned_users", "new_connections", "reconnects"})
+                                      "planned_users", "new_connections", "reconnects", "ttft_upper_bounds"})
 
 
 def step_keys(percentiles: Sequence[float]) -> list[str]:

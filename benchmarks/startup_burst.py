@@ -25,8 +25,10 @@ own read queue is out of the error, and which keeps when it wrote each token. A 
 token's stamp is later than the server's write of its second token read its first token late, in one
 read with later ones: the kernel gives a read of several writes the newest one's arrival (and merges
 small writes still unread into one buffer stamped with the newest, so no read or peek can recover the
-first's). Printed for these: the TTFT error by how many later tokens shared the first one's read, and
-whether a stall of the client's loop (from the manifest) was under way when the first token was written.
+first's). Printed for these: the TTFT error by how many later tokens shared the first one's read,
+whether a stall of the client's loop (from the manifest) was under way when the first token was written,
+and whether the records' own flag (`first_read_tokens` > 1: `ttft_s` an upper bound) names the same ones.
+`--keep DIR` keeps the run directory and the server's truth for a closer look.
 
     python benchmarks/startup_burst.py              # about 30 s on 2 cores
     python benchmarks/startup_burst.py --server stamp
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -155,6 +158,12 @@ def _late_reads(joined: pd.DataFrame, lag: dict[str, Any]) -> list[str]:
                          ("all", joined)):
         err = group.err_after
         rows.append(f"| {label} | {len(group)} | {_ms(err, 50)} / {_ms(err, 99)} / {_ms(err, 100)} |")
+    if "first_read_tokens" in joined:  # what the record itself says: its first token was read with later ones
+        flagged = joined.first_read_tokens.fillna(1).gt(1)
+        rows.append(f"records whose first_read_tokens > 1 (ttft_s an upper bound): {int(flagged.sum())}, of them "
+                    f"stamped at a later write's arrival {int((flagged & joined.later.gt(0)).sum())}; stamped at a "
+                    f"later write's arrival but not flagged: {int((~flagged & joined.later.gt(0)).sum())}; "
+                    f"TTFT error p99 of the others {_ms(joined.err_after[~flagged], 99)} ms")
     return rows
 
 
@@ -169,6 +178,7 @@ def main() -> int:
                         help="the simulator, or tests/stampserver.py (kernel-stamped truth, each token's write kept)")
     parser.add_argument("--ttft-s", type=float, default=0.05, help="the stamp server's TTFT (--server stamp)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin client and simulator to separate CPUs")
+    parser.add_argument("--keep", type=Path, help="copy the run directory and the server's truth file here")
     args = parser.parse_args()
     pin = not args.no_pin and (os.cpu_count() or 1) > 1
     with tempfile.TemporaryDirectory() as name:
@@ -180,6 +190,9 @@ def main() -> int:
         finally:
             sim.terminate()
             sim.wait(timeout=10)
+        if args.keep is not None:
+            shutil.copytree(out, args.keep / "run")
+            shutil.copy(truth_path, args.keep / "truth.jsonl")
         records = pd.read_parquet(out / "requests.parquet")
         manifest = json.loads((out / "manifest.json").read_text())
         truth = pd.DataFrame([json.loads(line) for line in truth_path.read_text().splitlines() if line.strip()])

@@ -154,6 +154,19 @@ def test_connection_setup_is_its_own_statistic_per_step(tmp_path: Path) -> None:
         assert row["reconnects"] == int(rows["reconnects"].sum())
 
 
+def test_first_tokens_read_with_later_ones_are_counted_per_step(tmp_path: Path) -> None:
+    """A request whose first token was read with later ones (`first_read_tokens` > 1) has an upper-bound TTFT:
+    each step says how many of its requests are such."""
+    law = Law(capacity=NO_QUEUE, users=(1, 2))
+    df = generate(law, n=400, seed=9)
+    rng = np.random.default_rng(9)
+    df["first_read_tokens"] = np.where(rng.uniform(0, 1, len(df)) < 0.1, rng.integers(2, 4, len(df)), 1)
+    s = analyze_run(write_run(tmp_path / "run", df, manifest_for(law, df)), write=False)
+    for row in s["steps"]:
+        rows = df[df["step"].eq(row["step"])]
+        assert row["ttft_upper_bounds"] == int(rows["first_read_tokens"].gt(1).sum()) > 0
+
+
 def test_verdict_table_prints_findings_verbatim(tmp_path: Path) -> None:
     """A finding that names a scenario section (`[session]`) is text, not rich markup to strip."""
     from rich.console import Console

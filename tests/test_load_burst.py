@@ -8,6 +8,8 @@ byte, so a server thread that ran late does not make the client look late. The s
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -65,6 +67,34 @@ def test_a_burst_of_new_users_reads_the_servers_ttft_and_keeps_its_own_wait_in_s
     assert (joined.send_lag_s[first] > 0).all() and (joined.connect_s[first] > 0).all()  # each opened a connection
     (step,) = analyze_run(tmp_path / "run", write=False)["steps"]
     assert ok.send_lag_s.median() <= step["send_lag_p99_s"] <= records.send_lag_s.max()
+    # Every first token read says with how many tokens it came; the step counts those whose TTFT is an upper bound.
+    assert ok.first_read_tokens.ge(1).all()
+    assert step["ttft_upper_bounds"] == int(records.first_read_tokens.gt(1).sum())
+
+
+_STOP = r"""
+import inspect, sys, time
+from tokenload.locustfiles import llm  # what a Locust process of tokenload loads
+from tokenload.load import plugin, records
+records.SegmentWriter(None, "w")  # and pyarrow's kernels, as every process that runs users does
+if sys.argv[1] == "warm":
+    plugin.warm_inspect()
+started = time.perf_counter()
+inspect.stack()  # what Locust's Runner.stop calls in the event loop as the run ends, streams still open
+print(time.perf_counter() - started)
+"""
+
+
+def test_locusts_stop_finds_every_module_mapped_already() -> None:
+    """Locust's stop logs its caller with `inspect.stack()`; its first call in a process maps every loaded module's
+    file while the run's last streams wait to be read. The plugin pays that at start-up: the stop then costs
+    a fraction of it."""
+    took = {}
+    for how in ("cold", "warm"):
+        out = subprocess.run([sys.executable, "-c", _STOP, how], capture_output=True, text=True, timeout=60, check=False)
+        assert out.returncode == 0, out.stderr[-2000:]
+        took[how] = float(out.stdout.split()[-1])
+    assert took["warm"] < 0.01 and took["warm"] * 4 < took["cold"], took
 
 
 def test_a_pause_of_the_event_loop_is_a_stall_with_its_cause() -> None:

@@ -83,6 +83,18 @@ def test_a_token_read_late_keeps_its_arrival_time(fake_server: FakeServer, reade
     for record in _stream_while_blocked(fake_server, _answer(0.2, 0.8), reader):
         assert 0.15 < record["ttft_s"] < 0.4, record["ttft_s"]  # read-time stamping gives >= 0.65
         assert record["chunk_gaps"] == [pytest.approx(0.8, abs=0.15)]
+        assert record["first_read_tokens"] == 1  # its read held no later token: the stamp is its own arrival
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_first_token_read_with_the_next_one_says_its_ttft_is_an_upper_bound(fake_server: FakeServer,
+                                                                              reader: str) -> None:
+    """First token at 0.2 s, second at 0.3 s, both read at 0.65 s: the kernel gives the read the second's
+    arrival (0.3 s), so TTFT is 0.1 s too long, and the record says so: two tokens came in the first one's read."""
+    for record in _stream_while_blocked(fake_server, _answer(0.2, 0.1), reader):
+        assert 0.25 < record["ttft_s"] < 0.5, record["ttft_s"]  # the second write's arrival, not the first's
+        assert record["first_read_tokens"] == 2
+        assert record["chunk_gaps"] == [0.0]
 
 
 @pytest.mark.parametrize("reader", READERS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -37,6 +38,35 @@ def test_histogram_percentile_within_half_a_percent_of_the_raw_one(pct: int) -> 
     vectorised = Hist()
     vectorised.add_many(values)
     assert vectorised == hist
+
+
+@pytest.mark.parametrize("tokens", [20, 2_000])
+def test_gaps_are_counted_alike_for_a_short_and_a_long_stream(tokens: int) -> None:
+    """`add_gaps` counts a short stream in plain Python and a long one with numpy: the same buckets either way,
+    gaps of tokens read together (0) left out as before."""
+    times = np.cumsum(np.random.default_rng(tokens).lognormal(-4, 1, tokens))
+    times[5] = times[4]
+    hist = Hist()
+    hist.add_gaps(times.tolist())
+    vectorised = Hist()
+    vectorised.add_many(np.diff(times))
+    assert hist == vectorised and hist.n == tokens - 2
+
+
+def test_counting_a_request_of_a_known_step_and_moment_builds_no_cell() -> None:
+    """The load generator counts every request it finishes here, in its event loop: where the request's cells
+    exist, nothing is built (`setdefault(key, Cell())` built two cells of seven counters each, then dropped them)."""
+    stats = TokenStats()
+    record = _records(1, 1)[0]
+    times = [0.02 * i for i in range(20)]
+    stats.observe(record, times)
+    tracemalloc.start()
+    try:
+        stats.observe(record, times)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1024, peak
 
 
 def test_empty_histogram_has_no_percentile() -> None:

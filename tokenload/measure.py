@@ -24,6 +24,11 @@ definition testable on a hand-written timeline:
   receive window held back. A burst of new users shows up here, not in TTFT; None when the
   request never went out.
 - `connect_s`: TCP + TLS setup (0 on a reused connection), part of `send_lag_s`.
+- `first_read_tokens`: how many tokens carry the first token's stamp (the first included): those read with
+  it. A read is stamped with its newest byte's arrival, and the kernel merges small writes still unread
+  into one buffer stamped with the newest, so a first token read after the server's next token write
+  had arrived carries that write's arrival: above 1, `ttft_s` is an upper bound (exact only if the
+  server wrote those tokens together), too long by at most the gap to the newest of them.
 - `input_tokens`: the whole prompt the server processed, cached part included (OpenAI's
   `prompt_tokens`; Anthropic's `input_tokens` + cache reads + cache writes), so every protocol
   counts the same thing; the cached parts stay in their own columns. A 0 is not a count (a
@@ -201,6 +206,7 @@ def measure(tl: Timeline, estimated_input_tokens: int | None = None, max_tokens:
         "connect_s": tl.connect_s,
         "send_lag_s": tl.send_lag_s,
         "reconnects": tl.reconnects,
+        "first_read_tokens": times.count(times[0]) if times else None,
         "eos_only": eos_unstreamed and streamed == 0,
         "truncated": (tl.error_kind is None and tl.stop_reason in LENGTH_STOPS and tl.output_tokens is not None
                       and max_tokens is not None and tl.output_tokens < max_tokens),

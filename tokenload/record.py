@@ -86,6 +86,9 @@ class RequestRecord(SpecRecord, total=False):
     # wait (pool, connect_s, event loop, a blocked write), never part of TTFT; None when it never went out
     send_lag_s: float | None
     reconnects: int  # resends on a fresh connection after a reused one died before any response byte
+    # tokens stamped with the first token's time (read with it, the first included): above 1, the stamp is the
+    # newest write's arrival and ttft_s an upper bound (the kernel merged writes the client read late)
+    first_read_tokens: int | None
     eos_only: bool  # the answer was only the end-of-sequence token (counted, never streamed): no latency
     # ended for length below the max_tokens asked (server's count): the server cut it (a full context slot)
     truncated: bool

@@ -28,6 +28,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,6 +56,9 @@ _LO = 1e-5
 _GROWTH = 1.01
 _LOG_GROWTH = math.log(_GROWTH)
 _TOP = int(math.log(1e4 / _LO) / _LOG_GROWTH)
+# Up to this many gaps a stream's ITL is counted in plain Python: numpy's fixed cost per call (~20 us) is more
+# than that many gaps' worth, and it was paid on every request of the load generator's loop.
+_SHORT = 64
 
 
 def _bucket(value: float) -> int:
@@ -69,7 +73,17 @@ class Hist(Counter[int]):
     def add(self, value: float) -> None:
         self[_bucket(value)] += 1
 
+    def add_gaps(self, times: Sequence[float]) -> None:
+        """Count the positive gaps between consecutive `times` (a stream's inter-token latencies)."""
+        if len(times) <= _SHORT:
+            for a, b in pairwise(times):
+                if b > a:
+                    self[_bucket(b - a)] += 1
+        else:
+            self.add_many(np.diff(np.asarray(times)))
+
     def add_many(self, values: np.ndarray) -> None:
+        """Count the positive `values`, vectorised (for many at once: `add_gaps` of a long stream)."""
         values = values[values > 0]
         if len(values):
             idx = np.minimum(_TOP, (np.log(np.maximum(values, _LO) / _LO) / _LOG_GROWTH).astype(np.int64))
@@ -120,7 +134,8 @@ class Cell:
     hists: dict[str, Hist] = field(default_factory=lambda: {m: Hist() for m in METRICS})
     evidence: Evidence = field(default_factory=Evidence)  # measured requests against the run's SLO
 
-    def observe(self, record: dict[str, Any], gaps: np.ndarray | None, slo: Slo | None = None) -> None:
+    def observe(self, record: dict[str, Any], chunk_times: Sequence[float] | None, slo: Slo | None = None) -> None:
+        """Count one finished request (its token arrival times give the ITL; None: not counted here)."""
         if slo is not None and record.get("phase") != WARMUP:
             self.evidence.count(slo, record)
         self.requests += 1
@@ -137,8 +152,8 @@ class Cell:
             value = record.get(f"{metric}_s")
             if value is not None:
                 self.hists[metric].add(value)
-        if gaps is not None:
-            self.hists["itl"].add_many(gaps)
+        if chunk_times is not None:
+            self.hists["itl"].add_gaps(chunk_times)
 
     def merge(self, other: Cell) -> None:
         self.requests += other.requests
@@ -197,6 +212,15 @@ class Cell:
         return out
 
 
+def _cell(cells: dict[int, Cell], key: int) -> Cell:
+    """The cell at `key`, made on first use: `setdefault(key, Cell())` built and dropped a Cell (seven
+    counters) twice on every request the load generator finished."""
+    cell = cells.get(key)
+    if cell is None:
+        cell = cells[key] = Cell()
+    return cell
+
+
 @dataclass
 class RunStats:
     """One run's cells: per load step, per time-series point, and the whole run."""
@@ -204,12 +228,12 @@ class RunStats:
     steps: dict[int, Cell] = field(default_factory=dict)
     series: dict[int, Cell] = field(default_factory=dict)
 
-    def observe(self, record: dict[str, Any], gaps: np.ndarray | None, slo: Slo | None = None) -> None:
+    def observe(self, record: dict[str, Any], chunk_times: Sequence[float] | None, slo: Slo | None = None) -> None:
         """Count a finished request (`slo` None: not judged again, its verdict was counted in flight)."""
         step = int(record.get("step") or 0)
-        self.steps.setdefault(step, Cell()).observe(record, gaps, slo)
+        _cell(self.steps, step).observe(record, chunk_times, slo)
         point = int((record.get("finished_at") or record["started_at"]) // SERIES_S)
-        self.series.setdefault(point, Cell()).observe(record, None)
+        _cell(self.series, point).observe(record, None)
 
     def merge(self, other: RunStats) -> None:
         for mine, theirs in ((self.steps, other.steps), (self.series, other.series)):
@@ -261,16 +285,18 @@ class TokenStats:
         self.slo = slo  # each finished request is judged against it where it finished (a search decides by it)
 
     def run(self, run_id: str) -> RunStats:
-        return self.runs.setdefault(run_id, RunStats())
+        stats = self.runs.get(run_id)
+        if stats is None:
+            stats = self.runs[run_id] = RunStats()
+        return stats
 
     def observe(self, record: dict[str, Any], chunk_times: Sequence[float] | None = None,
                 judged: bool = False) -> None:
-        gaps = np.diff(np.asarray(chunk_times)) if chunk_times is not None and len(chunk_times) > 1 else None
-        self.run(str(record.get("run_id") or "")).observe(record, gaps, None if judged else self.slo)
+        self.run(str(record.get("run_id") or "")).observe(record, chunk_times, None if judged else self.slo)
 
     def late(self, run_id: str, step: int) -> None:
         """A measured request of `step` is still without its first token past the SLO's TTFT (`Evidence.late`)."""
-        self.run(run_id).steps.setdefault(step, Cell()).evidence.late()
+        _cell(self.run(run_id).steps, step).evidence.late()
 
     def take_wire(self) -> dict[str, Any]:
         """Everything not sent yet, as msgpack-friendly data, and forget it."""
