@@ -251,3 +251,33 @@ def test_a_search_cuts_the_streams_its_verdicts_no_longer_need_at_each_step_down
     assert len(cut) >= 6 and ended < truth["arrival"].max() + 1.0, manifest.get("drain")
     df = run.records
     assert (df["status"] == "cancelled").sum() >= len(cut) - 1  # the run records the cut streams as cancelled
+
+
+def test_a_pass_inside_the_bracket_holds_on_for_its_second_trial_in_the_same_step(tmp_path: Path) -> None:
+    # 3 slots, e2e about 1.2 s: 2 passes, 4 fails (each request waits ~0.4 s for a slot), then 3 passes between
+    # them and its second trial holds on at once: the same step, no second warm-up, the requests the first
+    # trial left in flight counted by the second, and the analysis splits the step's requests between them.
+    server = SlotServer(slots=3, ttft_base_s=0.05, ttft_per_token_s=0.0, tpot_s=0.03)
+    body = (SCENARIO.format(min=2).replace("max = 32", "max = 4").replace("probe_warmup_s = 1", "probe_warmup_s = 0.2")
+            .replace("ttft_s = 0.5", "ttft_s = 0.3").replace("max_tokens = 32", "max_tokens = 40"))
+    probes = slot_search(tmp_path, server, body)
+    assert [(p["level"], p["verdict"], p["trial"]) for p in probes] == [
+        (2, "pass", 1), (4, "fail", 1), (3, "pass", 1), (3, "pass", 2)], [(p["level"], p["verdict"]) for p in probes]
+    first, second = probes[2], probes[3]
+    assert second["step"] == first["step"] and second["confident"] and not first["confident"]
+    assert second["started_at"] >= first["started_at"] + first["duration_s"] - 1.0  # held on after the first's decision
+    assert second["n"] >= 15 and second["n"] + first["n"] >= 35  # its own 80%, and 95% pooled with the first's
+    df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    step = df[df["step"] == first["step"]]
+    assert (step.loc[step["phase"] == "warmup", "started_at"] < first["started_at"] + 0.2 + 0.05).all()  # one warm-up
+    # the second trial's first evidence: requests sent before the first trial's decision, finished after it
+    assert ((step["started_at"] < second["started_at"]) & (step["finished_at"] > second["started_at"])
+            & (step["phase"] == "measure")).any()
+    analysed = run_cli_analyze(tmp_path / "run")
+    assert analysed.returncode == 0, analysed.stderr[-2000:]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())["search"]
+    assert s["capacity"] == 3 and s["disagreements"] == []
+    counted = step[(step["phase"] == "measure") & ((step["status"] == "ok") | (step["in_flight"] & (step["ttft_s"] > 0.3)))]
+    a, b = s["probes"][2], s["probes"][3]
+    assert a["n"] + b["n"] == len(counted)  # the step's requests split between the trials, none counted twice
+    assert abs(a["n"] - first["n"]) <= 2 and b["n"] >= second["n"] - 2  # each as the run counted it (finish races)

@@ -149,7 +149,8 @@ class ScenarioShape(LoadTestShape):
             if phase is None:  # the search is over: its own words, not "plan complete"
                 control.finish(prober.end_reason())
                 return None
-            control.plan.append(phase)
+            if phase is not self._phase:  # else a second trial holds on in its first trial's step
+                control.plan.append(phase)
         reason = control.stop_reason(elapsed, phase, self._phase)
         if reason is not None:
             control.finish(reason)

@@ -157,9 +157,25 @@ class Search:
             if hi <= self._round(self.min_level):
                 return None
             return self._round(self.min_level)
+        if self.continues():  # a pass inside the bracket: its second trial now, while its requests are in flight
+            return lo
         if not self._close(lo, hi):
             return self._between(lo, hi)
         return self._confirmation(lo)
+
+    def continues(self) -> bool:
+        """The next probe is the second trial of the level that just passed, held on without a break: its
+        first trial passed only to steer, and either failing levels bracket it (bisection: each of its passes
+        may be the capacity) or it is `max`. The requests the first trial left in flight, not counted by it,
+        are the second trial's first evidence, so the trial costs the ~20 requests it needs instead of a fresh
+        start at the level (a warm-up, and a whole level's requests in flight before the first one counts)."""
+        if not self.confirm or not self.probes or self.stopped is not None:
+            return False
+        last = self.probes[-1]
+        if last.verdict != "pass" or last.confident or last.trial != 1:
+            return False
+        lo, hi = self.bounds()
+        return lo == last.level and (hi is not None or last.level >= self.max_level)
 
     def _confirmation(self, level: float) -> float | None:
         trials = [p for p in self.probes if p.level == level]
