@@ -150,10 +150,11 @@ def test_a_perfect_level_passes_once_the_interval_clears_the_target() -> None:
     assert decision.ci is not None and decision.ci[0] >= 0.9
 
 
-def test_a_pass_that_only_steers_is_decided_at_80_percent_and_says_it_is_not_confident() -> None:
-    assert decide(evidence(14, 14), SLO, 5, 60, steer=True) is None  # 80% interval's lower end still below 0.9
-    steering = decide(evidence(15, 15), SLO, 5, 60, steer=True)
+def test_a_pass_that_only_steers_is_decided_at_70_percent_and_says_it_is_not_confident() -> None:
+    assert decide(evidence(9, 9), SLO, 5, 60, steer=True) is None  # fewer than MIN_REQUESTS decide no pass
+    steering = decide(evidence(10, 10), SLO, 5, 60, steer=True)  # the 70% interval's lower end: 0.903
     assert steering is not None and steering.verdict == "pass" and not steering.confident
+    assert decide(evidence(15, 16), SLO, 5, 60, steer=True) is None  # one miss in 16: 0.84, not yet
     assert decide(evidence(15, 15), SLO, 5, 60) is None  # the capacity's trial must reach 95%
 
 
@@ -161,8 +162,12 @@ def test_a_second_trial_passes_at_95_percent_with_the_first_trials_requests_pool
     assert decide(evidence(19, 19), SLO, 5, 60, prior=(15, 15)) is None  # 34 pooled: not yet 95%
     decision = decide(evidence(20, 20), SLO, 5, 60, prior=(15, 15))
     assert decision is not None and decision.verdict == "pass" and decision.confident
-    # the second trial must agree on its own too: pooled evidence alone passes nothing
+    # the second trial must agree on its own too, at 80% (not only the steering 70%): pooled evidence alone
+    # passes nothing
     assert decide(evidence(16, 19), SLO, 5, 60, prior=(200, 200)) is None
+    assert decide(evidence(11, 11), SLO, 5, 60, prior=(200, 200)) is None  # 70% would do (0.910), 80% not (0.870)
+    agreeing = decide(evidence(15, 15), SLO, 5, 60, prior=(200, 200))
+    assert agreeing is not None and agreeing.verdict == "pass" and agreeing.confident
     failing = decide(evidence(0, MIN_FAIL_REQUESTS), SLO, 1, 60, prior=(15, 15))
     assert failing is not None and failing.verdict == "fail"
 

@@ -129,7 +129,7 @@ class LoadState:
     plan_ends_at: float = 0.0  # wall time the whole plan ends (no open-loop send is scheduled after it)
     pacer: Pacer = field(default_factory=Pacer)  # back-off, rate caps and breaker pauses of this process
     failfast: FailFast = field(default_factory=FailFast)
-    stepped_down: bool = False  # the phase lowered the load (a search's step down): no user started with it
+    probe_decided: bool = False  # a search's probe is decided: closed-loop users send nothing until the next one
 
     @classmethod
     def for_scenario(cls, scenario: Scenario) -> LoadState:
@@ -138,9 +138,8 @@ class LoadState:
 
     def follow(self, step: int, users: int, rate: float | None) -> None:
         """The phase `step` begins with `users` closed-loop users or (this process's share of) `rate` req/s."""
-        lower = rate < self.rate if rate is not None and self.rate is not None else users < self.users
-        self.stepped_down = step > 1 and lower
         self.step, self.users, self.rate = step, users, rate
+        self.probe_decided = False
 
     def new_test(self) -> None:
         """A (re)started test: no streak of configuration errors, no hold left from the previous one."""

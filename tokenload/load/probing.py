@@ -2,7 +2,8 @@
 
 The master (or local runner) owns one `Prober`. Each probe is a step of the run
 (its records carry the step number): the shape asks `next_phase()` for the
-level to hold, looks at the probe's live evidence once a tick (`look`), and on
+level to hold, looks at the probe's live evidence once a tick (`look`; a run in
+one process also at every request counted: `ScenarioShape._decide_now`), and on
 a decision records the probe in the search and asks again. The evidence is
 the probe step's `Evidence` in the run's live token statistics: every process
 judges each measured request against the SLO where it finished (warm-up
@@ -58,6 +59,7 @@ class Prober:
         self._start_s = 0.0
         self._base = Evidence()
         self._base_tokens = 0
+        self.decided = False  # the current probe is recorded; `next_phase` has not moved on yet
         self.write()
 
     def _load(self) -> Search | None:
@@ -77,6 +79,7 @@ class Prober:
                 self.search.exhaust()
                 self.write()
             return None
+        self.decided = False
         self._start_s = elapsed_s
         self._started_at = time.time()
         if self.current is not None and self.search.continues():  # same step: no warm-up, no drain, no new users
@@ -88,10 +91,10 @@ class Prober:
         return self.current
 
     def look(self, cell: Cell | None, elapsed_s: float) -> bool:
-        """Decide the current probe if its evidence allows (True: it was decided and recorded)."""
+        """Decide the current probe if its evidence allows (True: it is decided and recorded, now or before)."""
         phase = self.current
-        if phase is None:
-            return False
+        if phase is None or self.decided:
+            return self.decided
         level = float(phase.users if phase.rate is None else phase.rate)
         cell = cell or _EMPTY
         evidence = cell.evidence.minus(self._base)
@@ -100,6 +103,7 @@ class Prober:
         if decision is None:
             return False
         self._record(phase, decision, cell, evidence, elapsed_s)
+        self.decided = True
         return True
 
     def _record(self, phase: Phase, decision: Decision, cell: Cell, evidence: Evidence, elapsed_s: float) -> None:

@@ -10,7 +10,7 @@ trial that fails is a disagreement: it is kept in the record, the level counts
 as failing from then on, and the search continues below it.
 
 Only the capacity needs a confident pass: a first pass only steers the search
-(it is decided at 80%, `evidence.STEER_Z`), since every level below the
+(it is decided at 70%, `evidence.STEER_Z`), since every level below the
 boundary is tested again by the levels probed after it, and a wrong steer ends
 in a second trial that disagrees. The second trial must pass at 95%
 (`full_evidence`); a first pass that already reached 95% needs none. With
@@ -54,7 +54,7 @@ class Probe:
     duration_s: float
     tokens: int
     step: int = 0  # the run's step number of this probe (records carry it)
-    confident: bool = True  # a pass at 95%, not only at the steering 80%
+    confident: bool = True  # a pass at 95%, not only at the steering 70%
     started_at: float = 0.0
     run_id: str = ""  # the run whose records hold this probe (a resumed search holds earlier runs' probes)
     error_kinds: dict[str, int] = field(default_factory=dict)
