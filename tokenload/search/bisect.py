@@ -5,7 +5,8 @@ starts at `min` and doubles until a level fails (or `max` passes: the capacity
 is above the range). Then it bisects between the highest passing level below
 the failure and the lowest failing one until they are `resolution` apart
 (users: an absolute step; rate: a relative one, 0.1 = 10%). Finally the
-highest passing level is held again: it must pass a second time. A second
+highest passing level is held again: it must pass a second time (a level that
+passes inside the bracket, or at `max`, at once: `continues`). A second
 trial that fails is a disagreement: it is kept in the record, the level counts
 as failing from then on, and the search continues below it.
 
@@ -167,7 +168,7 @@ class Search:
         """The next probe is the second trial of the level that just passed, held on without a break: its
         first trial passed only to steer, and either failing levels bracket it (bisection: each of its passes
         may be the capacity) or it is `max`. The requests the first trial left in flight, not counted by it,
-        are the second trial's first evidence, so the trial costs the ~20 requests it needs instead of a fresh
+        are the second trial's first evidence, so the trial costs the ~25 requests it needs instead of a fresh
         start at the level (a warm-up, and a whole level's requests in flight before the first one counts)."""
         if not self.confirm or not self.probes or self.stopped is not None:
             return False
