@@ -48,6 +48,30 @@ def _recount(rows: pd.DataFrame, slo: Slo) -> Evidence:
     return evidence
 
 
+def _judged_at(rows: pd.DataFrame, slo: Slo) -> pd.Series:
+    """When the run counted each request: at its end, or (its first token late for the SLO) at `ttft_s`."""
+    at = rows["finished_at"].astype(float).fillna(rows["started_at"].astype(float))
+    if slo.ttft_s is None:
+        return at
+    waited = rows["ttft_s"].astype(float)
+    if "duration_s" in rows:  # a cut stream never had a first token: late if it waited past ttft_s
+        waited = waited.fillna(rows["duration_s"].astype(float))
+    return at.where(~(waited > slo.ttft_s), rows["started_at"].astype(float) + slo.ttft_s)
+
+
+def _trial_rows(rows: pd.DataFrame, slo: Slo, probes: list[Probe], i: int) -> pd.DataFrame:
+    """Probe `i`'s rows of its step: all of them, unless a second trial held on in the same step (`bisect`
+    `Search.continues`); then each trial has the requests counted between its start and the next one's."""
+    same = [q for q in probes if q.step == probes[i].step and q.run_id == probes[i].run_id]
+    if len(same) < 2:
+        return rows
+    k = next(j for j, q in enumerate(same) if q is probes[i])
+    at = _judged_at(rows, slo)
+    since = same[k].started_at if k else -math.inf
+    until = same[k + 1].started_at if k + 1 < len(same) else math.inf
+    return rows[(at >= since) & (at < until)]
+
+
 def _binding_detail(rows: pd.DataFrame, binding: str | None, slo: Slo) -> str:
     """`TTFT p90 1.1 s > 0.5 s`: the binding term's value at the target share (what the SLO asks of it)."""
     if binding is None:
@@ -78,10 +102,10 @@ def search_summary(run: Run, slo: Slo) -> dict[str, Any] | None:
     df = run.df
     probes: list[dict[str, Any]] = []
     details: dict[float, str] = {}
-    for p in search.probes:
+    for i, p in enumerate(search.probes):
         entry = _probe_entry(p, over)
         if (not p.run_id or p.run_id == run_id) and "step" in df:
-            rows = df[df["step"].eq(p.step)]
+            rows = _trial_rows(df[df["step"].eq(p.step)], slo, search.probes, i)
             ev = _recount(rows, slo)
             ci = wilson_interval(ev.met, ev.judged)
             entry.update(n=ev.judged, attainment=ev.attainment, ci=list(ci) if ci else None,

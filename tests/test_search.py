@@ -9,6 +9,7 @@ import pytest
 from tokenload.search.bisect import Probe, Search
 from tokenload.search.evidence import MIN_FAIL_REQUESTS, Evidence, decide, wilson_interval
 from tokenload.slo import Slo
+from tokenload.workload.scenario import default_max_probes
 
 
 def run_search(search: Search, passes: Callable[[float, int], str]) -> list[float]:
@@ -29,14 +30,28 @@ def run_search(search: Search, passes: Callable[[float, int], str]) -> list[floa
     (8, [1, 2, 4, 8, 16, 12, 10, 9, 8]),
     (4, [1, 2, 4, 8, 6, 5, 4]),
     (1, [1, 2, 1]),
-    (24, [1, 2, 4, 8, 16, 32, 24, 28, 26, 25, 24]),
+    (24, [1, 2, 4, 8, 16, 32, 24, 24, 28, 26, 25]),
+    (27, [1, 2, 4, 8, 16, 32, 24, 24, 28, 26, 26, 27, 27]),
 ])
 def test_users_search_finds_the_capacity_to_one_user_and_confirms_it(capacity: int, expected: list[int]) -> None:
-    search = Search("users", 1, 256, 1)
+    search = Search("users", 1, 256, 1, max_probes=default_max_probes("users", 1, 256, 1))
     levels = run_search(search, lambda level, _t: "pass" if level <= capacity else "fail")
     assert levels == expected
     assert search.capacity == capacity and search.first_failing == capacity + 1
     assert levels.count(capacity) == 2  # the boundary level held twice
+
+
+def test_a_pass_inside_the_bracket_has_its_second_trial_at_once_and_a_pass_below_any_fail_does_not() -> None:
+    search = Search("users", 1, 256, 1)
+    run_search(search, lambda level, _t: "pass" if level <= 24 else "fail")
+    held_on = [(p.level, p.trial) for prev, p in zip(search.probes, search.probes[1:]) if p.level == prev.level]
+    assert held_on == [(24, 2)]  # 24 passed between 16 and the failing 32: its second trial right after the first
+    low = Search("users", 1, 256, 1)
+    run_search(low, lambda level, _t: "pass" if level <= 4 else "fail")
+    assert [p.level for p in low.probes] == [1, 2, 4, 8, 6, 5, 4]  # 4 passed before any fail: held again at the end
+    assert not low.continues()
+    top = Search("users", 1, 8, 1)
+    assert run_search(top, lambda *_: "pass") == [1, 2, 4, 8, 8]  # max passed: its second trial at once too
 
 
 def test_at_most_ten_probes_for_a_capacity_of_eight() -> None:
@@ -58,7 +73,7 @@ def test_every_level_passing_means_at_least_the_top() -> None:
 
 
 def test_a_confirmation_that_fails_is_reported_and_the_search_goes_on_below() -> None:
-    search = Search("users", 1, 64, 1)
+    search = Search("users", 1, 64, 1, max_probes=default_max_probes("users", 1, 64, 1))
     # 8 passes the first time only (a lucky trial): the second trial fails
     levels = run_search(search, lambda level, trial: "pass" if level < 8 or (level == 8 and trial == 1) else "fail")
     assert search.disagreements == [8]
@@ -101,7 +116,7 @@ def test_max_probes_ends_the_search_with_the_boundary_it_has() -> None:
 
 
 def test_a_search_that_found_its_boundary_is_not_out_of_probes() -> None:
-    search = Search("users", 1, 256, 1, max_probes=11)  # 1..32, 24, 28, 26, 25, 24 again: 11 probes exactly
+    search = Search("users", 1, 256, 1, max_probes=11)  # 1..32, 24 twice, 28, 26, 25: 11 probes exactly
     run_search(search, lambda level, _t: "pass" if level <= 24 else "fail")
     assert search.capacity == 24 and not search.out_of_probes
     search.exhaust()
@@ -109,13 +124,11 @@ def test_a_search_that_found_its_boundary_is_not_out_of_probes() -> None:
 
 
 def test_the_default_max_probes_covers_the_range_the_bisection_and_the_second_trial() -> None:
-    from tokenload.workload.scenario import default_max_probes
-
     for capacity in (1, 3, 24, 96, 127, 200, 256):  # a search of 1..256 to one user never runs out by default
         search = Search("users", 1, 256, 1, max_probes=default_max_probes("users", 1, 256, 1))
         run_search(search, lambda level, _t, c=capacity: "pass" if level <= c else "fail")
         assert search.capacity == capacity and not search.out_of_probes, capacity
-    assert default_max_probes("users", 1, 256, 1) == 19
+    assert default_max_probes("users", 1, 256, 1) == 25
     rate = Search("rate", 1.0, 100.0, 0.1, max_probes=default_max_probes("rate", 1.0, 100.0, 0.1))
     run_search(rate, lambda level, _t: "pass" if level <= 61 else "fail")
     assert rate.capacity is not None and rate.capacity <= 61 and not rate.out_of_probes
@@ -137,10 +150,11 @@ def test_a_perfect_level_passes_once_the_interval_clears_the_target() -> None:
     assert decision.ci is not None and decision.ci[0] >= 0.9
 
 
-def test_a_pass_that_only_steers_is_decided_at_80_percent_and_says_it_is_not_confident() -> None:
-    assert decide(evidence(14, 14), SLO, 5, 60, steer=True) is None  # 80% interval's lower end still below 0.9
-    steering = decide(evidence(15, 15), SLO, 5, 60, steer=True)
+def test_a_pass_that_only_steers_is_decided_at_70_percent_and_says_it_is_not_confident() -> None:
+    assert decide(evidence(9, 9), SLO, 5, 60, steer=True) is None  # fewer than MIN_REQUESTS decide no pass
+    steering = decide(evidence(10, 10), SLO, 5, 60, steer=True)  # the 70% interval's lower end: 0.903
     assert steering is not None and steering.verdict == "pass" and not steering.confident
+    assert decide(evidence(15, 16), SLO, 5, 60, steer=True) is None  # one miss in 16: 0.84, not yet
     assert decide(evidence(15, 15), SLO, 5, 60) is None  # the capacity's trial must reach 95%
 
 
@@ -148,8 +162,12 @@ def test_a_second_trial_passes_at_95_percent_with_the_first_trials_requests_pool
     assert decide(evidence(19, 19), SLO, 5, 60, prior=(15, 15)) is None  # 34 pooled: not yet 95%
     decision = decide(evidence(20, 20), SLO, 5, 60, prior=(15, 15))
     assert decision is not None and decision.verdict == "pass" and decision.confident
-    # the second trial must agree on its own too: pooled evidence alone passes nothing
+    # the second trial must agree on its own too, at 80% (not only the steering 70%): pooled evidence alone
+    # passes nothing
     assert decide(evidence(16, 19), SLO, 5, 60, prior=(200, 200)) is None
+    assert decide(evidence(11, 11), SLO, 5, 60, prior=(200, 200)) is None  # 70% would do (0.910), 80% not (0.870)
+    agreeing = decide(evidence(15, 15), SLO, 5, 60, prior=(200, 200))
+    assert agreeing is not None and agreeing.verdict == "pass" and agreeing.confident
     failing = decide(evidence(0, MIN_FAIL_REQUESTS), SLO, 1, 60, prior=(15, 15))
     assert failing is not None and failing.verdict == "fail"
 
@@ -216,3 +234,4 @@ def test_a_search_can_be_the_watchers_stress_run_within_its_budget(tmp_path) -> 
     (tmp_path / "search.json").write_text(json.dumps(search.to_dict()))
     assert _capacity(tmp_path) == ", capacity 8 users (boundary in [8, 9])"
     assert _capacity(tmp_path / "nothing") == ""
+

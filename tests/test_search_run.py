@@ -229,25 +229,77 @@ eos_probability = 0.0
 
 def test_a_search_cuts_the_streams_its_verdicts_no_longer_need_at_each_step_down_and_at_its_end(
         tmp_path: Path) -> None:
-    # 5 slots, 50 tokens at 20 ms: 1 s a request. 5 passes, 10 fails, then 8 and 6 fail: each step down
+    # 5 slots, 100 tokens at 20 ms: 2 s a request. 5 passes, 10 fails, then 8 and 6 fail: each step down
     # stops users whose streams belong to a decided level, and the end leaves the last level's in flight.
-    # Drained (before), the channel served every one of them to the last token.
+    # Drained (before), the channel served every one of them to the last token. (A probe is decided at the
+    # request that settles it and the next tick, within a second, steps down or ends: the streams are
+    # longer than that so that the ones in flight at the decision are still there to cut.)
     profile = tmp_path / "cut.toml"
     profile.write_text(CUT_PROFILE)
     body = (SCENARIO.format(min=5).replace("max = 32", "max = 10").replace("probe_warmup_s = 1", "probe_warmup_s = 0")
-            .replace("max_tokens = 32", "max_tokens = 50").replace("ttft_s = 0.5", "ttft_s = 0.3")
+            .replace("max_tokens = 32", "max_tokens = 100").replace("ttft_s = 0.5", "ttft_s = 0.3")
             .replace("[slo]", "confirm = false\n[slo]"))
     run = sim_run(tmp_path, body, sim_args=["--profile", str(profile)], timeout=120)
     probes = json.loads((run.run_dir / "search.json").read_text())["probes"]
     assert [(p["level"], p["verdict"]) for p in probes] == [(5, "pass"), (10, "fail"), (8, "fail"), (6, "fail")]
     truth = run.truth
     cut = truth[truth["outcome"] == "client_closed"]
-    assert (cut["output_tokens"] < 50).all()
+    assert (cut["output_tokens"] < 100).all()
     # cut at the step downs: streams of the 10 and 8 levels that ended before the last probe began
     assert (cut["last_token"].fillna(cut["arrival"]) < probes[-1]["started_at"]).any(), truth[["arrival", "outcome"]]
-    # cut at the end: the last level's streams, none served to its end after the search was over
+    # cut at the end: the last level's streams, none served to its end after the search was over (the tick
+    # after its last decision; drained, they would end up to a stream's 2 s later)
     manifest = json.loads((run.run_dir / "manifest.json").read_text())
     ended = truth[truth["outcome"] == "ok"]["last_token"].max()
-    assert len(cut) >= 6 and ended < truth["arrival"].max() + 1.0, manifest.get("drain")
+    over = probes[-1]["started_at"] + probes[-1]["duration_s"] + 1.2
+    assert len(cut) >= 6 and ended < over, (len(cut), ended - over, manifest.get("drain"))
     df = run.records
     assert (df["status"] == "cancelled").sum() >= len(cut) - 1  # the run records the cut streams as cancelled
+
+
+def test_a_pass_inside_the_bracket_holds_on_for_its_second_trial_in_the_same_step(tmp_path: Path) -> None:
+    # 3 slots, e2e about 1.2 s: 2 passes, 4 fails (each request waits ~0.4 s for a slot), then 3 passes between
+    # them and its second trial holds on at once: the same step, no second warm-up, the requests the first
+    # trial left in flight counted by the second, and the analysis splits the step's requests between them.
+    server = SlotServer(slots=3, ttft_base_s=0.05, ttft_per_token_s=0.0, tpot_s=0.03)
+    body = (SCENARIO.format(min=2).replace("max = 32", "max = 4").replace("ttft_s = 0.5", "ttft_s = 0.3")
+            .replace("max_tokens = 32", "max_tokens = 40"))
+    probes = slot_search(tmp_path, server, body)
+    assert [(p["level"], p["verdict"], p["trial"]) for p in probes] == [
+        (2, "pass", 1), (4, "fail", 1), (3, "pass", 1), (3, "pass", 2)], [(p["level"], p["verdict"]) for p in probes]
+    first, second = probes[2], probes[3]
+    assert second["step"] == first["step"] and second["confident"] and not first["confident"]
+    assert second["started_at"] >= first["started_at"] + first["duration_s"] - 1.0  # held on after the first's decision
+    assert second["n"] >= 15 and second["n"] + first["n"] >= 35  # its own 80%, and 95% pooled with the first's
+    df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    step = df[df["step"] == first["step"]]
+    warm = step.loc[step["phase"] == "warmup", "started_at"]
+    assert (warm < first["started_at"] + 1.0 + 0.05).all()  # the first trial's warm-up only: none for the second
+    # the second trial's first evidence: requests sent before the first trial's decision, finished after it
+    assert ((step["started_at"] < second["started_at"]) & (step["finished_at"] > second["started_at"])
+            & (step["phase"] == "measure")).any()
+    analysed = run_cli_analyze(tmp_path / "run")
+    assert analysed.returncode == 0, analysed.stderr[-2000:]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())["search"]
+    assert s["capacity"] == 3 and s["disagreements"] == []
+    counted = step[(step["phase"] == "measure") & ((step["status"] == "ok") | (step["in_flight"] & (step["ttft_s"] > 0.3)))]
+    a, b = s["probes"][2], s["probes"][3]
+    assert a["n"] + b["n"] == len(counted)  # the step's requests split between the trials, none counted twice
+    assert abs(a["n"] - first["n"]) <= 2 and b["n"] >= second["n"] - 2  # each as the run counted it (finish races)
+
+
+def test_a_probe_is_decided_at_the_request_that_settles_it_and_its_users_then_send_nothing(tmp_path: Path) -> None:
+    # 8 slots, 10 tokens at 10 ms: about 0.15 s a request, 8 users about 50 requests/s. Decided at the shape's
+    # once-a-second tick, the pass at 95% (35 requests) had up to 50 more counted, each sent for nothing;
+    # decided at the request that settles it, it has exactly 35, and the users send nothing more while the
+    # search ends at the next tick.
+    server = SlotServer(slots=8, ttft_base_s=0.05, ttft_per_token_s=0.0, tpot_s=0.01)
+    body = (SCENARIO.format(min=8).replace("max = 32", "max = 8").replace("max_tokens = 32", "max_tokens = 10")
+            .replace("[slo]", "confirm = false\n[slo]"))
+    probes = slot_search(tmp_path, server, body)
+    assert [(p["level"], p["verdict"], p["confident"]) for p in probes] == [(8, "pass", True)]
+    p = probes[0]
+    assert p["n"] == 35
+    df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    decided_at = p["started_at"] + p["duration_s"]
+    assert df["started_at"].max() <= decided_at + 0.1, (df["started_at"].max() - decided_at)

@@ -129,11 +129,17 @@ class LoadState:
     plan_ends_at: float = 0.0  # wall time the whole plan ends (no open-loop send is scheduled after it)
     pacer: Pacer = field(default_factory=Pacer)  # back-off, rate caps and breaker pauses of this process
     failfast: FailFast = field(default_factory=FailFast)
+    probe_decided: bool = False  # a search's probe is decided: closed-loop users send nothing until the next one
 
     @classmethod
     def for_scenario(cls, scenario: Scenario) -> LoadState:
         load = scenario.load
         return cls(pacer=Pacer(load.max_rps, load.max_tokens_per_min), failfast=FailFast(scenario.stop.config_errors))
+
+    def follow(self, step: int, users: int, rate: float | None) -> None:
+        """The phase `step` begins with `users` closed-loop users or (this process's share of) `rate` req/s."""
+        self.step, self.users, self.rate = step, users, rate
+        self.probe_decided = False
 
     def new_test(self) -> None:
         """A (re)started test: no streak of configuration errors, no hold left from the previous one."""
@@ -160,8 +166,7 @@ def install_step_listener(environment: Environment, state: LoadState) -> None:
 
     def on_step(environment: Environment, msg: Any, **_: Any) -> None:
         data = msg.data
-        state.step, state.users = data["step"], data["users"]
-        state.rate = None if data["rate"] is None else data["rate"] / max(1, data["workers"])
+        state.follow(data["step"], data["users"], None if data["rate"] is None else data["rate"] / max(1, data["workers"]))
         state.pacer.workers = max(1, data["workers"])
         state.started_at, state.plan_ends_at = data["started_at"], data["plan_ends_at"]
         share = (data.get("budget") or {}).get(runner.client_id)
@@ -272,7 +277,7 @@ class RunControl:
                 message["budget"] = self.budgets
             runner.send_message(STEP_MESSAGE, message)
         else:
-            self.state.step, self.state.users, self.state.rate = phase.step, phase.users, phase.rate
+            self.state.follow(phase.step, phase.users, phase.rate)
             self.state.started_at, self.state.plan_ends_at = timing["started_at"], timing["plan_ends_at"]
             if phase.step == 1:
                 self.state.run_started_at = timing["started_at"]

@@ -2,7 +2,8 @@
 
 The master (or local runner) owns one `Prober`. Each probe is a step of the run
 (its records carry the step number): the shape asks `next_phase()` for the
-level to hold, looks at the probe's live evidence once a tick (`look`), and on
+level to hold, looks at the probe's live evidence once a tick (`look`; a run in
+one process also at every request counted: `ScenarioShape._decide_now`), and on
 a decision records the probe in the search and asks again. The evidence is
 the probe step's `Evidence` in the run's live token statistics: every process
 judges each measured request against the SLO where it finished (warm-up
@@ -29,7 +30,7 @@ from tokenload.load.records import write_json
 from tokenload.load.shapes import Phase
 from tokenload.load.tokenstats import Cell
 from tokenload.search.bisect import Probe, Search
-from tokenload.search.evidence import Decision, decide
+from tokenload.search.evidence import Decision, Evidence, decide
 from tokenload.search.resume import SEARCH_FILE, new_search
 from tokenload.slo import Slo
 from tokenload.workload.scenario import Scenario
@@ -53,6 +54,12 @@ class Prober:
         self.step = 0
         self.current: Phase | None = None
         self._started_at = 0.0
+        # A second trial held on from its first (`Search.continues`) shares its step: it counts only what the
+        # step's evidence gained since the first trial's decision (`_base`), over its own time (`_start_s`).
+        self._start_s = 0.0
+        self._base = Evidence()
+        self._base_tokens = 0
+        self.decided = False  # the current probe is recorded; `next_phase` has not moved on yet
         self.write()
 
     def _load(self) -> Search | None:
@@ -72,42 +79,50 @@ class Prober:
                 self.search.exhaust()
                 self.write()
             return None
+        self.decided = False
+        self._start_s = elapsed_s
+        self._started_at = time.time()
+        if self.current is not None and self.search.continues():  # same step: no warm-up, no drain, no new users
+            return self.current
+        self._base, self._base_tokens = Evidence(), 0
         self.step += 1
         users, rate = (int(level), None) if self.spec.over == "users" else (self.scenario.load.max_users, level)
         self.current = Phase(self.step, elapsed_s, elapsed_s + self.spec.max_probe_s, users, rate)
-        self._started_at = time.time()
         return self.current
 
     def look(self, cell: Cell | None, elapsed_s: float) -> bool:
-        """Decide the current probe if its evidence allows (True: it was decided and recorded)."""
+        """Decide the current probe if its evidence allows (True: it is decided and recorded, now or before)."""
         phase = self.current
-        if phase is None:
-            return False
+        if phase is None or self.decided:
+            return self.decided
         level = float(phase.users if phase.rate is None else phase.rate)
-        decision = decide(cell.evidence if cell is not None else _EMPTY.evidence, self.slo,
-                          elapsed_s - phase.start_s, self.spec.max_probe_s,
+        cell = cell or _EMPTY
+        evidence = cell.evidence.minus(self._base)
+        decision = decide(evidence, self.slo, elapsed_s - self._start_s, self.spec.max_probe_s,
                           steer=not self.search.full_evidence(level), prior=self.search.prior(level))
         if decision is None:
             return False
-        self._record(phase, decision, cell, elapsed_s)
+        self._record(phase, decision, cell, evidence, elapsed_s)
+        self.decided = True
         return True
 
-    def _record(self, phase: Phase, decision: Decision, cell: Cell | None, elapsed_s: float) -> None:
+    def _record(self, phase: Phase, decision: Decision, cell: Cell, evidence: Evidence, elapsed_s: float) -> None:
         level = float(phase.users if phase.rate is None else phase.rate)
-        evidence = (cell or _EMPTY).evidence
         trial = 1 + sum(1 for p in self.search.probes if p.level == level)
-        tokens = (cell.input_tokens + cell.output_tokens) if cell is not None else 0
+        spent = cell.input_tokens + cell.output_tokens
+        tokens = spent - self._base_tokens
+        self._base, self._base_tokens = Evidence.from_dict(cell.evidence.to_dict()), spent  # a second trial's zero
         self.search.record(Probe(
             level=level, verdict=decision.verdict, trial=trial, n=evidence.judged, attainment=decision.attainment,
             ci=list(decision.ci) if decision.ci is not None else None, error_rate=decision.error_rate,
-            binding=decision.binding, duration_s=round(elapsed_s - phase.start_s, 3), tokens=tokens,
+            binding=decision.binding, duration_s=round(elapsed_s - self._start_s, 3), tokens=tokens,
             step=phase.step, confident=decision.confident, started_at=self._started_at, run_id=self.run_id,
             error_kinds=dict(evidence.error_kinds), missed_by=dict(evidence.missed_by)))
         rate_limited = evidence.error_kinds.get(ek.RATE_LIMITED, 0)
         if decision.verdict == "fail" and decision.binding == "errors" and evidence.load_errors \
                 and rate_limited >= RATE_LIMIT_SHARE * evidence.load_errors:
-            span = max(elapsed_s - phase.start_s, 1e-9)
-            per_min = (cell.requests if cell is not None else 0) / span * 60
+            span = max(elapsed_s - self._start_s, 1e-9)
+            per_min = cell.requests / span * 60
             self.search.stopped = (f"limited by the channel's rate limit at about {per_min:.0f} requests/min "
                                    f"({rate_limited} of {evidence.load_errors} load errors were 429s); "
                                    "that is a quota, not the channel's capacity")

@@ -144,12 +144,14 @@ class ScenarioShape(LoadTestShape):
         assert prober is not None
         phase = self._phase
         environment = self.runner.environment  # type: ignore[union-attr]  # set while ticking
+        environment.tokenload_tokens.watch = self._decide_now  # type: ignore[union-attr]  # a master: never called
         if phase is None or prober.look(current_run(environment).steps.get(phase.step), elapsed):
             phase = prober.next_phase(elapsed)
             if phase is None:  # the search is over: its own words, not "plan complete"
                 control.finish(prober.end_reason())
                 return None
-            control.plan.append(phase)
+            if phase is not self._phase:  # else a second trial holds on in its first trial's step
+                control.plan.append(phase)
         reason = control.stop_reason(elapsed, phase, self._phase)
         if reason is not None:
             control.finish(reason)
@@ -159,3 +161,21 @@ class ScenarioShape(LoadTestShape):
             control.enter(phase, time.time() - elapsed)
         control.write_live()
         return phase.users, control.scenario.load.spawn_rate
+
+    def _decide_now(self) -> None:
+        """A search in one process: decide the probe at the request that settles it, not at the next tick (up
+        to a second later), and hold the closed-loop users until that tick starts the next probe: what they
+        would send meanwhile counts for no probe. A second trial held on starts at once instead."""
+        environment = self.runner.environment  # type: ignore[union-attr]  # set while running
+        control = environment.tokenload  # type: ignore[union-attr]
+        prober = control.prober
+        phase = self._phase
+        if prober is None or phase is None or prober.decided or control.stopped is not None:
+            return
+        elapsed = self.get_run_time()
+        if not prober.look(current_run(environment).steps.get(phase.step), elapsed):
+            return
+        if prober.search.continues():
+            prober.next_phase(elapsed)
+        else:
+            control.state.probe_decided = True

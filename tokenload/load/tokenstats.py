@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
@@ -283,6 +283,8 @@ class TokenStats:
     def __init__(self, slo: Slo | None = None) -> None:
         self.runs: dict[str, RunStats] = {}
         self.slo = slo  # each finished request is judged against it where it finished (a search decides by it)
+        # Called after each request counted here (a search in one process decides its probe then: `shapes`).
+        self.watch: Callable[[], None] | None = None
 
     def run(self, run_id: str) -> RunStats:
         stats = self.runs.get(run_id)
@@ -293,10 +295,14 @@ class TokenStats:
     def observe(self, record: dict[str, Any], chunk_times: Sequence[float] | None = None,
                 judged: bool = False) -> None:
         self.run(str(record.get("run_id") or "")).observe(record, chunk_times, None if judged else self.slo)
+        if self.watch is not None:
+            self.watch()
 
     def late(self, run_id: str, step: int) -> None:
         """A measured request of `step` is still without its first token past the SLO's TTFT (`Evidence.late`)."""
         _cell(self.run(run_id).steps, step).evidence.late()
+        if self.watch is not None:
+            self.watch()
 
     def take_wire(self) -> dict[str, Any]:
         """Everything not sent yet, as msgpack-friendly data, and forget it."""

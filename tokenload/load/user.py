@@ -137,8 +137,10 @@ class LLMUser(User):
         if state.failfast.tripped or (budget is not None and not budget.admit()):
             self.parked = True  # the channel is misconfigured, or this process's share of the limits is spent
             return
-        while ctx.arrivals is None and ctx.warmup is not None and ctx.warmup.draining():
-            self._pause(DRAIN_POLL_S)  # a search stepped down: wait until the backlog is below the level
+        while ctx.arrivals is None and (state.probe_decided or (ctx.warmup is not None and ctx.warmup.draining())):
+            # a search's probe is decided (what it sent now would count for no probe), or it stepped down:
+            # wait for the next probe, or until the backlog is below the level
+            self._pause(DRAIN_POLL_S)
         row: TraceRow | None = None
         if isinstance(ctx.arrivals, TraceArrivals):
             slot = ctx.arrivals.wait_row()

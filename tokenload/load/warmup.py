@@ -7,8 +7,9 @@ them. A request is warm-up (`phase = "warmup"` in the records; the others are
 or is sent within the run's first `[load] warmup_s` seconds (counted from the
 first step's start on the shape's clock, the same in every process), and the
 analysis drops warm-up rows when it loads a run; a search also marks each probe's first
-`[load] probe_warmup_s` seconds, and after a step down (a failing level, then a
-lower one) the requests sent at the higher level are still on the channel (its
+`[load] probe_warmup_s` seconds (a second trial held on in its first trial's step has
+none: it goes on at its level). After a step down (a failing level, then a lower one)
+the requests sent at the higher level are still on the channel (its
 queue, its busy slots): a request sent among them would judge the lower level
 by the higher one's congestion. Closed-loop users therefore send nothing while
 this process has a higher level's request in flight and as many requests in
@@ -38,7 +39,8 @@ DRAIN_POLL_S = 0.05  # how often a user held by a step down's drain looks again
 class Warmup:
     """Marks this process's warm-up requests (one per process): its first `requests`, any sent in the
     run's first `seconds` (the run's start is `state.run_started_at`, set by the first step), any sent
-    in each step's first `step_seconds` (a search's probes: the users of a new level are still starting),
+    in each step's first `step_seconds` (a search's probes: the users of a new level are still starting, the
+    streams a step down cut are still being freed on the channel),
     and, with `drain` (a search), any sent while a step down's backlog is still in flight (`draining`)."""
 
     def __init__(self, requests: int, seconds: float = 0.0, state: LoadState | None = None,

@@ -5,12 +5,13 @@ starts at `min` and doubles until a level fails (or `max` passes: the capacity
 is above the range). Then it bisects between the highest passing level below
 the failure and the lowest failing one until they are `resolution` apart
 (users: an absolute step; rate: a relative one, 0.1 = 10%). Finally the
-highest passing level is held again: it must pass a second time. A second
+highest passing level is held again: it must pass a second time (a level that
+passes inside the bracket, or at `max`, at once: `continues`). A second
 trial that fails is a disagreement: it is kept in the record, the level counts
 as failing from then on, and the search continues below it.
 
 Only the capacity needs a confident pass: a first pass only steers the search
-(it is decided at 80%, `evidence.STEER_Z`), since every level below the
+(it is decided at 70%, `evidence.STEER_Z`), since every level below the
 boundary is tested again by the levels probed after it, and a wrong steer ends
 in a second trial that disagrees. The second trial must pass at 95%
 (`full_evidence`); a first pass that already reached 95% needs none. With
@@ -54,7 +55,7 @@ class Probe:
     duration_s: float
     tokens: int
     step: int = 0  # the run's step number of this probe (records carry it)
-    confident: bool = True  # a pass at 95%, not only at the steering 80%
+    confident: bool = True  # a pass at 95%, not only at the steering 70%
     started_at: float = 0.0
     run_id: str = ""  # the run whose records hold this probe (a resumed search holds earlier runs' probes)
     error_kinds: dict[str, int] = field(default_factory=dict)
@@ -157,9 +158,25 @@ class Search:
             if hi <= self._round(self.min_level):
                 return None
             return self._round(self.min_level)
+        if self.continues():  # a pass inside the bracket: its second trial now, while its requests are in flight
+            return lo
         if not self._close(lo, hi):
             return self._between(lo, hi)
         return self._confirmation(lo)
+
+    def continues(self) -> bool:
+        """The next probe is the second trial of the level that just passed, held on without a break: its
+        first trial passed only to steer, and either failing levels bracket it (bisection: each of its passes
+        may be the capacity) or it is `max`. The requests the first trial left in flight, not counted by it,
+        are the second trial's first evidence, so the trial costs the ~25 requests it needs instead of a fresh
+        start at the level (a warm-up, and a whole level's requests in flight before the first one counts)."""
+        if not self.confirm or not self.probes or self.stopped is not None:
+            return False
+        last = self.probes[-1]
+        if last.verdict != "pass" or last.confident or last.trial != 1:
+            return False
+        lo, hi = self.bounds()
+        return lo == last.level and (hi is not None or last.level >= self.max_level)
 
     def _confirmation(self, level: float) -> float | None:
         trials = [p for p in self.probes if p.level == level]

@@ -1,6 +1,7 @@
 """One probe's verdict from its requests: a sequential decision on the SLO attainment and the error rate.
 
-A probe holds its load level and looks at its evidence about once a second.
+A probe holds its load level and looks at its evidence at every request counted (in one process;
+with workers, once a second).
 Each look computes the 95% Wilson interval of the attainment (the share of
 judged requests that met every SLO term) and of the load-error rate:
 
@@ -15,10 +16,12 @@ judged requests that met every SLO term) and of the load-error rate:
   guessing).
 
 A pass that only steers the search (a level below the boundary, whose verdict
-the levels probed after it will test again: `bisect`) is decided at 80%
-(`STEER_Z`): a perfect level passes a 0.9 target after 15 requests instead of
-35. The level the search names as the capacity must pass at 95% (`confident`):
-its second trial passes when its own 80% interval and the 95% interval of both
+the levels probed after it will test again: `bisect`) is decided at 70%
+(`STEER_Z`): a perfect level passes a 0.9 target after `MIN_REQUESTS` (10)
+requests instead of 35. A wrong steer costs probes, never the answer: the levels
+above it fail, and its second trial, held to 95%, disagrees. The level the
+search names as the capacity must pass at 95% (`confident`): its second trial
+passes when its own 80% interval (`AGREE_Z`) and the 95% interval of both
 trials' requests pooled lie above the target (the first trial's requests count
 again, the second trial must agree on its own). A clearly failing level is
 decided after a handful of requests, always at 95%.
@@ -43,7 +46,8 @@ from tokenload.slo import COLUMN, Slo, missed_terms, verdict
 
 Verdict = Literal["pass", "fail", "undecided"]
 Z95 = 1.959963984540054
-STEER_Z = 1.2815515655446004  # a two-sided 80% interval: enough to steer, never to name the capacity
+STEER_Z = 1.0364333894937898  # a two-sided 70% interval: enough to steer, never to name the capacity
+AGREE_Z = 1.2815515655446004  # a two-sided 80% interval: a second trial's own, beside the 95% of both pooled
 MIN_REQUESTS = 10
 # A fail needs this many judged requests too: the first answers after a level change meet the queue it left.
 MIN_FAIL_REQUESTS = 5
@@ -158,7 +162,7 @@ def decide(evidence: Evidence, slo: Slo, elapsed_s: float, max_probe_s: float,
            min_requests: int = MIN_REQUESTS, steer: bool = False, prior: tuple[int, int] = (0, 0)) -> Decision | None:
     """The probe's verdict now, or None to keep gathering evidence.
 
-    `steer`: a pass at 80% will do. `prior`: (met, judged) of the level's earlier passing trial, pooled with
+    `steer`: a pass at 70% will do. `prior`: (met, judged) of the level's earlier passing trial, pooled with
     this one's for the 95% pass of a second trial.
     """
     n = evidence.judged
@@ -171,13 +175,14 @@ def decide(evidence: Evidence, slo: Slo, elapsed_s: float, max_probe_s: float,
             return Decision("fail", attainment, ci, error_rate, "errors")
         if ci[1] < slo.target:
             return Decision("fail", attainment, ci, error_rate, binding_term(evidence))
-        steering = wilson_interval(evidence.met, n, STEER_Z)
+        own = wilson_interval(evidence.met, n, AGREE_Z)
         pooled = wilson_interval(evidence.met + prior[0], n + prior[1])
-        if n >= min_requests and steering is not None and steering[0] >= slo.target:
-            if pooled is not None and pooled[0] >= slo.target:
-                return Decision("pass", attainment, ci, error_rate, None)
-            if steer:
-                return Decision("pass", attainment, ci, error_rate, None, confident=False)
+        if n >= min_requests and own is not None and own[0] >= slo.target and pooled is not None \
+                and pooled[0] >= slo.target:
+            return Decision("pass", attainment, ci, error_rate, None)
+        steering = wilson_interval(evidence.met, n, STEER_Z)
+        if steer and n >= min_requests and steering is not None and steering[0] >= slo.target:
+            return Decision("pass", attainment, ci, error_rate, None, confident=False)
     if elapsed_s >= max_probe_s:
         return Decision("undecided", attainment, ci, error_rate, binding_term(evidence))
     return None

@@ -83,7 +83,7 @@ Schema (all sections optional except `[load]`):
     probe_warmup_s = 2            # search: requests sent in each probe's first S seconds are warm-up (after a
                                   # step down, users wait until the higher level's backlog is below the level)
     confirm = true                # search: hold the last passing level again; it must pass twice (at 95%)
-    max_probes = 19               # search: at most this many probes (default: what the range needs, see docs)
+    max_probes = 25               # search: at most this many probes (default: what the range needs, see docs)
 
     [stop]
     duration_s = 0                # cap on the whole run; 0 = the load plan's length
@@ -384,14 +384,15 @@ PROBE_SLACK = 2
 
 def default_max_probes(over: str, low: float, high: float, resolution: float) -> int:
     """The probes a search of [low, high] to `resolution` needs: the doublings up to `high`, the
-    bisection of the widest bracket they can leave, the boundary's second trial, and `PROBE_SLACK`
-    (1..256 users to 1 user: 9 + 7 + 1 + 2 = 19)."""
+    bisection of the widest bracket they can leave with a second trial after each of its passes (each may
+    be the capacity: `Search.continues`; with none, the boundary's own), and `PROBE_SLACK`
+    (1..256 users to 1 user: 9 + 2 x 7 + 2 = 25)."""
     doublings = math.ceil(math.log2(high / low) - 1e-9) + 1 if high > low else 1
     if over == "users":  # the last bracket is [high / 2, high] at widest
         bisections = math.ceil(math.log2(max(1.0, high / 2 / max(1.0, resolution))) - 1e-9)
     else:  # a rate bracket [lo, 2 lo] cut geometrically until hi <= lo x (1 + resolution)
         bisections = math.ceil(math.log2(math.log(2) / math.log1p(resolution)) - 1e-9)
-    return doublings + max(0, bisections) + 1 + PROBE_SLACK
+    return doublings + max(1, 2 * bisections) + PROBE_SLACK
 
 
 @dataclass(frozen=True)
@@ -405,7 +406,7 @@ class SearchSpec:
     max_probe_s: float = 60.0
     probe_warmup_s: float = 2.0
     confirm: bool = True
-    max_probes: int = 19  # parse derives it from the range (`default_max_probes`)
+    max_probes: int = 25  # parse derives it from the range (`default_max_probes`)
 
     @classmethod
     def parse(cls, d: dict[str, Any], ctx: _Ctx) -> SearchSpec:
