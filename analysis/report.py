@@ -116,6 +116,9 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     if bp:
         note = f" ({summary['breakpoint_note']})" if summary.get("breakpoint_note") else ""
         rows.append(("Breakpoint", f"{breakpoint_text(bp)} ({bp['reason']}): {bp['detail']}{note}", False))
+    elif search:  # the step rules need steps held as a ramp holds them; "run a ramp" would send the user away
+        rows.append(("Breakpoint", "see the capacity the search found: its probes are decided by their own evidence, "
+                                   "not held long enough for the step rules", None))
     else:
         rows.append(("Breakpoint", summary.get("breakpoint_note") or "none",
                      None if (run.get("completeness") or {}).get("note") else True))

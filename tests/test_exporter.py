@@ -211,6 +211,9 @@ class _Gate(Collector):
     def __init__(self) -> None:
         self.open = threading.Event()
 
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # registering asks this, not `collect`, which would wait for the gate
+
     def collect(self) -> Iterator[Metric]:
         self.open.wait(10)
         return iter(())

@@ -19,6 +19,8 @@ from fakeserver import FakeServer, json_script
 from loadkit import run_cli, sim_run, write_scenario
 from slotserver import SlotServer
 
+from tokenload.analysis.report import verdict_rows
+
 pytestmark = pytest.mark.slow
 
 SCENARIO = """
@@ -282,6 +284,9 @@ def test_a_pass_inside_the_bracket_holds_on_for_its_second_trial_in_the_same_ste
     assert analysed.returncode == 0, analysed.stderr[-2000:]
     s = json.loads((tmp_path / "run" / "summary.json").read_text())["search"]
     assert s["capacity"] == 3 and s["disagreements"] == []
+    breakpoint_row = next(text for topic, text, _ in verdict_rows(json.loads(
+        (tmp_path / "run" / "summary.json").read_text())) if topic == "Breakpoint")
+    assert "run a ramp" not in breakpoint_row and "search found" in breakpoint_row  # not sent away from the answer
     counted = step[(step["phase"] == "measure") & ((step["status"] == "ok") | (step["in_flight"] & (step["ttft_s"] > 0.3)))]
     a, b = s["probes"][2], s["probes"][3]
     assert a["n"] + b["n"] == len(counted)  # the step's requests split between the trials, none counted twice
