@@ -130,3 +130,45 @@ def test_a_batch_sent_again_lands_once_done_waits_for_every_batch_and_a_sealed_r
     assert sorted(out["ids"]) == [f"r{i}" for i in range(9)]  # each record once in requests.parquet
     assert out["late_sealed"] is True  # written after the seal: refused, the worker is told
     assert "requests.parquet" in out["after_seal"] and "segments" not in out["after_seal"]
+
+
+STEP_CHILD = r"""
+import json, socket, sys, time
+
+from locust.env import Environment
+import gevent
+
+from tokenload.load.control import STEP_MESSAGE, EarlyMessages, LoadState, install_step_listener
+from tokenload.workload.scenario import load_scenario
+
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+master = Environment().create_master_runner("127.0.0.1", port)
+worker_env = Environment()
+worker = worker_env.create_worker_runner("127.0.0.1", port)
+inbox = EarlyMessages(worker)  # at the worker's start, as the plugin's init makes it
+deadline = time.monotonic() + 20
+while not master.clients and time.monotonic() < deadline:
+    gevent.sleep(0.1)
+# The master's first step, before the worker has joined the run (its run message not come yet).
+master.send_message(STEP_MESSAGE, {"step": 1, "users": 6, "rate": None, "workers": 1, "started_at": time.time(),
+                                   "plan_ends_at": time.time() + 20, "budget": {worker.client_id: [40, None]}})
+gevent.sleep(1.0)
+state = LoadState.for_scenario(load_scenario("smoke"))
+install_step_listener(worker_env, state, inbox)  # the join
+print(json.dumps({"step": state.step, "budget": None if state.budget is None else state.budget.max_requests}))
+sys.stdout.flush()
+master.quit()
+worker.quit()
+"""
+
+
+def test_a_step_sent_before_the_worker_joined_reaches_it_with_its_share_of_the_limit() -> None:
+    """The master may step before a worker has joined (it starts once every worker is ready, maybe before it
+    read one's hello): that step carries the worker's share of `max_requests`, and dropped it let the worker send
+    60 requests of a 40 limit."""
+    child = subprocess.run([sys.executable, "-c", STEP_CHILD], capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stderr[-3000:]
+    out = json.loads(child.stdout.strip().splitlines()[-1])
+    assert out == {"step": 1, "budget": 40}

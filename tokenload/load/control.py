@@ -154,8 +154,45 @@ class LoadState:
             self.pacer.release()
 
 
-def install_step_listener(environment: Environment, state: LoadState) -> None:
-    """On a worker: follow the master's phase announcements and pauses; report configuration errors."""
+class EarlyMessages:
+    """On a worker, from its start: the master's step, drain and pause messages, kept until the worker has joined
+    the run and then handed to its listeners in order.
+
+    A worker joins when the master's run message comes (the answer to its hello, or the test's start), and the
+    master may send its first step message before that: it starts the plan as soon as every worker is ready,
+    which can be before it has read a worker's hello. Locust drops a message nobody listens to, and that one
+    carries the worker's share of `max_requests`: without it the worker sent until the master stopped the run
+    (60 requests of a 40 limit, with the machine busy).
+    """
+
+    NAMES = (STEP_MESSAGE, DRAIN_MESSAGE, PAUSE_MESSAGE)
+
+    def __init__(self, runner: WorkerRunner) -> None:
+        self._listeners: dict[str, Callable[..., None]] = {}
+        self._kept: list[tuple[str, Environment, Any]] = []
+        for name in self.NAMES:
+            runner.register_message(name, self._receiver(name))
+
+    def _receiver(self, name: str) -> Callable[..., None]:
+        def receive(environment: Environment, msg: Any, **_: Any) -> None:
+            listener = self._listeners.get(name)
+            if listener is None:
+                self._kept.append((name, environment, msg))
+            else:
+                listener(environment, msg)
+        return receive
+
+    def listen(self, listeners: Mapping[str, Callable[..., None]]) -> None:
+        """From now on each message goes to its listener; the ones kept so far go first, in the order they came."""
+        self._listeners = dict(listeners)
+        kept, self._kept = self._kept, []
+        for name, environment, msg in kept:
+            self._listeners[name](environment, msg)
+
+
+def install_step_listener(environment: Environment, state: LoadState, inbox: EarlyMessages) -> None:
+    """On a worker: follow the master's phase announcements and pauses (those that came before this call
+    included: `inbox`); report configuration errors."""
 
     runner = environment.runner
     assert isinstance(runner, WorkerRunner)
@@ -183,9 +220,8 @@ def install_step_listener(environment: Environment, state: LoadState) -> None:
     def on_drain(environment: Environment, msg: Any, **_: Any) -> None:
         environment.stop_timeout = msg.data["drain_s"]  # ahead of the master's stop or quit on the same socket
 
-    runner.register_message(STEP_MESSAGE, on_step)
-    runner.register_message(DRAIN_MESSAGE, on_drain)
-    runner.register_message(PAUSE_MESSAGE, lambda environment, msg, **_: state.pause(msg.data["paused"]))
+    inbox.listen({STEP_MESSAGE: on_step, DRAIN_MESSAGE: on_drain,
+                  PAUSE_MESSAGE: lambda environment, msg, **_: state.pause(msg.data["paused"])})
 
 
 class RunControl:

@@ -54,7 +54,7 @@ from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 from tokenload.channel import Channel
 from tokenload.load import census, courier, handoff, lifeline, records, series, tokenstats
 from tokenload.load.arrivals import Arrivals, TraceArrivals
-from tokenload.load.control import LoadState, RunControl, install_step_listener
+from tokenload.load.control import EarlyMessages, LoadState, RunControl, install_step_listener
 from tokenload.load.drain import DRAIN_GRACE_S, DRAIN_MESSAGE
 from tokenload.load.handoff import bind, resolve_scenario_channel
 from tokenload.load.lag import LagProbe
@@ -94,7 +94,8 @@ def _init(environment: Environment, **_: Any) -> None:
     _ENVIRONMENT = environment
     if isinstance(environment.runner, WorkerRunner):
         courier.follow_acks(environment)
-        series.follow_master(environment, lambda scenario, channel: _join(environment, scenario, channel))
+        inbox = EarlyMessages(environment.runner)  # before the hello: the master may step before it answers
+        series.follow_master(environment, lambda scenario, channel: _join(environment, scenario, channel, inbox))
         _arm_lifeline(environment)
         return
     scenario = load_scenario(opts.scenario)
@@ -123,7 +124,7 @@ def _init(environment: Environment, **_: Any) -> None:
     _arm_lifeline(environment)
 
 
-def _join(environment: Environment, scenario: Scenario, channel: dict[str, Any]) -> None:
+def _join(environment: Environment, scenario: Scenario, channel: dict[str, Any], inbox: EarlyMessages) -> None:
     """A worker joins its master's run: the master's resolved scenario; under plain Locust, its channel's URL.
 
     Runs in the handler of the master's first run message, so it is done before any spawn message is handled.
@@ -132,7 +133,7 @@ def _join(environment: Environment, scenario: Scenario, channel: dict[str, Any])
     state = LoadState.for_scenario(scenario)
     environment.tokenload_state = state  # type: ignore[attr-defined]
     tokenstats.install(environment, scenario.slo)
-    install_step_listener(environment, state)
+    install_step_listener(environment, state, inbox)
     census.follow_census(environment, state)
     if handoff.channel_from_env() is None and channel.get("base_url"):
         environment.host = channel["base_url"]
