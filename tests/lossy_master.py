@@ -1,12 +1,15 @@
 """A locustfile for tests: tokenload's own, on a master that loses acknowledgements of batches.
 
-By default it drops its first acknowledgement of a batch: the worker never
+By default it drops every acknowledgement (of a batch or of the worker's
+state) from its first batch's until that batch comes again: the worker never
 hears that its first batch arrived, so it sends that batch again and the master
 gets it twice, for real, over Locust's channel. With `LOSSY_MASTER_MUTE_S=S` in
 its environment it drops every acknowledgement for S seconds from the first
-batch it receives instead: to the worker, a master it cannot reach. Either way
-it writes `acks.json` into its working directory: for each batch number, the
-seconds (since its first batch) at which a copy of it came in.
+batch it receives instead: to the worker, a master it cannot reach. With
+`LOSSY_MASTER_STATE_ONLY=1` it drops every acknowledgement of a batch and
+passes only those of the worker's state. Either way it writes `acks.json` into
+its working directory: for each batch number, the seconds (since its first
+batch) at which a copy of it came in.
 """
 
 import json
@@ -24,6 +27,7 @@ from tokenload.locustfiles.llm import LLMUser, ScenarioShape
 __all__ = ["LLMUser", "ScenarioShape"]
 
 MUTE_S = float(os.environ.get("LOSSY_MASTER_MUTE_S", "0"))
+STATE_ONLY = os.environ.get("LOSSY_MASTER_STATE_ONLY") == "1"
 
 
 @events.init.add_listener
@@ -31,7 +35,7 @@ def _lose_acks(environment: Environment, **_: Any) -> None:
     runner = environment.runner
     assert runner is not None
     send = runner.send_message
-    dropped: list[int] = []
+    first: list[int] = []  # the first batch's number
     arrivals: dict[int, list[float]] = {}  # batch number -> seconds since the first batch, one per copy received
     started: list[float] = []
 
@@ -39,12 +43,12 @@ def _lose_acks(environment: Environment, **_: Any) -> None:
         if msg_type == ACK_MESSAGE:
             now, seq = time.monotonic(), data.get("seq")
             if seq is not None:  # the master answers each copy of a batch it receives
-                started[:] = started or [now]
+                started[:], first[:] = started or [now], first or [seq]
                 arrivals.setdefault(seq, []).append(now - started[0])
                 Path("acks.json").write_text(json.dumps(arrivals))
             muted = bool(started) and now - started[0] < MUTE_S
-            if muted or (not MUTE_S and seq is not None and not dropped):
-                dropped.append(seq)
+            lost = not (MUTE_S or STATE_ONLY) and bool(first) and len(arrivals[first[0]]) < 2
+            if muted or lost or (STATE_ONLY and seq is not None):
                 return
         send(msg_type, data, client_id)
 

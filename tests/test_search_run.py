@@ -182,13 +182,19 @@ def test_a_step_down_judges_the_lower_level_only_once_the_higher_levels_backlog_
     # was in flight until the next probe began
     cut_at = df["step"].map({p["step"]: q["started_at"] for p, q in zip(probes, probes[1:])})
     starts, ends = df["started_at"].to_numpy(), df["finished_at"].fillna(cut_at).fillna(float("inf")).to_numpy()
+    users = df["user_id"].to_numpy()
     for prev, p in downs:
         step = df[df["step"] == p["step"]]
         assert len(step[step["phase"] == "measure"]) >= p["n"] > 0
+        # a user the step down stopped sent nothing at the lower level (before: one did, in the moment before
+        # Locust stopped it, and its cut request stayed among the level's own)
+        assert step["user_id"].nunique() == p["level"], step[["user_id", "status", "started_at"]]
         # every request of the lower level was sent among fewer than `level` others in flight: the higher
         # level's backlog was below the level, as in the level's own steady state (before: up to 3 at 2)
-        for t in step["started_at"]:
-            others = int(((starts < t) & (ends > t)).sum())
+        for t, user in zip(step["started_at"], step["user_id"]):
+            # (not the user's own previous request: its end, started_at + a perf_counter duration, may fall a
+            # fraction of a millisecond after the wall clock of the next one's start)
+            others = int(((starts < t) & (ends > t) & (users != user)).sum())
             assert others < p["level"], (p["level"], others)
         # the backlog was there: some request of the higher level was still in flight when the step began
         higher = ends[(df["step"] == prev["step"]).to_numpy()]

@@ -8,7 +8,9 @@ and sends each one to the master as a Locust message (`BATCH_MESSAGE`: run id,
 worker, segment number, the file's bytes, the worker's state). The master
 writes it into its run directory under the same name, keeping only request ids
 it has not seen in that run, and acknowledges it (`ACK_MESSAGE`, to that worker
-only); the worker then deletes the spooled file. A batch without an
+only); the worker then deletes the spooled file. An acknowledged state frees
+every batch it counts as well (the master writes a state only once they all
+arrived), so a lost acknowledgement of a batch costs no copy after the end. A batch without an
 acknowledgement is sent again after `RESEND_S` (a lost message, a reconnect), so
 the master may get one twice: the second copy adds no record. While nothing is
 acknowledged (the master unreachable) each batch waits twice as long before each
@@ -141,9 +143,12 @@ class Outbox:
         self._state_sent = (at, None if last is None else (last[0], RESEND_S))
         if data.get("sealed"):
             self.writer.sealed = True
-        if data.get("seq") is not None:
-            (self.writer.dir / records.segment_name(self.writer.worker, int(data["seq"]))).unlink(missing_ok=True)
-            self._sent.pop(data["seq"], None)
+        # A state is acknowledged only once every batch it counts has arrived: those are in too, also when their
+        # own acknowledgements were lost (the master may finalise and go before it hears them again).
+        arrived = range(int(data.get("segments") or 0)) if data.get("state_at") is not None else range(0)
+        for seq in {*arrived, *([int(data["seq"])] if data.get("seq") is not None else [])}:
+            (self.writer.dir / records.segment_name(self.writer.worker, seq)).unlink(missing_ok=True)
+            self._sent.pop(seq, None)
         if data.get("state_at") is not None:
             self.state_acked = data["state_at"]
 
@@ -264,12 +269,12 @@ class Inbox:
         elif seq is not None:
             counts["duplicate_records"] += feather.read_table(pa.BufferReader(data["data"])).num_rows
         state = data["state"]
-        state_at = None
+        state_at, segments = None, 0
         if state and got.issuperset(range(int(state.get("segments", 0)))):
             records.write_json(seg / f"{worker}.state.json", {**state, "worker": worker, "courier": dict(counts)})
-            state_at = state.get("updated_at")
-        self.runner.send_message(ACK_MESSAGE, {"run_id": run_id, "seq": seq, "state_at": state_at},
-                                 client_id=msg.node_id)
+            state_at, segments = state.get("updated_at"), int(state.get("segments", 0))
+        self.runner.send_message(ACK_MESSAGE, {"run_id": run_id, "seq": seq, "state_at": state_at,
+                                               "segments": segments}, client_id=msg.node_id)
 
     def _write(self, seg: Path, run_id: str, worker: str, seq: int, data: bytes) -> int:
         """Write a batch's records not seen before in this run; returns how many were seen already."""

@@ -38,6 +38,7 @@ import gevent
 from greenlet import GreenletExit
 from locust import User, task
 from locust.exception import StopUser
+from locust.runners import LocalRunner
 from locust.user.task import LOCUST_STATE_RUNNING, LOCUST_STATE_STOPPING, LOCUST_STATE_WAITING
 
 from tokenload import errors as ek
@@ -137,9 +138,11 @@ class LLMUser(User):
         if state.failfast.tripped or (budget is not None and not budget.admit()):
             self.parked = True  # the channel is misconfigured, or this process's share of the limits is spent
             return
-        while ctx.arrivals is None and (state.probe_decided or (ctx.warmup is not None and ctx.warmup.draining())):
+        while ctx.arrivals is None and (state.probe_decided or self._surplus()
+                                        or (ctx.warmup is not None and ctx.warmup.draining())):
             # a search's probe is decided (what it sent now would count for no probe), or it stepped down:
-            # wait for the next probe, or until the backlog is below the level
+            # wait for the next probe, for Locust to stop the users it removed, or until the backlog is below
+            # the level
             self._pause(DRAIN_POLL_S)
         row: TraceRow | None = None
         if isinstance(ctx.arrivals, TraceArrivals):
@@ -165,6 +168,16 @@ class LLMUser(User):
             first = first or record["request_id"]
         if conversation is not None and answer is not None:
             conversation.answered("".join(answer) if record is not None and record["status"] == "ok" else None)
+
+    def _surplus(self) -> bool:
+        """A search in one process stepped down, and Locust has yet to stop the users it removed (it does so a
+        moment after the shape's tick; any of them may be this one): send nothing until it has. Else a user
+        about to stop sends a request its stop cuts at once, which the channel still serves among the level's
+        own. (On a worker the master sets its share: its users keep the step's backlog rule only.)"""
+        runner = self.environment.runner
+        warmup = self.ctx.warmup
+        return (warmup is not None and warmup.drain and isinstance(runner, LocalRunner)
+                and runner.user_count > self.ctx.state.users)
 
     def _pace(self, tokens: int) -> float:
         """Wait at the process's gate (holds, then caps); returns how long it took."""

@@ -49,7 +49,7 @@ class Warmup:
         self._seconds = seconds
         self._state = state
         self._step_seconds = step_seconds
-        self._drain = drain
+        self.drain = drain
         self._flying: Counter[float] = Counter()  # requests in flight by the load level they were sent at
 
     def _level(self) -> float:
@@ -76,7 +76,7 @@ class Warmup:
         """A step down's backlog is in flight: a higher level's request, and (closed loop) as many requests
         as this process's share of the level's users, so one more would exceed the level."""
         state = self._state
-        if not self._drain or state is None:
+        if not self.drain or state is None:
             return False
         level = self._level()
         if not any(sent_at > level for sent_at in self._flying):
@@ -86,12 +86,12 @@ class Warmup:
     def sent(self) -> float:
         """A request goes out now: returns its level, to hand back to `finished` when it ends."""
         level = self._level()
-        if self._drain:
+        if self.drain:
             self._flying[level] += 1
         return level
 
     def finished(self, level: float) -> None:
-        if self._drain:
+        if self.drain:
             self._flying[level] -= 1
             if self._flying[level] <= 0:
                 del self._flying[level]
