@@ -8,7 +8,7 @@ from simfixtures import DemoRun
 
 
 def test_demo_history_finds_the_simulated_peak_and_off_peak(history_demo_run: DemoRun) -> None:
-    """`tokenload demo --history --duration 36` (run side by side with the other long runs: tests/simfixtures.py)."""
+    """`tokenload demo --history --duration 48` (run side by side with the other long runs: tests/simfixtures.py)."""
     out, done = history_demo_run.out, history_demo_run.proc
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == str(out / "history" / "history.html")
