@@ -202,6 +202,27 @@ def test_a_step_down_judges_the_lower_level_only_once_the_higher_levels_backlog_
     assert [p["verdict"] for p in probes if p["level"] == 2] == ["pass", "pass"]
 
 
+def test_a_step_ups_warm_up_is_its_new_users_first_requests_and_the_old_users_requests_count(tmp_path: Path) -> None:
+    # 8 slots, e2e about 0.2 s: the old users send four or five times in a 1 s warm-up
+    server = SlotServer(slots=8, ttft_base_s=0.02, ttft_per_token_s=0.0, tpot_s=0.005)
+    probes = slot_search(tmp_path, server, SCENARIO.format(min=2).replace("max = 32", "max = 4"))
+    df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    ups = [(prev, p) for prev, p in zip(probes, probes[1:]) if p["level"] > prev["level"]]
+    assert [p["level"] for _, p in ups] == [4], [(p["level"], p["verdict"]) for p in probes]
+    for prev, p in ups:
+        step = df[df["step"] == p["step"]].sort_values("started_at")
+        window = step[step["started_at"] < p["started_at"] + 1.0]  # probe_warmup_s
+        older = set(df.loc[df["started_at"] < p["started_at"], "user_id"])
+        firsts = step[~step["user_id"].isin(older)].groupby("user_id").head(1)
+        assert len(firsts) == p["level"] - prev["level"] and (firsts["phase"] == "warmup").all()
+        # every other request sent once the new users had started is measured (before: all of the 1 s was
+        # warm-up): each is sent among the level's other requests, as in its steady state
+        counted = window[window["phase"] == "measure"]
+        assert len(counted) >= 4, window[["user_id", "phase", "started_at"]]
+        assert not counted.index.isin(firsts.index).any()
+        assert (counted["started_at"] >= p["started_at"] + (p["level"] - prev["level"]) / 100).all()  # spawn_rate
+
+
 def test_a_failing_probe_counts_requests_still_waiting_past_the_ttft_as_misses_before_they_finish(
         tmp_path: Path) -> None:
     # 1 slot, e2e about 2 s: at 6 users five requests queue behind the first, each late for the 0.5 s TTFT

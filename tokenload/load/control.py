@@ -130,6 +130,7 @@ class LoadState:
     pacer: Pacer = field(default_factory=Pacer)  # back-off, rate caps and breaker pauses of this process
     failfast: FailFast = field(default_factory=FailFast)
     probe_decided: bool = False  # a search's probe is decided: closed-loop users send nothing until the next one
+    rose_from: int = 0  # a step up's previous users (its users start at `spawn_rate`); else `users`
 
     @classmethod
     def for_scenario(cls, scenario: Scenario) -> LoadState:
@@ -138,6 +139,7 @@ class LoadState:
 
     def follow(self, step: int, users: int, rate: float | None) -> None:
         """The phase `step` begins with `users` closed-loop users or (this process's share of) `rate` req/s."""
+        self.rose_from = self.users if rate is None and users > self.users else users
         self.step, self.users, self.rate = step, users, rate
         self.probe_decided = False
 

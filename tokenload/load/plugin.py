@@ -293,7 +293,8 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         extra_body=scenario.output.extra_body(),
         think_time_s=load.think_time_s,
         retry=load.retry,
-        warmup=Warmup(load.warmup_requests, load.warmup_s, state, probe_warmup, drain=load.search is not None)
+        warmup=Warmup(load.warmup_requests, load.warmup_s, state, probe_warmup, drain=load.search is not None,
+                      spawn_rate=load.spawn_rate)
         if load.warmup_requests or load.warmup_s or load.search is not None else None,
         late_s=scenario.slo.ttft_s if load.search is not None else None,
     )

@@ -120,6 +120,7 @@ class LLMUser(User):
         self.user_id = self.ctx.new_user_id()
         self.parked = False
         self.session: Session | None = None
+        self.sends = 0  # requests this user has sent (its first, at a search's step up, is warm-up)
 
     def _session(self) -> Session | None:
         """This user's conversation for the next request (a new one once the last is over); None without [session]."""
@@ -214,7 +215,8 @@ class LLMUser(User):
         adapter = ctx.adapters[plan.model]
         state = ctx.state
         step, users, budget = state.step, state.users, state.budget
-        phase = ctx.warmup.phase() if ctx.warmup is not None else MEASURE
+        phase = ctx.warmup.phase(first=not self.sends) if ctx.warmup is not None else MEASURE
+        self.sends += 1
         sent_at = ctx.warmup.sent() if ctx.warmup is not None else 0.0
         if answer is not None:
             answer.clear()

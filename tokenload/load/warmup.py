@@ -8,7 +8,12 @@ or is sent within the run's first `[load] warmup_s` seconds (counted from the
 first step's start on the shape's clock, the same in every process), and the
 analysis drops warm-up rows when it loads a run; a search also marks each probe's first
 `[load] probe_warmup_s` seconds (a second trial held on in its first trial's step has
-none: it goes on at its level). After a step down (a failing level, then a lower one)
+none: it goes on at its level). At a closed-loop step up, only what is sent before the
+level is whole is warm-up: the first request of each user the probe started (it meets
+fewer than the level's requests in flight, and opens its connection) and anything sent
+while those users are still starting (at `spawn_rate`); a user already running that sends
+again after that sends among the level's other requests, as in the level's steady state,
+and is measured. After a step down (a failing level, then a lower one)
 the requests sent at the higher level are still on the channel (its
 queue, its busy slots): a request sent among them would judge the lower level
 by the higher one's congestion. Closed-loop users therefore send nothing while
@@ -44,12 +49,13 @@ class Warmup:
     and, with `drain` (a search), any sent while a step down's backlog is still in flight (`draining`)."""
 
     def __init__(self, requests: int, seconds: float = 0.0, state: LoadState | None = None,
-                 step_seconds: float = 0.0, drain: bool = False) -> None:
+                 step_seconds: float = 0.0, drain: bool = False, spawn_rate: float = 0.0) -> None:
         self._left = requests
         self._seconds = seconds
         self._state = state
         self._step_seconds = step_seconds
         self.drain = drain
+        self._spawn_rate = spawn_rate
         self._flying: Counter[float] = Counter()  # requests in flight by the load level they were sent at
 
     def _level(self) -> float:
@@ -58,7 +64,8 @@ class Warmup:
             return 0.0
         return float(state.rate if state.rate is not None else state.users)
 
-    def phase(self) -> Phase:
+    def phase(self, first: bool = True) -> Phase:
+        """The phase of a request sent now (`first`: its user's first request)."""
         if self._left > 0:
             self._left -= 1
             return WARMUP
@@ -68,9 +75,16 @@ class Warmup:
         now = time.time()
         if self._seconds and state.run_started_at and now < state.run_started_at + self._seconds:
             return WARMUP
-        if self._step_seconds and state.started_at and now < state.started_at + self._step_seconds:
+        if self._step_seconds and state.started_at and now < state.started_at + self._step_seconds \
+                and not (not first and self._level_whole(state, now)):
             return WARMUP
         return WARMUP if self.draining() else MEASURE
+
+    def _level_whole(self, state: LoadState, now: float) -> bool:
+        """A closed-loop step up whose new users have all started by `now` (they start at `spawn_rate`)."""
+        if state.rate is not None or not self._spawn_rate or state.rose_from >= state.users:
+            return False
+        return now >= state.started_at + (state.users - state.rose_from) / self._spawn_rate
 
     def draining(self) -> bool:
         """A step down's backlog is in flight: a higher level's request, and (closed loop) as many requests

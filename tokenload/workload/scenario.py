@@ -80,8 +80,9 @@ Schema (all sections optional except `[load]`):
     max = 256                     # search: the highest level probed
     resolution = 1                # search: stop when the boundary is this close (users: 1; rate: 0.1 = 10%)
     max_probe_s = 60              # search: a probe undecided after this long says "undecided"
-    probe_warmup_s = 2            # search: requests sent in each probe's first S seconds are warm-up (after a
-                                  # step down, users wait until the higher level's backlog is below the level)
+    probe_warmup_s = 2            # search: requests sent in each probe's first S seconds are warm-up (at a
+                                  # step up, only those sent before the level is whole: each new user's first;
+                                  # after a step down, users wait until the higher level's backlog is below it)
     confirm = true                # search: hold the last passing level again; it must pass twice (at 95%)
     max_probes = 25               # search: at most this many probes (default: what the range needs, see docs)
 
