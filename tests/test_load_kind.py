@@ -240,6 +240,10 @@ drain_s = 2
     sim = ["--profile", str(profile(tmp_path, 'extends = "fast"\nmax_output_tokens = 2\n'))]
     run = sim_run(tmp_path, scenario, sim_args=sim, ok=False)
     df, manifest = run.records, run.manifest
-    assert df.error_kind.eq("bad_request").all() and len(df) > 10
+    # every answered request is an input error; the end's hard cut (drain_s = 2) may catch a user's last one
+    # unanswered (a CI run: 1 of 4152, with the simulator busy answering a thousand refusals a second)
+    answered = df[~df["in_flight"]]
+    assert answered.error_kind.eq("bad_request").all() and len(answered) > 10
+    assert df["in_flight"].sum() <= 2 and (df.loc[df["in_flight"], "status"] == "cancelled").all()
     assert manifest["stop_reason"] == "plan complete", manifest["stop_reason"]
     assert df.step.max() == 2
