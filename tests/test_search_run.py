@@ -117,13 +117,14 @@ def test_a_stopped_search_resumes_without_repeating_decided_probes(tmp_path: Pat
     body = SCENARIO.format(min=2).replace("ttft_s = 0.5", "ttft_s = 0.3").replace("max_tokens = 32", "max_tokens = 16")
     scenario = write_scenario(tmp_path, body)
     try:
-        first = run_cli(scenario, server.url + "/v1", tmp_path / "a", "--protocol", "openai-chat", "--duration", "12",
+        # the whole search's probes take about 9 s (12 s of --duration ended none in a CI run), the first three 5 s
+        first = run_cli(scenario, server.url + "/v1", tmp_path / "a", "--protocol", "openai-chat", "--duration", "6",
                         model="gpt-test", timeout=200)
         assert first.returncode == 0, first.stderr[-2000:]
         before = json.loads((tmp_path / "a" / "search.json").read_text())
         assert before["stopped"].startswith("run stopped before the search ended")
         decided = [(p["level"], p["trial"]) for p in before["probes"]]
-        assert decided, "the first run decided no probe in 12 s"
+        assert decided, "the first run decided no probe in 6 s"
         second = run_cli(scenario, server.url + "/v1", tmp_path / "b", "--protocol", "openai-chat",
                          "--resume", str(tmp_path / "a"), model="gpt-test", timeout=300)
         assert second.returncode == 0, second.stderr[-2000:]
