@@ -117,7 +117,7 @@ def test_a_stopped_search_resumes_without_repeating_decided_probes(tmp_path: Pat
     body = SCENARIO.format(min=2).replace("ttft_s = 0.5", "ttft_s = 0.3").replace("max_tokens = 32", "max_tokens = 16")
     scenario = write_scenario(tmp_path, body)
     try:
-        # the whole search's probes take about 9 s (12 s of --duration ended none in a CI run), the first three 5 s
+        # the whole search's probes take about 9 s (in a CI run it ended inside 12 s), the first three 5 s
         first = run_cli(scenario, server.url + "/v1", tmp_path / "a", "--protocol", "openai-chat", "--duration", "6",
                         model="gpt-test", timeout=200)
         assert first.returncode == 0, first.stderr[-2000:]
