@@ -10,13 +10,14 @@ writes it into its run directory under the same name, keeping only request ids
 it has not seen in that run, and acknowledges it (`ACK_MESSAGE`, to that worker
 only); the worker then deletes the spooled file. An acknowledged state frees
 every batch it counts as well (the master writes a state only once they all
-arrived), so a lost acknowledgement of a batch costs no copy after the end. A batch without an
-acknowledgement is sent again after `RESEND_S` (a lost message, a reconnect), so
-the master may get one twice: the second copy adds no record. While nothing is
-acknowledged (the master unreachable) each batch waits twice as long before each
-next copy, up to `RESEND_MAX_S`, and any acknowledgement brings the wait back to
-`RESEND_S`: a copy sent into a cut network only waits in ZeroMQ's queue, so a
-fixed period would fill memory with one copy per batch every `RESEND_S`.
+arrived), so a lost acknowledgement of a batch costs no copy after the end. A
+batch without an acknowledgement is sent again after `RESEND_S` (a lost message,
+a reconnect), so the master may get one twice: the second copy adds no record.
+While nothing is acknowledged (the master unreachable) each batch waits twice as
+long before each next copy, up to `RESEND_MAX_S`, and any acknowledgement
+brings the wait back to `RESEND_S`: a copy sent into a cut network only waits in
+ZeroMQ's queue, so a fixed period would fill memory with one copy per batch
+every `RESEND_S`.
 
 The worker's state (records written, lag, `done`) is written into the master's
 run directory only once every segment it counts has arrived, so `done` there
@@ -143,14 +144,15 @@ class Outbox:
         self._state_sent = (at, None if last is None else (last[0], RESEND_S))
         if data.get("sealed"):
             self.writer.sealed = True
-        # A state is acknowledged only once every batch it counts has arrived: those are in too, also when their
-        # own acknowledgements were lost (the master may finalise and go before it hears them again).
-        arrived = range(int(data.get("segments") or 0)) if data.get("state_at") is not None else range(0)
-        for seq in {*arrived, *([int(data["seq"])] if data.get("seq") is not None else [])}:
-            (self.writer.dir / records.segment_name(self.writer.worker, seq)).unlink(missing_ok=True)
-            self._sent.pop(seq, None)
+        freed = set() if data.get("seq") is None else {int(data["seq"])}
         if data.get("state_at") is not None:
             self.state_acked = data["state_at"]
+            # A state is acknowledged only once every batch it counts has arrived: those are in too, also when
+            # their own acknowledgements were lost (the master may finalise and go before it hears them again).
+            freed.update(range(int(data.get("segments") or 0)))
+        for seq in freed:
+            (self.writer.dir / records.segment_name(self.writer.worker, seq)).unlink(missing_ok=True)
+            self._sent.pop(seq, None)
 
 
 def writer_for(environment: Environment, run_id: str, run_dir: Path, spool_root: Path | None,

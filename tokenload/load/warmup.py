@@ -76,13 +76,14 @@ class Warmup:
         if self._seconds and state.run_started_at and now < state.run_started_at + self._seconds:
             return WARMUP
         if self._step_seconds and state.started_at and now < state.started_at + self._step_seconds \
-                and not (not first and self._level_whole(state, now)):
+                and (first or not self._level_whole(state, now)):
             return WARMUP
         return WARMUP if self.draining() else MEASURE
 
     def _level_whole(self, state: LoadState, now: float) -> bool:
-        """A closed-loop step up whose new users have all started by `now` (they start at `spawn_rate`)."""
-        if state.rate is not None or not self._spawn_rate or state.rose_from >= state.users:
+        """A closed-loop step up (`LoadState.rose_from`) whose new users have all started by `now` (they start
+        at `spawn_rate`)."""
+        if not self._spawn_rate or state.rose_from >= state.users:
             return False
         return now >= state.started_at + (state.users - state.rose_from) / self._spawn_rate
 
