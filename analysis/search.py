@@ -49,14 +49,18 @@ def _recount(rows: pd.DataFrame, slo: Slo) -> Evidence:
 
 
 def _judged_at(rows: pd.DataFrame, slo: Slo) -> pd.Series:
-    """When the run counted each request: at its end, or (its first token late for the SLO) at `ttft_s`."""
+    """When the run counted each request: at its end, or (its first token late for the SLO, or in time for an
+    SLO of TTFT alone) `ttft_s` after it was sent, whichever came first."""
     at = rows["finished_at"].astype(float).fillna(rows["started_at"].astype(float))
     if slo.ttft_s is None:
         return at
+    deadline = rows["started_at"].astype(float) + slo.ttft_s
+    if slo.first_token_decides:
+        return at.where(at < deadline, deadline)
     waited = rows["ttft_s"].astype(float)
     if "duration_s" in rows:  # a cut stream never had a first token: late if it waited past ttft_s
         waited = waited.fillna(rows["duration_s"].astype(float))
-    return at.where(~(waited > slo.ttft_s), rows["started_at"].astype(float) + slo.ttft_s)
+    return at.where(~(waited > slo.ttft_s), deadline)
 
 
 def _trial_rows(rows: pd.DataFrame, slo: Slo, probes: list[Probe], i: int) -> pd.DataFrame:
@@ -140,7 +144,7 @@ def _probe_entry(p: Probe, over: str) -> dict[str, Any]:
     return {"level": _level(p.level, over), "verdict": p.verdict, "trial": p.trial, "n": p.n,
             "attainment": p.attainment, "ci": p.ci, "error_rate": p.error_rate, "binding": p.binding,
             "duration_s": p.duration_s, "tokens": p.tokens, "step": p.step, "run_id": p.run_id,
-            "confident": p.confident}
+            "confident": p.confident, "early": p.early}
 
 
 def _tokens(n: int) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from tokenload.search.bisect import Probe, Search
-from tokenload.search.evidence import MIN_FAIL_REQUESTS, Evidence, decide, wilson_interval
+from tokenload.search.evidence import LATE, MIN_FAIL_REQUESTS, ON_TIME, Evidence, decide, wilson_interval
 from tokenload.slo import Slo
 from tokenload.workload.scenario import default_max_probes
 
@@ -211,6 +211,81 @@ def test_every_set_threshold_is_judged_and_unset_ones_are_not() -> None:
     ev.count(strict, record())  # tpot 0.02 > 0.01
     ev.count(Slo(ttft_s=0.5, tpot_s=None, itl_s=None, e2e_s=None), record())
     assert ev.met == 1 and ev.missed_by == {"tpot": 1}
+
+
+TTFT_ONLY = Slo(ttft_s=0.5, e2e_s=None, target=0.9, max_error_rate=0.05)
+
+
+def test_only_an_slo_of_ttft_alone_is_decided_at_the_first_token() -> None:
+    assert TTFT_ONLY.first_token_decides and SLO.first_token_decides
+    assert not Slo(ttft_s=0.5, e2e_s=3.0).first_token_decides  # the e2e term waits for the last token
+    assert not Slo(ttft_s=None, e2e_s=3.0).first_token_decides
+    assert not Slo(ttft_s=0.5, e2e_s=None, tpot_s=0.05).first_token_decides
+
+
+def test_early_hits_steer_and_fail_a_level_and_a_confident_pass_needs_finished_requests_of_its_own() -> None:
+    early = Evidence(early=10)
+    steering = decide(early, TTFT_ONLY, 1, 60, steer=True)  # ten first tokens in time: enough to steer
+    assert steering is not None and steering.verdict == "pass" and not steering.confident
+    assert (steering.n, steering.early, steering.attainment) == (10, 10, 1.0)
+    # a confident pass: its own 80% from finished requests (15 at least), the 95% from all of them
+    assert decide(Evidence(early=100), TTFT_ONLY, 1, 60) is None
+    assert decide(Evidence(judged=14, met=14, early=30), TTFT_ONLY, 1, 60) is None
+    confident = decide(Evidence(judged=15, met=15, early=20), TTFT_ONLY, 1, 60)
+    assert confident is not None and confident.confident and (confident.n, confident.early) == (35, 20)
+    # early hits weigh against the misses counted in flight: five late alone fail a level, five in 45 do not
+    late = Evidence()
+    for _ in range(5):
+        late.late()
+    failing = decide(late, TTFT_ONLY, 1, 60)
+    assert failing is not None and failing.verdict == "fail"
+    late.early = 40
+    assert decide(late, TTFT_ONLY, 1, 60, steer=True) is None
+
+
+def test_an_early_hit_is_counted_for_good_when_it_finishes_and_as_the_error_it_became_when_it_failed() -> None:
+    ev = Evidence()
+    ev.on_time()
+    ev.on_time()
+    ev.late()
+    ev.count(TTFT_ONLY, record(), ON_TIME)
+    ev.count(TTFT_ONLY, record("error", "disconnected", 0.2), ON_TIME)
+    ev.count(TTFT_ONLY, record(ttft=0.9), LATE)  # counted when it was late: not again
+    assert (ev.judged, ev.met, ev.load_errors, ev.early) == (3, 1, 1, 0)
+    assert ev.missed_by == {"ttft": 1, "errors": 1}
+    # a trial's share of the counts: a hit the trial before counted early and that failed now takes one met away
+    before = Evidence(early=1)
+    after = Evidence(judged=1, load_errors=1)
+    assert after.minus(before).with_early == (0, 0)
+    assert Evidence.from_dict(Evidence(judged=2, met=1, early=3).to_dict()).with_early == (4, 5)
+
+
+def test_a_cut_stream_counts_as_far_as_its_first_token_decided_it() -> None:
+    cut = {"in_flight": True, "status": "cancelled", "error_kind": None, "ttft_s": 0.2, "duration_s": 3.0}
+    never = {**cut, "ttft_s": None}
+    ev = Evidence()
+    for r in (cut, never):
+        ev.count(TTFT_ONLY, r)
+    assert (ev.judged, ev.met, ev.missed_by["ttft"]) == (2, 1, 1)
+    with_e2e = Evidence()
+    with_e2e.count(Slo(ttft_s=0.5, e2e_s=3.0), cut)  # its e2e was never known: left out (censored)
+    assert with_e2e.judged == 0
+
+
+def test_a_second_trial_pools_the_first_trials_early_hits_once() -> None:
+    search = Search("users", 1, 8, 1)
+    search.record(Probe(4, "pass", 1, 10, 1.0, None, 0.0, None, 2.0, 100, confident=False, early=6))
+    prior = search.prior(4)
+    assert prior == (10, 10)
+    # the second trial's share of the step's counts: the first trial's six early hits finished (early to met,
+    # counted once: in the pool through the first trial), 15 new requests finished and 10 more are early hits
+    before = Evidence(judged=4, met=4, early=6)
+    now = Evidence(judged=4 + 6 + 15, met=4 + 6 + 15, early=10)
+    second = now.minus(before)
+    assert second.with_early == (25, 25) and second.judged == 21
+    decision = decide(second, TTFT_ONLY, 5, 60, prior=prior)  # 35 pooled, 21 finished of its own
+    assert decision is not None and decision.verdict == "pass" and decision.confident
+    assert decide(now.minus(Evidence(judged=4, met=4, early=7)), TTFT_ONLY, 5, 60, prior=prior) is None  # 34 pooled
 
 
 def test_wilson_interval_is_the_known_one() -> None:

@@ -95,6 +95,9 @@ class Timeline:
     # without a first token, so the search counts the miss while the request is still in flight.
     late_s: float | None = None
     on_late: Callable[[], None] | None = None
+    # With an SLO of TTFT alone, `on_time()` runs instead when the first token came by `late_s`: the request
+    # has met the SLO unless it fails later, and a steering verdict need not wait for its last token.
+    on_time: Callable[[], None] | None = None
 
     def token(self, t: float, kind: str, text: str = "") -> None:
         """One content delta arrived at `t` (counted before any display callback runs)."""

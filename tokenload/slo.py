@@ -58,6 +58,11 @@ class Slo:
         """metric -> threshold, for the thresholds that are set."""
         return {m: v for m in METRICS if (v := getattr(self, f"{m}_s")) is not None}
 
+    @property
+    def first_token_decides(self) -> bool:
+        """TTFT is the only threshold: a request's verdict is known at its first token (unless it fails later)."""
+        return self.ttft_s is not None and self.tpot_s is None and self.itl_s is None and self.e2e_s is None
+
     def with_overrides(self, **values: float | None) -> Slo:
         """This SLO with the given fields replaced (None values leave a field as it is)."""
         given = {k: v for k, v in values.items() if v is not None}

@@ -113,7 +113,8 @@ class Prober:
         tokens = spent - self._base_tokens
         self._base, self._base_tokens = Evidence.from_dict(cell.evidence.to_dict()), spent  # a second trial's zero
         self.search.record(Probe(
-            level=level, verdict=decision.verdict, trial=trial, n=evidence.judged, attainment=decision.attainment,
+            level=level, verdict=decision.verdict, trial=trial, n=decision.n, early=max(0, decision.early),
+            attainment=decision.attainment,
             ci=list(decision.ci) if decision.ci is not None else None, error_rate=decision.error_rate,
             binding=decision.binding, duration_s=round(elapsed_s - self._start_s, 3), tokens=tokens,
             step=phase.step, confident=decision.confident, started_at=self._started_at, run_id=self.run_id,

@@ -36,7 +36,7 @@ import numpy as np
 from tokenload.errors import LOAD_KINDS, error_class
 from tokenload.load.stoprules import Counts
 from tokenload.load.warmup import WARMUP
-from tokenload.search.evidence import Evidence
+from tokenload.search.evidence import LATE, Evidence
 from tokenload.slo import Slo
 
 if TYPE_CHECKING:  # importing Locust patches the interpreter with gevent: only where Locust runs
@@ -46,8 +46,9 @@ TOKENSTATS_MESSAGE = "tokenload_tokenstats"
 REPORT_KEY = "tokenload_tokenstats"
 # Keys of the request event's `context` that carry one request's record and its chunk arrival times.
 RECORD_KEY, CHUNK_TIMES_KEY = "tokenload_record", "tokenload_chunk_times"
-# In a request event's context: the request was already judged in flight (its first token came too late).
-JUDGED_KEY = "tokenload_judged"
+# In a request event's context: how the request's SLO verdict was counted in flight (`evidence.LATE`,
+# `evidence.ON_TIME`), or None.
+COUNTED_KEY = "tokenload_counted"
 SERIES_S = 2.0  # width of one point of the charts over time
 METRICS = ("ttft", "tpot", "itl", "e2e")
 PERCENTILES = (50, 95, 99)
@@ -134,10 +135,12 @@ class Cell:
     hists: dict[str, Hist] = field(default_factory=lambda: {m: Hist() for m in METRICS})
     evidence: Evidence = field(default_factory=Evidence)  # measured requests against the run's SLO
 
-    def observe(self, record: dict[str, Any], chunk_times: Sequence[float] | None, slo: Slo | None = None) -> None:
-        """Count one finished request (its token arrival times give the ITL; None: not counted here)."""
+    def observe(self, record: dict[str, Any], chunk_times: Sequence[float] | None, slo: Slo | None = None,
+                counted: str | None = None) -> None:
+        """Count one finished request (its token arrival times give the ITL; None: not counted here), judged
+        against `slo` unless it was a warm-up request (`counted`: as `Evidence.count`)."""
         if slo is not None and record.get("phase") != WARMUP:
-            self.evidence.count(slo, record)
+            self.evidence.count(slo, record, counted)
         self.requests += 1
         self.users = max(self.users, int(record.get("active_users") or 0))
         self.first_at = min(self.first_at, record["started_at"])
@@ -228,10 +231,11 @@ class RunStats:
     steps: dict[int, Cell] = field(default_factory=dict)
     series: dict[int, Cell] = field(default_factory=dict)
 
-    def observe(self, record: dict[str, Any], chunk_times: Sequence[float] | None, slo: Slo | None = None) -> None:
-        """Count a finished request (`slo` None: not judged again, its verdict was counted in flight)."""
+    def observe(self, record: dict[str, Any], chunk_times: Sequence[float] | None, slo: Slo | None = None,
+                counted: str | None = None) -> None:
+        """Count a finished request, judged against `slo` in its step (`counted`: as `Evidence.count`)."""
         step = int(record.get("step") or 0)
-        _cell(self.steps, step).observe(record, chunk_times, slo)
+        _cell(self.steps, step).observe(record, chunk_times, slo, counted)
         point = int((record.get("finished_at") or record["started_at"]) // SERIES_S)
         _cell(self.series, point).observe(record, None)
 
@@ -293,14 +297,19 @@ class TokenStats:
         return stats
 
     def observe(self, record: dict[str, Any], chunk_times: Sequence[float] | None = None,
-                judged: bool = False) -> None:
-        self.run(str(record.get("run_id") or "")).observe(record, chunk_times, None if judged else self.slo)
+                counted: str | None = None) -> None:
+        self.run(str(record.get("run_id") or "")).observe(record, chunk_times, self.slo, counted)
         if self.watch is not None:
             self.watch()
 
-    def late(self, run_id: str, step: int) -> None:
-        """A measured request of `step` is still without its first token past the SLO's TTFT (`Evidence.late`)."""
-        _cell(self.run(run_id).steps, step).evidence.late()
+    def in_flight(self, run_id: str, step: int, counted: str) -> None:
+        """A measured request of `step` was decided by its first token while in flight: still without it past
+        the SLO's TTFT (`LATE`: `Evidence.late`), or with it in time under an SLO of TTFT alone (`ON_TIME`)."""
+        evidence = _cell(self.run(run_id).steps, step).evidence
+        if counted == LATE:
+            evidence.late()
+        else:
+            evidence.on_time()
         if self.watch is not None:
             self.watch()
 
@@ -325,7 +334,7 @@ def install(environment: Environment, slo: Slo | None = None) -> TokenStats:
     def on_request(context: dict[str, Any] | None = None, **_: Any) -> None:
         record = (context or {}).get(RECORD_KEY)
         if record is not None:
-            stats.observe(record, context.get(CHUNK_TIMES_KEY), bool(context.get(JUDGED_KEY)))  # type: ignore[union-attr]
+            stats.observe(record, context.get(CHUNK_TIMES_KEY), context.get(COUNTED_KEY))  # type: ignore[union-attr]
 
     events.request.add_listener(on_request)
     runner = environment.runner

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from itertools import count
 from typing import Any
 
@@ -47,11 +48,12 @@ from tokenload.load.arrivals import PARK_S, Arrivals, TraceArrivals
 from tokenload.load.control import REQUEST_TYPE, LoadState
 from tokenload.load.pacing import pushed_back
 from tokenload.load.records import CANCELLED, SegmentWriter
-from tokenload.load.tokenstats import CHUNK_TIMES_KEY, JUDGED_KEY, RECORD_KEY
+from tokenload.load.tokenstats import CHUNK_TIMES_KEY, COUNTED_KEY, RECORD_KEY
 from tokenload.load.warmup import DRAIN_POLL_S, MEASURE, Warmup
 from tokenload.measure import TOKEN_TEXT
 from tokenload.protocols.base import ProtocolAdapter
 from tokenload.record import RequestRecord
+from tokenload.search.evidence import LATE, ON_TIME
 from tokenload.stream import StreamSession
 from tokenload.transport.gevent_client import Transport
 from tokenload.workload.prompts import PromptSource, RequestPlan
@@ -86,6 +88,7 @@ class ProcessContext:
     retry: int = 0
     warmup: Warmup | None = None
     late_s: float | None = None  # a search's SLO TTFT: a measured request without a first token by then is a miss
+    on_time: bool = False  # ... and one with it in time is a hit (the SLO's only threshold is TTFT)
 
     def __post_init__(self) -> None:
         self._requests = count(1)
@@ -227,14 +230,16 @@ class LLMUser(User):
 
         session = StreamSession(adapter, time.perf_counter(), estimated_input_tokens=plan.estimated_input_tokens,
                                 max_tokens=plan.max_tokens, on_text=None if answer is None else keep_answer)
-        judged = False
+        counted: str | None = None  # how the request's SLO verdict was counted in flight, by its first token
         if ctx.late_s is not None and phase == MEASURE:
-            def late() -> None:
-                nonlocal judged
-                judged = True
-                self.environment.tokenload_tokens.late(ctx.run_id, step)
+            def count(how: str) -> None:
+                nonlocal counted
+                counted = how
+                self.environment.tokenload_tokens.in_flight(ctx.run_id, step, how)
 
-            session.timeline.late_s, session.timeline.on_late = ctx.late_s, late
+            session.timeline.late_s, session.timeline.on_late = ctx.late_s, partial(count, LATE)
+            if ctx.on_time:
+                session.timeline.on_time = partial(count, ON_TIME)
         in_flight = False
         try:
             request = adapter.prepare(plan.conversation, plan.max_tokens, ctx.extra_body)
@@ -275,16 +280,16 @@ class LLMUser(User):
             if not in_flight:
                 state.failfast.observe(record["error_kind"], record["http_status"], record["error_message"])
                 ctx.prompts.observe(record, plan)
-                self._fire(record, session.timeline.chunk_times, judged)
+                self._fire(record, session.timeline.chunk_times, counted)
         return None if in_flight else record
 
-    def _fire(self, r: RequestRecord, chunk_times: list[float], judged: bool = False) -> None:
+    def _fire(self, r: RequestRecord, chunk_times: list[float], counted: str | None = None) -> None:
         """One Locust request per LLM request; the token metrics ride in `context` to `tokenstats`
-        (`judged`: its SLO verdict was counted in flight, a late first token)."""
+        (`counted`: how its SLO verdict was counted in flight, by its first token)."""
         ok = r["status"] == "ok"
         exc = None if ok else StreamError(f"{r['error_kind']} (HTTP {r['http_status']})")
         tokens = (r["input_tokens"] or 0) + (r["output_tokens"] or 0)
         self.environment.events.request.fire(
             request_type=REQUEST_TYPE, name=r["model"], response_time=(r["duration_s"] or 0.0) * 1000,
             response_length=tokens, exception=exc, context={RECORD_KEY: r, CHUNK_TIMES_KEY: chunk_times,
-                                                                 JUDGED_KEY: judged})
+                                                                 COUNTED_KEY: counted})

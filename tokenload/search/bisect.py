@@ -56,6 +56,7 @@ class Probe:
     tokens: int
     step: int = 0  # the run's step number of this probe (records carry it)
     confident: bool = True  # a pass at 95%, not only at the steering 70%
+    early: int = 0  # of `n`, hits counted at their first token (`Evidence.early`) and not finished when decided
     started_at: float = 0.0
     run_id: str = ""  # the run whose records hold this probe (a resumed search holds earlier runs' probes)
     error_kinds: dict[str, int] = field(default_factory=dict)
@@ -190,7 +191,8 @@ class Search:
         return not self.confirm or any(p.level == level and p.verdict == "pass" for p in self.probes)
 
     def prior(self, level: float) -> tuple[int, int]:
-        """(met, judged) of `level`'s passing trials so far, pooled into its second trial's 95% pass."""
+        """(met, judged) of `level`'s passing trials so far, early hits included (one that finishes during the
+        second trial moves from early to finished there: counted once), pooled into its second trial's 95%."""
         met = judged = 0
         for p in self.probes:
             if p.level == level and p.verdict == "pass" and p.attainment is not None:

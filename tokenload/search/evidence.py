@@ -29,6 +29,15 @@ decided after a handful of requests, always at 95%.
 A request still waiting for its first token past the SLO's `ttft_s` is a miss
 whatever follows: the load side counts it then (`Evidence.late`), not where it
 finishes, so a failing level is decided seconds (and its queue's tokens) earlier.
+When TTFT is the SLO's only threshold (`Slo.first_token_decides`), a request
+whose first token came in time has met it unless it fails later: the load side
+counts it then too (`Evidence.on_time`, held in `early` until it finishes and
+is counted for good), so every request is judged at the same moment, `ttft_s`
+after it was sent, and a level's misses no longer come in before its hits.
+Early hits steer and fail a level and count in the pooled 95% of the capacity's
+confident pass, whose own 80% counts finished requests only; a hit that later
+fails (a stream cut by the channel) is counted as the error it was when it
+finishes.
 
 Repeated looks at a growing sample make a 95% interval somewhat optimistic;
 the second trial of the boundary level (`bisect`) is the guard that catches a
@@ -45,6 +54,8 @@ from typing import Any, Literal
 from tokenload.slo import COLUMN, Slo, missed_terms, verdict
 
 Verdict = Literal["pass", "fail", "undecided"]
+# A request's SLO verdict counted while it was in flight (`Evidence.late`, `Evidence.on_time`).
+LATE, ON_TIME = "late", "on_time"
 Z95 = 1.959963984540054
 STEER_Z = 1.0364333894937898  # a two-sided 70% interval: enough to steer, never to name the capacity
 AGREE_Z = 1.2815515655446004  # a two-sided 80% interval: a second trial's own, beside the 95% of both pooled
@@ -76,32 +87,42 @@ def late_first_token(slo: Slo, ttft_s: float | None, waited_s: float | None) -> 
 
 @dataclass
 class Evidence:
-    """What one probe's measured requests showed so far (counted where the requests finish)."""
+    """What one probe's measured requests showed so far (counted where the requests finish, or where their
+    first token decided them: `late`, `on_time`)."""
 
     judged: int = 0  # successes and load-class failures (configuration and input errors are not judged)
     met: int = 0  # judged requests that met every SLO term
     load_errors: int = 0
     missed_by: Counter[str] = field(default_factory=Counter)  # SLO term ("ttft", ..., "errors") -> misses
     error_kinds: Counter[str] = field(default_factory=Counter)  # load-class error kind -> count
+    early: int = 0  # in flight with a first token in time, under an SLO of TTFT alone: met unless they fail later
 
     @property
     def attainment(self) -> float | None:
         return self.met / self.judged if self.judged else None
 
+    @property
+    def with_early(self) -> tuple[int, int]:
+        """(met, judged) with the early hits counted as met. In a trial's share of a growing count (`minus`), a hit
+        the trial before counted early that failed here takes one met away: never below zero."""
+        met = max(0, self.met + self.early)
+        return met, max(met, self.judged + self.early)
+
     def to_dict(self) -> dict[str, Any]:
         return {"judged": self.judged, "met": self.met, "load_errors": self.load_errors,
-                "missed_by": dict(self.missed_by), "error_kinds": dict(self.error_kinds)}
+                "missed_by": dict(self.missed_by), "error_kinds": dict(self.error_kinds), "early": self.early}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Evidence:
         return cls(judged=int(data.get("judged", 0)), met=int(data.get("met", 0)),
                    load_errors=int(data.get("load_errors", 0)), missed_by=Counter(data.get("missed_by") or {}),
-                   error_kinds=Counter(data.get("error_kinds") or {}))
+                   error_kinds=Counter(data.get("error_kinds") or {}), early=int(data.get("early", 0)))
 
     def minus(self, earlier: Evidence) -> Evidence:
         """The evidence gathered since `earlier` (a snapshot of the same, growing counts)."""
         return Evidence(self.judged - earlier.judged, self.met - earlier.met, self.load_errors - earlier.load_errors,
-                        self.missed_by - earlier.missed_by, self.error_kinds - earlier.error_kinds)
+                        self.missed_by - earlier.missed_by, self.error_kinds - earlier.error_kinds,
+                        self.early - earlier.early)
 
     def merge(self, other: Evidence) -> None:
         self.judged += other.judged
@@ -109,6 +130,7 @@ class Evidence:
         self.load_errors += other.load_errors
         self.missed_by.update(other.missed_by)
         self.error_kinds.update(other.error_kinds)
+        self.early += other.early
 
     def late(self) -> None:
         """A request still waiting for its first token past the SLO's `ttft_s`: a TTFT miss whatever follows,
@@ -117,13 +139,27 @@ class Evidence:
         self.judged += 1
         self.missed_by["ttft"] += 1
 
-    def count(self, slo: Slo, record: dict[str, Any]) -> None:
-        """Add one finished request (a record's fields) judged against `slo`; a stream the run cut (in
-        flight at a step down or the end) counts only when its first token was already late (`late`), as
-        the run counted it live."""
+    def on_time(self) -> None:
+        """A request whose first token came within `ttft_s`, the SLO's only threshold: met unless it fails
+        later. Held in `early` until its record is counted (`count(..., ON_TIME)`)."""
+        self.early += 1
+
+    def count(self, slo: Slo, record: dict[str, Any], counted: str | None = None) -> None:
+        """Add one finished request (a record's fields) judged against `slo`; `counted`: its verdict was counted
+        in flight (`LATE`: not again; `ON_TIME`: now for good). A stream the run cut (in flight at a step down or
+        the end) counts only as far as its first token decided it, as the run counted it live: late, or in time
+        under an SLO of TTFT alone."""
+        if counted == LATE:
+            return
+        if counted == ON_TIME:
+            self.early -= 1
         if record.get("in_flight"):
-            if late_first_token(slo, record.get("ttft_s"), record.get("duration_s")):
+            ttft = record.get("ttft_s")
+            if late_first_token(slo, ttft, record.get("duration_s")):
                 self.late()
+            elif slo.first_token_decides and ttft is not None and not math.isnan(ttft):
+                self.judged += 1
+                self.met += 1
             return
         status, kind = record["status"], record.get("error_kind")
         values = {m: record.get(column) for m, column in COLUMN.items()}
@@ -149,6 +185,8 @@ class Decision:
     error_rate: float | None
     binding: str | None  # the SLO term missed most ("errors" when the error rate decided), for a fail
     confident: bool = True  # a pass whose 95% interval (not only the steering one) lies above the target
+    n: int = 0  # the requests it counted: finished ones, and for all but a confident pass the early hits
+    early: int = 0  # of `n`, early hits (`Evidence.early`)
 
 
 def binding_term(evidence: Evidence) -> str | None:
@@ -163,26 +201,30 @@ def decide(evidence: Evidence, slo: Slo, elapsed_s: float, max_probe_s: float,
     """The probe's verdict now, or None to keep gathering evidence.
 
     `steer`: a pass at 70% will do. `prior`: (met, judged) of the level's earlier passing trial, pooled with
-    this one's for the 95% pass of a second trial.
+    this one's for the 95% pass of a second trial. The early hits (`Evidence.early`) count everywhere but in
+    a confident pass's own 80%, which counts finished requests only: a channel that cuts streams after their
+    first token cannot be named able to carry a level on first tokens alone.
     """
-    n = evidence.judged
-    ci = wilson_interval(evidence.met, n)
+    met, n = evidence.with_early
+    early = n - evidence.judged
+    ci = wilson_interval(met, n)
     errors = wilson_interval(evidence.load_errors, n)
-    attainment = evidence.attainment
+    attainment = met / n if n else None
     error_rate = evidence.load_errors / n if n else None
     if ci is not None and errors is not None and n >= MIN_FAIL_REQUESTS:
         if errors[0] > slo.max_error_rate:
-            return Decision("fail", attainment, ci, error_rate, "errors")
+            return Decision("fail", attainment, ci, error_rate, "errors", n=n, early=early)
         if ci[1] < slo.target:
-            return Decision("fail", attainment, ci, error_rate, binding_term(evidence))
-        own = wilson_interval(evidence.met, n, AGREE_Z)
-        pooled = wilson_interval(evidence.met + prior[0], n + prior[1])
-        if n >= min_requests and own is not None and own[0] >= slo.target and pooled is not None \
+            return Decision("fail", attainment, ci, error_rate, binding_term(evidence), n=n, early=early)
+        finished = evidence.judged
+        own = wilson_interval(evidence.met, finished, AGREE_Z)
+        pooled = wilson_interval(met + prior[0], n + prior[1])
+        if finished >= min_requests and own is not None and own[0] >= slo.target and pooled is not None \
                 and pooled[0] >= slo.target:
-            return Decision("pass", attainment, ci, error_rate, None)
-        steering = wilson_interval(evidence.met, n, STEER_Z)
+            return Decision("pass", attainment, ci, error_rate, None, n=n, early=early)
+        steering = wilson_interval(met, n, STEER_Z)
         if steer and n >= min_requests and steering is not None and steering[0] >= slo.target:
-            return Decision("pass", attainment, ci, error_rate, None, confident=False)
+            return Decision("pass", attainment, ci, error_rate, None, confident=False, n=n, early=early)
     if elapsed_s >= max_probe_s:
-        return Decision("undecided", attainment, ci, error_rate, binding_term(evidence))
+        return Decision("undecided", attainment, ci, error_rate, binding_term(evidence), n=n, early=early)
     return None

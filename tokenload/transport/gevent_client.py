@@ -298,7 +298,8 @@ class _Deadline(_LoopTimer):
 
 
 class _Late(_LoopTimer):
-    """Calls `timeline.on_late()` once the request is `timeline.late_s` past t0 without a first token.
+    """Calls `timeline.on_late()` once the request is `timeline.late_s` past t0 without a first token, or
+    `timeline.on_time()` (when set) once its first token came in time and it has neither failed nor ended.
 
     Armed before the request is written (t0 moves to when it was out: `Timeline.sent`), it re-arms
     until then and for what is left of the deadline; the compiled reader's tokens are brought up to date
@@ -316,8 +317,13 @@ class _Late(_LoopTimer):
         if self.deadline.sync is not None:
             self.deadline.sync()
         tl = self.timeline
-        if tl.t_first_token is not None or tl.error_kind is not None or tl.t_end is not None:
+        if tl.error_kind is not None or tl.t_end is not None:
             self.close()
+            return
+        if tl.t_first_token is not None:
+            self.close()
+            if tl.on_time is not None and tl.t_first_token - tl.t0 <= tl.late_s:
+                tl.on_time()
             return
         left = tl.t0 + tl.late_s - _perf()
         if tl.send_lag_s is None or left >= 0:  # not written yet, or not late yet
