@@ -324,14 +324,15 @@ def _supervise(proc: subprocess.Popen[bytes], run_dir: Path, on_live: Callable[[
     interrupts = 0
     with lifeline.stop_signals_as_interrupt():
         while True:
-            try:
-                return proc.wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                live = read_json(control).get("live") if on_live is not None or feed is not None else None
-                if feed is not None:
-                    feed.tick(live)
-                if on_live is not None and live:
-                    on_live(_with_client_lag(live, run_dir))
+            try:  # the interrupt may land in the live tick too (a handler's exception passes its siblings by)
+                try:
+                    return proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    live = read_json(control).get("live") if on_live is not None or feed is not None else None
+                    if feed is not None:
+                        feed.tick(live)
+                    if on_live is not None and live:
+                        on_live(_with_client_lag(live, run_dir))
             except KeyboardInterrupt:
                 interrupts += 1
                 try:
