@@ -278,8 +278,13 @@ def test_a_search_cuts_the_streams_its_verdicts_no_longer_need_at_each_step_down
     truth = run.truth
     cut = truth[truth["outcome"] == "client_closed"]
     assert (cut["output_tokens"] < 100).all()
-    # cut at the step downs: streams of the 10 and 8 levels that ended before the last probe began
-    assert (cut["last_token"].fillna(cut["arrival"]) < probes[-1]["started_at"]).any(), truth[["arrival", "outcome"]]
+    # cut at the step downs: streams sent at the 10 and 8 levels, ended before the last probe was decided (the
+    # server sees a cut at its next token write: one cut at the step down to 6 ended 47 ms after that probe began;
+    # and the users a step down stops may be ones holding between probes, with nothing in flight to cut)
+    last = probes[-1]
+    cut_at = cut["last_token"].fillna(cut["arrival"])
+    at_step_downs = cut[(cut["arrival"] < last["started_at"]) & (cut_at < last["started_at"] + last["duration_s"])]
+    assert len(at_step_downs) >= 1, truth[["arrival", "last_token", "outcome"]]
     # cut at the end: the last level's streams, none served to its end after the search was over (the tick
     # after its last decision; drained, they would end up to a stream's 2 s later)
     manifest = json.loads((run.run_dir / "manifest.json").read_text())
@@ -287,8 +292,9 @@ def test_a_search_cuts_the_streams_its_verdicts_no_longer_need_at_each_step_down
     over = probes[-1]["started_at"] + probes[-1]["duration_s"] + 1.2
     at_end = cut[cut["arrival"] >= probes[-1]["started_at"]]  # sent in the last probe, cut at the end
     assert len(at_end) >= 1 and ended < over, (len(cut), ended - over, manifest.get("drain"))
-    # the step down from 10 stops 2 users whose streams had just begun: cut (6-9 cuts in all in 7 runs, 5 in CI)
-    assert len(cut) >= 4, truth[["arrival", "outcome"]]
+    # two step downs of 2 users each and the end (4-9 cuts in all in 10 runs, 5 in CI: a step down may stop
+    # users holding between probes, with nothing to cut)
+    assert len(cut) >= 3, truth[["arrival", "outcome"]]
     df = run.records
     assert (df["status"] == "cancelled").sum() >= len(cut) - 1  # the run records the cut streams as cancelled
 
