@@ -81,6 +81,20 @@ def test_a_confirmation_that_fails_is_reported_and_the_search_goes_on_below() ->
     assert levels[-2:] == [7, 7]  # 7 probed and then confirmed
 
 
+def test_the_capacity_is_confirmed_even_when_an_undecided_level_above_it_closed_the_bracket() -> None:
+    # The demo's peak run: 4 passed (steering), 8 and 6 failed, 5 stayed undecided above the target. The bracket
+    # [5, 6] is closed, but 5 is never the answer: the capacity 4 had passed only to steer, and ended unconfirmed.
+    search = Search("users", 4, 32, 1, target=0.85)
+    for level, verdict, attainment, confident in ((4, "pass", 1.0, False), (8, "fail", 0.0, True),
+                                                  (6, "fail", 0.4, True), (5, "undecided", 0.87, True)):
+        assert search.next_level() == level
+        search.record(Probe(level, verdict, 1, 20, attainment, None, 0.0, None, 5.0, 100,  # type: ignore[arg-type]
+                            confident=confident))
+    assert search.next_level() == 4 and search.full_evidence(4)
+    search.record(Probe(4, "pass", 2, 25, 1.0, None, 0.0, None, 5.0, 100))
+    assert search.next_level() is None and search.capacity == 4 and search.disagreements == []
+
+
 def test_rate_search_stops_within_ten_percent() -> None:
     search = Search("rate", 1.0, 100.0, 0.1)
     run_search(search, lambda level, _t: "pass" if level <= 13.3 else "fail")

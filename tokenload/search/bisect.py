@@ -153,7 +153,7 @@ class Search:
         if hi is None:  # nothing failed yet: keep doubling up to max
             assert lo is not None
             if lo >= self.max_level:
-                return self._confirmation(lo)
+                return self._confirmation()
             return min(self._round(lo * 2), self._round(self.max_level))
         if lo is None:  # the lowest level probed failed
             if hi <= self._round(self.min_level):
@@ -163,7 +163,7 @@ class Search:
             return lo
         if not self._close(lo, hi):
             return self._between(lo, hi)
-        return self._confirmation(lo)
+        return self._confirmation()
 
     def continues(self) -> bool:
         """The next probe is the second trial of the level that just passed, held on without a break: its
@@ -179,10 +179,14 @@ class Search:
         lo, hi = self.bounds()
         return lo == last.level and (hi is not None or last.level >= self.max_level)
 
-    def _confirmation(self, level: float) -> float | None:
+    def _confirmation(self) -> float | None:
+        """The capacity's second trial, unless it already passed at 95%. The capacity, not the bracket's lower
+        end: that may be an undecided level above the target, which steers but is never confirmed nor named."""
+        level = self.capacity
+        if level is None or not self.confirm:
+            return None
         trials = [p for p in self.probes if p.level == level]
-        last = trials[-1]
-        if not self.confirm or len(trials) >= 2 or last.verdict != "pass" or last.confident:
+        if len(trials) >= 2 or trials[-1].confident:
             return None
         return level
 
