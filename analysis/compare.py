@@ -130,7 +130,8 @@ def _metric_delta(a: np.ndarray, b: np.ndarray, seed: int) -> dict[str, Any]:
         out[f"baseline_p{p}_s"], out[f"p{p}_s"] = _r(base, 6), _r(other, 6)
         out[f"delta_p{p}_s"] = _r(other - base, 6)
         out[f"delta_p{p}_ci95"] = _delta_ci(a, b, p / 100, seed + p)
-    out["ratio_p50"] = _r(out["p50_s"] / out["baseline_p50_s"]) if out["baseline_p50_s"] else None
+    both = out["baseline_p50_s"] and out["p50_s"] is not None  # a level may have no finished request in a run
+    out["ratio_p50"] = _r(out["p50_s"] / out["baseline_p50_s"]) if both else None
     out["p_value"] = _r(test["p_value"], 3)
     out["effect_p_slower"] = _r(test["effect"])
     return out
@@ -170,7 +171,10 @@ def _levels(label: str, base: Analysis, other: Analysis, alpha: float) -> list[d
         d = row[metric]
         d["p_holm"] = _r(p_adj, 3)
         d["significant"] = bool(p_adj < alpha) and abs((d["effect_p_slower"] or 0.5) - 0.5) >= MIN_EFFECT
-        d["verdict"] = ("slower" if d["effect_p_slower"] > 0.5 else "faster") if d["significant"] else "same"
+        if not d["n"] or not d["n_baseline"]:  # a run had no finished request at this level: nothing to compare
+            d["verdict"] = "no finished request"
+        else:
+            d["verdict"] = ("slower" if d["effect_p_slower"] > 0.5 else "faster") if d["significant"] else "same"
     return rows
 
 

@@ -85,6 +85,27 @@ def test_compare_pairs_steps_by_load_level_and_says_when_none_are_shared(tmp_pat
     assert "matched by load level" in html and "16 users" in html
 
 
+def test_a_level_with_no_finished_request_in_one_run_is_compared_without_a_ratio(tmp_path: Path) -> None:
+    # A searched run's probe can be decided before any of its requests finished (late and early first tokens)
+    # and its streams cut: the demo's comparison then stopped on None / float at that level.
+    from tokenload.analysis import compare_runs
+    from tokenload.analysis.synthetic import generate, manifest_for, write_run
+
+    off = write_synthetic_run(tmp_path / "off", Law(users=(1, 2, 4)), n=3000, seed=1)
+    law = Law(users=(1, 2, 4))
+    df = generate(law, n=3000, seed=2)
+    cut = df["active_users"].eq(4)
+    df.loc[cut, "in_flight"], df.loc[cut, "status"] = True, "cancelled"
+    peak = write_run(tmp_path / "peak", df, manifest_for(law, df))
+    c = compare_runs([off, peak], ["off", "peak"], tmp_path / "cmp")
+    at4 = next(x for x in c["levels"] if x["load_level"] == 4)
+    assert at4["ttft"]["n"] == 0 and at4["ttft"]["ratio_p50"] is None and at4["ttft"]["n_baseline"] > 100
+    assert at4["ttft"]["verdict"] == "no finished request"  # not "same": there was nothing to compare
+    at2 = next(x for x in c["levels"] if x["load_level"] == 2)
+    assert at2["ttft"]["ratio_p50"] == pytest.approx(1.0, abs=0.1)
+    assert (tmp_path / "cmp" / "comparison.html").is_file()
+
+
 def test_holm_adjustment_by_hand() -> None:
     from tokenload.analysis.stats import holm
 
