@@ -99,8 +99,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Setup, call and teardown under the machine lock: shared, or alone for a test marked `alone`."""
-    with machine(exclusive=item.get_closest_marker("alone") is not None):
+    """Setup, call and teardown under the machine lock: alone for a test marked `alone`, light for one of the
+    fast tier (it may run beside an alone test, one at a time), else shared."""
+    hold = "alone" if item.get_closest_marker("alone") else "shared" if item.get_closest_marker("slow") else "light"
+    with machine(hold):
         yield
 
 
@@ -114,9 +116,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if module in ALONE_MODULES or name in ALONE_TESTS or LONG_FIXTURES & fixtures:
             item.add_marker(pytest.mark.alone)
+            item.add_marker(pytest.mark.xdist_group("alone"))  # one worker runs them all, one after the other
+            continue
         for fixture in sorted(fixtures & SHARED_FIXTURES.keys()):
             item.add_marker(pytest.mark.xdist_group(SHARED_FIXTURES[fixture]))
-    # The workers take tests in this order: the alone ones first, while nothing else has started (an alone test
-    # queued later waits for every running test to end, and the other workers idle meanwhile: 587 worker-seconds
-    # of a 694 s suite), then the long ones, the short ones last to even out the end.
-    items.sort(key=lambda item: (item.get_closest_marker("alone") is None, item.get_closest_marker("slow") is None))
+    # The workers take tests in this order: the alone ones first (one worker, while nothing long has started: an
+    # alone test waits for every running shared test to end, and the other workers idle meanwhile: 587
+    # worker-seconds of a 694 s suite), the fast tier's next (the other workers run them beside the alone ones,
+    # one at a time, and all at once between them), then the long ones.
+    items.sort(key=lambda item: (item.get_closest_marker("alone") is None, item.get_closest_marker("slow") is not None))
