@@ -129,8 +129,9 @@ from tokenload.load import runner
 run_dir = Path(sys.argv[1])
 (run_dir / "segments").mkdir(parents=True)
 (run_dir / "segments" / "control.json").write_text(json.dumps({"live": {"users": 1, "requests": 0}}))
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+# not Python (a SIGINT during its start-up exits 1); its output not ours (the test's pipe would wait for it)
+child = subprocess.Popen(["sleep", "60"], start_new_session=True, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
 def tick(_live):  # Ctrl-C while the live line is being drawn
     os.kill(os.getpid(), signal.SIGINT)
 print(runner._supervise(child, run_dir, tick))
