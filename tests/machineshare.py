@@ -48,39 +48,35 @@ def machine(hold: Hold) -> Iterator[None]:
         return
     gate_path, machine_path, lane_path = files
     with open(gate_path, "a") as gate, open(machine_path, "a") as held, open(lane_path, "a") as lane:
-        if hold == "light" and not _pass_gate(gate, held):
+        alone = hold == "alone"
+        if not _enter(gate, held, alone, wait=hold != "light"):  # an alone test holds or waits for the gate
             fcntl.flock(lane, fcntl.LOCK_EX)
             try:
                 yield
             finally:
                 fcntl.flock(lane, fcntl.LOCK_UN)
             return
-        if hold != "light":
-            fcntl.flock(gate, fcntl.LOCK_EX)
-            try:
-                fcntl.flock(held, fcntl.LOCK_EX if hold == "alone" else fcntl.LOCK_SH)
-            finally:
-                if hold != "alone":
-                    fcntl.flock(gate, fcntl.LOCK_UN)
         try:
             yield
         finally:
             fcntl.flock(held, fcntl.LOCK_UN)
-            if hold == "alone":
+            if alone:
                 fcntl.flock(gate, fcntl.LOCK_UN)
 
 
-def _pass_gate(gate: IO[str], held: IO[str]) -> bool:
-    """Take a shared hold through the gate if no alone test holds or waits for it (False: it does)."""
-    for _ in range(GATE_TRIES):
+def _enter(gate: IO[str], held: IO[str], alone: bool, wait: bool) -> bool:
+    """Pass the gate to hold the machine, alone (keeping the gate) or shared; without `wait`, give up (False)
+    when the gate stays taken for `GATE_TRIES` tries."""
+    for _ in range(1 if wait else GATE_TRIES):
         try:
-            fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(gate, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             time.sleep(0.01)
             continue
         try:
-            fcntl.flock(held, fcntl.LOCK_SH)
+            fcntl.flock(held, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         finally:
-            fcntl.flock(gate, fcntl.LOCK_UN)
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
         return True
     return False

@@ -232,14 +232,14 @@ class LLMUser(User):
                                 max_tokens=plan.max_tokens, on_text=None if answer is None else keep_answer)
         counted: str | None = None  # how the request's SLO verdict was counted in flight, by its first token
         if ctx.late_s is not None and phase == MEASURE:
-            def count(how: str) -> None:
+            def count_in_flight(how: str) -> None:
                 nonlocal counted
                 counted = how
                 self.environment.tokenload_tokens.in_flight(ctx.run_id, step, how)
 
-            session.timeline.late_s, session.timeline.on_late = ctx.late_s, partial(count, LATE)
+            session.timeline.late_s, session.timeline.on_late = ctx.late_s, partial(count_in_flight, LATE)
             if ctx.on_time:
-                session.timeline.on_time = partial(count, ON_TIME)
+                session.timeline.on_time = partial(count_in_flight, ON_TIME)
         in_flight = False
         try:
             request = adapter.prepare(plan.conversation, plan.max_tokens, ctx.extra_body)
