@@ -10,8 +10,9 @@ verdicts stay the ones the run acted on. Probes of earlier runs that a
 
 The answer: `capacity` (the highest passing level below every failing one),
 `first_failing` (decided), `interval` ([capacity, the lowest level that failed
-or stayed undecided below the target]: the boundary lies there), `binding` (the SLO term the first failing level missed most), `shape`
-("cliff" or "gradual"), the probes in order, and the tokens and time spent.
+or stayed undecided below the target]: the boundary lies there), `binding` (the SLO term the first failing level missed most), `served`
+(the most streams a failing level showed the channel running at once while other requests waited: its
+slot count, when it has slots), `shape` ("cliff" or "gradual"), the probes in order, and the tokens and time spent.
 """
 
 from __future__ import annotations
@@ -130,12 +131,14 @@ def search_summary(run: Run, slo: Slo) -> dict[str, Any] | None:
         "above_range": first_failing is None and capacity is not None and capacity >= search.max_level,
         "stopped": search.stopped, "disagreements": [_level(x, over) for x in search.disagreements],
         "undecided": [_level(p.level, over) for p in search.probes if p.verdict == "undecided"],
-        "slo": slo.to_dict(),
+        "slo": slo.to_dict(), "served": None,
     }
     if first_failing is not None:
         failing = [p for p in search.probes if p.level == first_failing and p.verdict == "fail"]
         out["binding"] = failing[-1].binding if failing else None
         out["binding_detail"] = details.get(first_failing)
+        out["served"] = max((p.served for p in search.probes if p.verdict == "fail" and p.served is not None
+                             and p.served < p.level), default=None)
     out["verdict"] = verdict_text(out)
     return out
 
@@ -144,7 +147,7 @@ def _probe_entry(p: Probe, over: str) -> dict[str, Any]:
     return {"level": _level(p.level, over), "verdict": p.verdict, "trial": p.trial, "n": p.n,
             "attainment": p.attainment, "ci": p.ci, "error_rate": p.error_rate, "binding": p.binding,
             "duration_s": p.duration_s, "tokens": p.tokens, "step": p.step, "run_id": p.run_id,
-            "confident": p.confident, "early": p.early}
+            "confident": p.confident, "early": p.early, "served": p.served}
 
 
 def _tokens(n: int) -> str:
@@ -173,6 +176,8 @@ def verdict_text(s: dict[str, Any]) -> str:
     else:
         head = f"capacity {cap} {unit}"
         parts = [f"{ff} fails: {s.get('binding_detail') or s['binding']}", f"boundary in [{cap}, {s['interval'][1]}]"]
+        if s.get("served") is not None and s["served"] >= cap:  # its slots explain the boundary
+            parts.insert(1, f"the channel streamed {s['served']} at once while requests waited")
     if s["disagreements"]:
         parts.append(f"trials disagreed at {', '.join(map(str, s['disagreements']))}")
     if s["undecided"]:

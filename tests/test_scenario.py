@@ -217,8 +217,8 @@ def test_a_searchs_max_probes_defaults_to_what_its_range_needs(tmp_path: Path) -
     def spec(load: str):  # type: ignore[no-untyped-def]
         return load_scenario(_write(tmp_path, f'[load]\nkind = "search"\n{load}\n')).load.search
 
-    assert spec("").max_probes == 25  # 1..256 users: 9 doublings, 7 bisections each with a second trial, 2 spare
-    assert spec("min = 2\nmax = 32").max_probes == 15  # 5 + 2 x 4 + 2
+    assert spec("").max_probes == 29  # 1..256 users: 9 doublings, 7 bisections each with a second trial, 2 + 4 spare
+    assert spec("min = 2\nmax = 32").max_probes == 19  # 5 + 2 x 4 + 2 + 4
     assert spec('over = "rate"').max_probes == 16  # 1..100 req/s to 10%: 8 + 2 x 3 + 2
     assert spec("max_probes = 5").max_probes == 5  # set, it wins
-    assert load_scenario("search").load.search.max_probes == 25  # type: ignore[union-attr]
+    assert load_scenario("search").load.search.max_probes == 29  # type: ignore[union-attr]

@@ -12,8 +12,10 @@ from tokenload.slo import Slo
 from tokenload.workload.scenario import default_max_probes
 
 
-def run_search(search: Search, passes: Callable[[float, int], str]) -> list[float]:
-    """Play a search against a channel whose verdict per (level, trial) is scripted; the levels probed."""
+def run_search(search: Search, passes: Callable[[float, int], str],
+               served: Callable[[float], int | None] = lambda _level: None) -> list[float]:
+    """Play a search against a channel whose verdict per (level, trial) is scripted (and the concurrency it
+    serves while requests wait at a failing level: `served`); the levels probed."""
     levels = []
     while (level := search.next_level()) is not None:
         trial = 1 + sum(p.level == level for p in search.probes)
@@ -21,7 +23,7 @@ def run_search(search: Search, passes: Callable[[float, int], str]) -> list[floa
         levels.append(level)
         attainment = {"pass": 1.0, "fail": 0.2, "undecided": 0.85}[verdict]
         search.record(Probe(level, verdict, trial, 40, attainment, None, 0.0, None, 10.0, 100,  # type: ignore[arg-type]
-                            confident=search.full_evidence(level)))
+                            confident=search.full_evidence(level), served=served(level) if verdict == "fail" else None))
         assert len(levels) <= 50
     return levels
 
@@ -39,6 +41,59 @@ def test_users_search_finds_the_capacity_to_one_user_and_confirms_it(capacity: i
     assert levels == expected
     assert search.capacity == capacity and search.first_failing == capacity + 1
     assert levels.count(capacity) == 2  # the boundary level held twice
+
+
+@pytest.mark.parametrize("slots,expected", [
+    (4, [1, 2, 4, 8, 5, 4]),
+    (24, [1, 2, 4, 8, 16, 32, 24, 24, 25]),
+    (96, [1, 2, 4, 8, 16, 32, 64, 128, 96, 96, 97]),
+    (1, [1, 2, 1]),
+])
+def test_the_concurrency_a_slot_limited_channel_served_while_requests_waited_picks_the_next_level(
+        slots: int, expected: list[int]) -> None:
+    search = Search("users", 1, 256, 1)
+    levels = run_search(search, lambda level, _t: "pass" if level <= slots else "fail", lambda _level: slots)
+    assert levels == expected  # bisection: 4 [.., 8, 6, 5, 4]; 24 [.., 24, 24, 28, 26, 25]; 96 6 probes more
+    assert search.capacity == slots and search.first_failing == slots + 1
+
+
+@pytest.mark.parametrize("capacity,served,expected", [
+    # a channel that queues yet meets the SLO above its slot count: 8 passed with 4 streaming, so 4 says nothing
+    (12, 4, [1, 2, 4, 8, 16, 12, 12, 14, 13]),
+    # a hint in the bracket's upper half is not followed (a channel slowed without a queue serves about as many
+    # as it was sent: following 120, 119, ... could cost a probe per user)
+    (100, 120, [1, 2, 4, 8, 16, 32, 64, 128, 96, 96, 112, 104, 100, 100, 102, 101]),
+    # a wrong hint costs two levels and their second trials at most, never the answer: 20 streaming while the
+    # channel carries 22 (bisection: [.., 32, 24, 20, 20, 22, 22, 23])
+    (22, 20, [1, 2, 4, 8, 16, 32, 20, 20, 21, 21, 26, 24, 22, 22, 23]),
+])
+def test_a_served_concurrency_that_does_not_bound_the_capacity_falls_back_to_bisection(
+        capacity: int, served: int, expected: list[int]) -> None:
+    search = Search("users", 1, 256, 1, max_probes=default_max_probes("users", 1, 256, 1))
+    levels = run_search(search, lambda level, _t: "pass" if level <= capacity else "fail", lambda _level: served)
+    assert levels == expected
+    assert search.capacity == capacity and search.first_failing == capacity + 1
+    rate = Search("rate", 1.0, 100.0, 0.1)  # open loop: a concurrency is no rate
+    bisected = run_search(Search("rate", 1.0, 100.0, 0.1), lambda level, _t: "pass" if level <= 13.3 else "fail")
+    assert run_search(rate, lambda level, _t: "pass" if level <= 13.3 else "fail", lambda _level: 13) == bisected
+
+
+def test_served_is_the_90th_percentile_of_the_streaming_counts_taken_while_requests_waited() -> None:
+    ev = Evidence()
+    assert ev.served is None
+    for streaming in (96, 95, 96, 94, 96, 93, 96, 96, 95, 96, 97):  # one 97: a stream's end not read yet
+        ev.late(streaming)
+    ev.late()  # a cut stream counted late at the end, or a worker's late request: no count
+    assert ev.served == 96 and ev.judged == 12
+    assert Evidence.from_dict(ev.to_dict()).served == 96
+    # a second trial's share: only the counts since the first trial's decision
+    later = Evidence.from_dict(ev.to_dict())
+    for _ in range(3):
+        later.late(40)
+    assert later.minus(ev).served == 40 and ev.minus(ev).served is None
+    merged = Evidence()
+    merged.merge(later)
+    assert merged.streams == later.streams
 
 
 def test_a_pass_inside_the_bracket_has_its_second_trial_at_once_and_a_pass_below_any_fail_does_not() -> None:
@@ -142,7 +197,12 @@ def test_the_default_max_probes_covers_the_range_the_bisection_and_the_second_tr
         search = Search("users", 1, 256, 1, max_probes=default_max_probes("users", 1, 256, 1))
         run_search(search, lambda level, _t, c=capacity: "pass" if level <= c else "fail")
         assert search.capacity == capacity and not search.out_of_probes, capacity
-    assert default_max_probes("users", 1, 256, 1) == 25
+    assert default_max_probes("users", 1, 256, 1) == 29
+    for capacity in range(1, 257):  # nor with a served concurrency that points anywhere near or below it
+        for served in {1, capacity // 2, *range(max(1, capacity - 40), capacity + 1)}:
+            search = Search("users", 1, 256, 1, max_probes=default_max_probes("users", 1, 256, 1))
+            run_search(search, lambda level, _t, c=capacity: "pass" if level <= c else "fail", lambda _l, s=served: s)
+            assert search.capacity == capacity and not search.out_of_probes, (capacity, served)
     rate = Search("rate", 1.0, 100.0, 0.1, max_probes=default_max_probes("rate", 1.0, 100.0, 0.1))
     run_search(rate, lambda level, _t: "pass" if level <= 61 else "fail")
     assert rate.capacity is not None and rate.capacity <= 61 and not rate.out_of_probes
@@ -170,6 +230,25 @@ def test_a_pass_that_only_steers_is_decided_at_70_percent_and_says_it_is_not_con
     assert steering is not None and steering.verdict == "pass" and not steering.confident
     assert decide(evidence(15, 16), SLO, 5, 60, steer=True) is None  # one miss in 16: 0.84, not yet
     assert decide(evidence(15, 15), SLO, 5, 60) is None  # the capacity's trial must reach 95%
+
+
+def test_on_the_way_up_five_hits_without_a_miss_steer_and_the_search_knows_when_it_is_on_the_way_up() -> None:
+    assert decide(evidence(4, 4), SLO, 5, 60, steer=True, rising=True) is None
+    rising = decide(evidence(5, 5), SLO, 5, 60, steer=True, rising=True)
+    assert rising is not None and rising.verdict == "pass" and not rising.confident
+    assert decide(Evidence(judged=1, met=1, early=4), TTFT_ONLY, 1, 60, steer=True, rising=True) is not None
+    assert decide(evidence(5, 6), SLO, 5, 60, steer=True, rising=True) is None  # one miss: the 70% rule's 10+
+    assert decide(evidence(5, 5), SLO, 5, 60, steer=True) is None  # in the bisection: ten at least
+    assert decide(evidence(5, 5), SLO, 5, 60, rising=True) is None  # a pass that must be confident: never
+    search = Search("users", 1, 64, 1)
+    assert search.rising  # the first level too: the doubled one tests it again
+    for level, verdict in ((1, "pass"), (2, "pass")):
+        search.record(Probe(level, verdict, 1, 5, 1.0, None, 0.0, None, 1.0, 10, confident=False))  # type: ignore[arg-type]
+        assert search.rising
+    search.record(Probe(4, "undecided", 1, 30, 0.8, None, 0.0, None, 60.0, 10))
+    assert not search.rising  # undecided below the target: failing for steering
+    search.record(Probe(3, "pass", 1, 10, 1.0, None, 0.0, None, 1.0, 10, confident=False))
+    assert not search.rising
 
 
 def test_a_second_trial_passes_at_95_percent_with_the_first_trials_requests_pooled() -> None:

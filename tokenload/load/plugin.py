@@ -298,6 +298,7 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         if load.warmup_requests or load.warmup_s or load.search is not None else None,
         late_s=scenario.slo.ttft_s if load.search is not None else None,
         on_time=load.search is not None and scenario.slo.first_token_decides,
+        sees_all=not isinstance(environment.runner, WorkerRunner),
     )
     environment.tokenload_process = ctx  # type: ignore[attr-defined]
     warm_inspect()

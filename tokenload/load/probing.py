@@ -99,7 +99,8 @@ class Prober:
         cell = cell or _EMPTY
         evidence = cell.evidence.minus(self._base)
         decision = decide(evidence, self.slo, elapsed_s - self._start_s, self.spec.max_probe_s,
-                          steer=not self.search.full_evidence(level), prior=self.search.prior(level))
+                          steer=not self.search.full_evidence(level), prior=self.search.prior(level),
+                          rising=self.search.rising)
         if decision is None:
             return False
         self._record(phase, decision, cell, evidence, elapsed_s)
@@ -114,6 +115,7 @@ class Prober:
         self._base, self._base_tokens = Evidence.from_dict(cell.evidence.to_dict()), spent  # a second trial's zero
         self.search.record(Probe(
             level=level, verdict=decision.verdict, trial=trial, n=decision.n, early=max(0, decision.early),
+            served=evidence.served,
             attainment=decision.attainment,
             ci=list(decision.ci) if decision.ci is not None else None, error_rate=decision.error_rate,
             binding=decision.binding, duration_s=round(elapsed_s - self._start_s, 3), tokens=tokens,

@@ -302,12 +302,13 @@ class TokenStats:
         if self.watch is not None:
             self.watch()
 
-    def in_flight(self, run_id: str, step: int, counted: str) -> None:
+    def in_flight(self, run_id: str, step: int, counted: str, streaming: int | None = None) -> None:
         """A measured request of `step` was decided by its first token while in flight: still without it past
-        the SLO's TTFT (`LATE`: `Evidence.late`), or with it in time under an SLO of TTFT alone (`ON_TIME`)."""
+        the SLO's TTFT (`LATE`: `Evidence.late`, with how many requests were `streaming` meanwhile), or with it
+        in time under an SLO of TTFT alone (`ON_TIME`)."""
         evidence = _cell(self.run(run_id).steps, step).evidence
         if counted == LATE:
-            evidence.late()
+            evidence.late(streaming)
         else:
             evidence.on_time()
         if self.watch is not None:

@@ -10,10 +10,18 @@ passes inside the bracket, or at `max`, at once: `continues`). A second
 trial that fails is a disagreement: it is kept in the record, the level counts
 as failing from then on, and the search continues below it.
 
+Where the lowest failing level showed the channel's concurrency while requests
+waited (`Probe.served`: a slot-limited channel streams its slot count, the rest
+queue), the next level is that count, or the one above it (`_hinted`), instead
+of the midpoint, when it lies in the bracket's lower half: against a channel
+with 96 slots, 64 users pass and 128 fail, then 96 and 97 decide it where
+bisection probed 96, 112, 104, 100, 98 and 97.
+
 Only the capacity needs a confident pass: a first pass only steers the search
 (it is decided at 70%, `evidence.STEER_Z`), since every level below the
 boundary is tested again by the levels probed after it, and a wrong steer ends
-in a second trial that disagrees. The second trial must pass at 95%
+in a second trial that disagrees (on the way up, before any level failed, five
+hits without a miss steer: `evidence.RISING_REQUESTS`). The second trial must pass at 95%
 (`full_evidence`); a first pass that already reached 95% needs none. With
 `confirm = false` every pass must reach 95% at once.
 
@@ -57,6 +65,7 @@ class Probe:
     step: int = 0  # the run's step number of this probe (records carry it)
     confident: bool = True  # a pass at 95%, not only at the steering 70%
     early: int = 0  # of `n`, hits counted at their first token (`Evidence.early`) and not finished when decided
+    served: int | None = None  # the channel's concurrency while requests waited (`Evidence.served`)
     started_at: float = 0.0
     run_id: str = ""  # the run whose records hold this probe (a resumed search holds earlier runs' probes)
     error_kinds: dict[str, int] = field(default_factory=dict)
@@ -162,8 +171,27 @@ class Search:
         if self.continues():  # a pass inside the bracket: its second trial now, while its requests are in flight
             return lo
         if not self._close(lo, hi):
-            return self._between(lo, hi)
+            return self._hinted(lo, hi) or self._between(lo, hi)
         return self._confirmation()
+
+    def _hinted(self, lo: float, hi: float) -> float | None:
+        """The level the lowest failing probe's served concurrency points at, if it lies in the bracket's
+        lower half: a slot-limited channel streams as many requests as it has slots while the rest wait, so
+        under a TTFT SLO it cannot carry more users than that, and one user more already queues (probe the
+        slot count, or the level above `lo` when that is it). Bisection otherwise: open loop, no request
+        waited, a channel that queued yet passed at `lo`, or a hint in the upper half (a channel slowed by
+        something other than a queue serves about as many as were sent, and following it there could cost a
+        probe per user)."""
+        served = self._latest()[hi].served
+        if self.over != "users" or served is None or served < lo:
+            return None
+        level = max(float(served), lo + 1)
+        return level if level < hi and level <= self._between(lo, hi) else None
+
+    @property
+    def rising(self) -> bool:
+        """No level has failed yet (nor stayed undecided below the target): the search is still doubling."""
+        return self.bounds()[1] is None
 
     def continues(self) -> bool:
         """The next probe is the second trial of the level that just passed, held on without a break: its

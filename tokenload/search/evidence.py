@@ -18,7 +18,11 @@ judged requests that met every SLO term) and of the load-error rate:
 A pass that only steers the search (a level below the boundary, whose verdict
 the levels probed after it will test again: `bisect`) is decided at 70%
 (`STEER_Z`): a perfect level passes a 0.9 target after `MIN_REQUESTS` (10)
-requests instead of 35. A wrong steer costs probes, never the answer: the levels
+requests instead of 35. On the way up (no level has failed yet: `rising`), a
+level whose first `RISING_REQUESTS` (5) requests all met the SLO is left at once:
+the doubled level above tests it again (a pass there is a pass here, attainment
+falling with load), and if that fails, the bisection and the capacity's second
+trial do. A wrong steer costs probes, never the answer: the levels
 above it fail, and its second trial, held to 95%, disagrees. The level the
 search names as the capacity must pass at 95% (`confident`): its second trial
 passes when its own 80% interval (`AGREE_Z`) and the 95% interval of both
@@ -38,6 +42,12 @@ Early hits steer and fail a level and count in the pooled 95% of the capacity's
 confident pass, whose own 80% counts finished requests only; a hit that later
 fails (a stream cut by the channel) is counted as the error it was when it
 finishes.
+
+In a run in one process, each late request also counts how many requests were streaming (a first
+token and no end yet) while it waited (`Evidence.streams`): at a level a slot-limited channel cannot
+carry, that count is its slot count (`served`), which `bisect` uses to pick the next level to probe.
+Workers do not count: each sees only its share of the streams, and the shares at the moments one
+worker's request was late say nothing of the others'.
 
 Repeated looks at a growing sample make a 95% interval somewhat optimistic;
 the second trial of the boundary level (`bisect`) is the guard that catches a
@@ -60,6 +70,8 @@ Z95 = 1.959963984540054
 STEER_Z = 1.0364333894937898  # a two-sided 70% interval: enough to steer, never to name the capacity
 AGREE_Z = 1.2815515655446004  # a two-sided 80% interval: a second trial's own, beside the 95% of both pooled
 MIN_REQUESTS = 10
+# On the way up, a level whose first this many requests all met the SLO is left for the next (`rising`).
+RISING_REQUESTS = 5
 # A fail needs this many judged requests too: the first answers after a level change meet the queue it left.
 MIN_FAIL_REQUESTS = 5
 
@@ -96,6 +108,8 @@ class Evidence:
     missed_by: Counter[str] = field(default_factory=Counter)  # SLO term ("ttft", ..., "errors") -> misses
     error_kinds: Counter[str] = field(default_factory=Counter)  # load-class error kind -> count
     early: int = 0  # in flight with a first token in time, under an SLO of TTFT alone: met unless they fail later
+    # how many requests were streaming each time one was late (a run in one process: `served`) -> times
+    streams: Counter[int] = field(default_factory=Counter)
 
     @property
     def attainment(self) -> float | None:
@@ -108,21 +122,34 @@ class Evidence:
         met = max(0, self.met + self.early)
         return met, max(met, self.judged + self.early)
 
+    @property
+    def served(self) -> int | None:
+        """How many requests the channel streamed at once while others waited for their first token: the 90th
+        percentile of the counts of streaming requests taken when a request was late (None: no count). Above a
+        slot-limited channel's capacity its slots stream while requests queue, so this is its slot count; a
+        channel slowed by something else than a queue shows about as many as were sent. Not the median (a
+        slot busy with a prompt before its first token streams nothing yet), nor the maximum (which one count
+        taken between a stream's last token and the read of its end would raise)."""
+        n = self.streams.total()
+        return sorted(self.streams.elements())[math.ceil(0.9 * n) - 1] if n else None
+
     def to_dict(self) -> dict[str, Any]:
         return {"judged": self.judged, "met": self.met, "load_errors": self.load_errors,
-                "missed_by": dict(self.missed_by), "error_kinds": dict(self.error_kinds), "early": self.early}
+                "missed_by": dict(self.missed_by), "error_kinds": dict(self.error_kinds), "early": self.early,
+                "streams": [[k, n] for k, n in self.streams.items()]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Evidence:
         return cls(judged=int(data.get("judged", 0)), met=int(data.get("met", 0)),
                    load_errors=int(data.get("load_errors", 0)), missed_by=Counter(data.get("missed_by") or {}),
-                   error_kinds=Counter(data.get("error_kinds") or {}), early=int(data.get("early", 0)))
+                   error_kinds=Counter(data.get("error_kinds") or {}), early=int(data.get("early", 0)),
+                   streams=Counter({int(k): int(n) for k, n in data.get("streams") or []}))
 
     def minus(self, earlier: Evidence) -> Evidence:
         """The evidence gathered since `earlier` (a snapshot of the same, growing counts)."""
         return Evidence(self.judged - earlier.judged, self.met - earlier.met, self.load_errors - earlier.load_errors,
                         self.missed_by - earlier.missed_by, self.error_kinds - earlier.error_kinds,
-                        self.early - earlier.early)
+                        self.early - earlier.early, self.streams - earlier.streams)
 
     def merge(self, other: Evidence) -> None:
         self.judged += other.judged
@@ -131,13 +158,17 @@ class Evidence:
         self.missed_by.update(other.missed_by)
         self.error_kinds.update(other.error_kinds)
         self.early += other.early
+        self.streams.update(other.streams)
 
-    def late(self) -> None:
+    def late(self, streaming: int | None = None) -> None:
         """A request still waiting for its first token past the SLO's `ttft_s`: a TTFT miss whatever follows,
         counted while it is in flight (the load side arms the deadline) so a failing level fails after its
-        first late requests instead of after they finish, tokens later. Its record is not counted again."""
+        first late requests instead of after they finish, tokens later. Its record is not counted again.
+        `streaming`: how many requests were streaming meanwhile (`served`), counted where every stream is seen."""
         self.judged += 1
         self.missed_by["ttft"] += 1
+        if streaming is not None:
+            self.streams[streaming] += 1
 
     def on_time(self) -> None:
         """A request whose first token came within `ttft_s`, the SLO's only threshold: met unless it fails
@@ -197,11 +228,12 @@ def binding_term(evidence: Evidence) -> str | None:
 
 
 def decide(evidence: Evidence, slo: Slo, elapsed_s: float, max_probe_s: float,
-           min_requests: int = MIN_REQUESTS, steer: bool = False, prior: tuple[int, int] = (0, 0)) -> Decision | None:
+           min_requests: int = MIN_REQUESTS, steer: bool = False, prior: tuple[int, int] = (0, 0),
+           rising: bool = False) -> Decision | None:
     """The probe's verdict now, or None to keep gathering evidence.
 
-    `steer`: a pass at 70% will do. `prior`: (met, judged) of the level's earlier passing trial, pooled with
-    this one's for the 95% pass of a second trial. The early hits (`Evidence.early`) count everywhere but in
+    `steer`: a pass at 70% will do, or with `rising` (no level failed yet) `RISING_REQUESTS` hits without a
+    miss. `prior`: (met, judged) of the level's earlier passing trial, pooled with this one's for the 95% pass of a second trial. The early hits (`Evidence.early`) count everywhere but in
     a confident pass's own 80%, which counts finished requests only: a channel that cuts streams after their
     first token cannot be named able to carry a level on first tokens alone.
     """
@@ -223,7 +255,8 @@ def decide(evidence: Evidence, slo: Slo, elapsed_s: float, max_probe_s: float,
                 and pooled[0] >= slo.target:
             return Decision("pass", attainment, ci, error_rate, None, n=n, early=early)
         steering = wilson_interval(met, n, STEER_Z)
-        if steer and n >= min_requests and steering is not None and steering[0] >= slo.target:
+        if steer and ((n >= min_requests and steering is not None and steering[0] >= slo.target)
+                      or (rising and n >= RISING_REQUESTS and met == n)):
             return Decision("pass", attainment, ci, error_rate, None, confident=False, n=n, early=early)
     if elapsed_s >= max_probe_s:
         return Decision("undecided", attainment, ci, error_rate, binding_term(evidence), n=n, early=early)

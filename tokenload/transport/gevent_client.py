@@ -100,6 +100,7 @@ class Transport:
         self._base = f"{parts.scheme}://{parts.netloc}"
         self._used: weakref.WeakSet[Any] = weakref.WeakSet()  # sockets that carried a request before
         self._heads: dict[int, tuple[Mapping[str, str], str]] = {}
+        self._open: set[_Deadline] = set()  # the deadlines of the responses in flight (`_Late` counts them)
 
     def close(self) -> None:
         self._pool.close()
@@ -134,7 +135,8 @@ class Transport:
                 ready = _perf()
                 timeline.reconnects = attempt
                 # The first-token deadline counts from here: a write the server never takes times out too.
-                guard = _Deadline(ready, self._first, self._idle, timeline, partial(_cancel_socket_wait, sock))
+                guard = _Deadline(ready, self._first, self._idle, timeline, partial(_cancel_socket_wait, sock),
+                                  self._open)
                 if timeline.on_late is not None:  # one deadline per request; it syncs the current attempt's reader
                     if late is None:
                         late = _Late(timeline, guard)
@@ -272,17 +274,31 @@ class _Deadline(_LoopTimer):
     token + idle timeout: keepalive pings and comments are bytes, not tokens),
     re-arms itself if a token came meanwhile, and otherwise ends the stream's
     wait with `_Expired` through `cancel` (False: the reader is busy with data).
-    `sync`, when set, brings the timeline up to date first (the compiled reader's tokens).
+    `sync`, when set, brings the timeline up to date first (the compiled reader's tokens). Each is in
+    `responses` (its transport's responses in flight) until closed.
     """
 
-    __slots__ = ("cancel", "first", "idle", "sync", "t0", "timeline")
+    __slots__ = ("cancel", "first", "idle", "responses", "sync", "t0", "timeline")
 
     def __init__(self, t0: float, first: float, idle: float, timeline: Any,
-                 cancel: Callable[[BaseException], bool]) -> None:
+                 cancel: Callable[[BaseException], bool], responses: set[_Deadline]) -> None:
         super().__init__()
         self.t0, self.first, self.idle, self.timeline, self.cancel = t0, first, idle, timeline, cancel
         self.sync: Callable[[], None] | None = None
+        self.responses = responses
+        responses.add(self)
         self._arm(min(first, idle))
+
+    def close(self) -> None:
+        super().close()
+        self.responses.discard(self)
+
+    def streaming(self) -> bool:
+        """Its response has its first token and has neither ended nor failed yet."""
+        if self.sync is not None:
+            self.sync()
+        tl = self.timeline
+        return tl.t_first_token is not None and tl.t_end is None and tl.error_kind is None
 
     def _fire(self) -> None:
         if self.sync is not None:
@@ -298,7 +314,8 @@ class _Deadline(_LoopTimer):
 
 
 class _Late(_LoopTimer):
-    """Calls `timeline.on_late()` once the request is `timeline.late_s` past t0 without a first token, or
+    """Calls `timeline.on_late(streaming)` once the request is `timeline.late_s` past t0 without a first token
+    (`streaming`: how many of the transport's other responses were streaming meanwhile), or
     `timeline.on_time()` (when set) once its first token came in time and it has neither failed nor ended.
 
     Armed before the request is written (t0 moves to when it was out: `Timeline.sent`), it re-arms
@@ -330,7 +347,7 @@ class _Late(_LoopTimer):
             self._arm(tl.late_s if tl.send_lag_s is None else left + 0.001)
             return
         self.close()
-        tl.on_late()
+        tl.on_late(sum(1 for d in self.deadline.responses if d.streaming()))
 
 
 

@@ -84,7 +84,7 @@ Schema (all sections optional except `[load]`):
                                   # step up, only those sent before the level is whole: each new user's first;
                                   # after a step down, users wait until the higher level's backlog is below it)
     confirm = true                # search: hold the last passing level again; it must pass twice (at 95%)
-    max_probes = 25               # search: at most this many probes (default: what the range needs, see docs)
+    max_probes = 29               # search: at most this many probes (default: what the range needs, see docs)
 
     [stop]
     duration_s = 0                # cap on the whole run; 0 = the load plan's length
@@ -381,19 +381,21 @@ class OutputSection:
 SEARCH_KEYS = ("over", "min", "max", "resolution", "max_probe_s", "probe_warmup_s", "confirm", "max_probes")
 # Probes beyond the plan a search may need: a second trial that disagrees sends it one level down, and again.
 PROBE_SLACK = 2
+# Over users, a served-concurrency hint that missed (`Search._hinted`): two levels, each with its second trial.
+HINT_SLACK = 4
 
 
 def default_max_probes(over: str, low: float, high: float, resolution: float) -> int:
     """The probes a search of [low, high] to `resolution` needs: the doublings up to `high`, the
     bisection of the widest bracket they can leave with a second trial after each of its passes (each may
-    be the capacity: `Search.continues`; with none, the boundary's own), and `PROBE_SLACK`
-    (1..256 users to 1 user: 9 + 2 x 7 + 2 = 25)."""
+    be the capacity: `Search.continues`; with none, the boundary's own), `PROBE_SLACK`, and over users
+    `HINT_SLACK` (1..256 users to 1 user: 9 + 2 x 7 + 2 + 4 = 29)."""
     doublings = math.ceil(math.log2(high / low) - 1e-9) + 1 if high > low else 1
     if over == "users":  # the last bracket is [high / 2, high] at widest
         bisections = math.ceil(math.log2(max(1.0, high / 2 / max(1.0, resolution))) - 1e-9)
     else:  # a rate bracket [lo, 2 lo] cut geometrically until hi <= lo x (1 + resolution)
         bisections = math.ceil(math.log2(math.log(2) / math.log1p(resolution)) - 1e-9)
-    return doublings + max(1, 2 * bisections) + PROBE_SLACK
+    return doublings + max(1, 2 * bisections) + PROBE_SLACK + (HINT_SLACK if over == "users" else 0)
 
 
 @dataclass(frozen=True)
@@ -407,7 +409,7 @@ class SearchSpec:
     max_probe_s: float = 60.0
     probe_warmup_s: float = 2.0
     confirm: bool = True
-    max_probes: int = 25  # parse derives it from the range (`default_max_probes`)
+    max_probes: int = 29  # parse derives it from the range (`default_max_probes`)
 
     @classmethod
     def parse(cls, d: dict[str, Any], ctx: _Ctx) -> SearchSpec:
