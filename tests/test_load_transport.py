@@ -107,3 +107,22 @@ def test_each_event_is_stamped_when_it_arrives(sim_url: str, reader: str) -> Non
 def test_unknown_model_is_a_recorded_error(sim_url: str) -> None:
     [record] = _run(sim_url, [("hello", 5, None)], model="no-such-model")
     assert record["status"] == "error" and record["error_kind"] == "not_found_model" and record["http_status"] == 404
+
+
+def test_a_late_request_counts_the_streaming_responses_at_most_every_count_interval() -> None:
+    from tokenload.transport.gevent_client import COUNT_EVERY_S, _InFlight
+
+    class Response:  # a deadline's view of its response: streaming or not
+        def __init__(self, streaming: bool) -> None:
+            self.streams = streaming
+
+        def streaming(self) -> bool:
+            return self.streams
+
+    flights = _InFlight()
+    flights.deadlines.update({Response(True), Response(True), Response(False)})  # type: ignore[arg-type]
+    assert flights.streaming() == 2
+    assert flights.streaming() is None  # counted under COUNT_EVERY_S ago: each count syncs every response
+    flights.counted_at -= COUNT_EVERY_S
+    flights.deadlines.add(Response(True))  # type: ignore[arg-type]
+    assert flights.streaming() == 3

@@ -78,6 +78,17 @@ def test_a_served_concurrency_that_does_not_bound_the_capacity_falls_back_to_bis
     assert run_search(rate, lambda level, _t: "pass" if level <= 13.3 else "fail", lambda _level: 13) == bisected
 
 
+def test_a_hint_that_lands_on_an_undecided_level_still_finds_a_decided_failure_near_the_boundary() -> None:
+    # The eight-slot server: 9 users wait ~0.1 s for a slot, right at the target (undecided); 16 fail with 8
+    # streaming. The hint probes 9; the bracket [8, 9] is closed, but the lowest decided failure is 16: the levels
+    # between are bisected (12, 10) before the capacity's second trial, as bisection from above would have.
+    search = Search("users", 2, 32, 1, max_probes=default_max_probes("users", 2, 32, 1))
+    levels = run_search(search, lambda level, _t: "pass" if level <= 8 else "undecided" if level == 9 else "fail",
+                        lambda _level: 8)
+    assert levels == [2, 4, 8, 16, 9, 12, 10, 8]
+    assert search.capacity == 8 and search.first_failing == 10 and search.bounds() == (8, 9)
+
+
 def test_served_is_the_90th_percentile_of_the_streaming_counts_taken_while_requests_waited() -> None:
     ev = Evidence()
     assert ev.served is None

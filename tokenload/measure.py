@@ -93,9 +93,9 @@ class Timeline:
     on_text: Callable[[str, str], None] | None = None  # (text, kind), for live display
     # A search's TTFT deadline: `on_late(streaming)` runs (in the event loop) once the request has gone `late_s`
     # past t0 without a first token, so the search counts the miss while the request is still in flight
-    # (`streaming`: how many of the process's other requests were streaming meanwhile).
+    # (`streaming`: how many of the process's requests were streaming meanwhile; None: not counted this time).
     late_s: float | None = None
-    on_late: Callable[[int], None] | None = None
+    on_late: Callable[[int | None], None] | None = None
     # With an SLO of TTFT alone, `on_time()` runs instead when the first token came by `late_s`: the request
     # has met the SLO unless it fails later, and a steering verdict need not wait for its last token.
     on_time: Callable[[], None] | None = None

@@ -172,7 +172,16 @@ class Search:
             return lo
         if not self._close(lo, hi):
             return self._hinted(lo, hi) or self._between(lo, hi)
-        return self._confirmation()
+        return self._decided_above(hi) or self._confirmation()
+
+    def _decided_above(self, hi: float) -> float | None:
+        """The bracket closed on a level that stayed undecided below the target, far below the lowest decided
+        failure (a hint jumped there): bisect between them, so that `first_failing` is a decided level near the
+        boundary, as bisection from above would have left it."""
+        ff = self.first_failing
+        if ff is None or hi >= ff or self._close(hi, ff):
+            return None
+        return self._between(hi, ff)
 
     def _hinted(self, lo: float, hi: float) -> float | None:
         """The level the lowest failing probe's served concurrency points at, if it lies in the bracket's

@@ -76,6 +76,9 @@ from tokenload.transport.reader import READ_SIZE, HubReader, recv_stamped, stamp
 _perf = time.perf_counter
 # A server that compresses although asked not to: decoded, not failed. wbits 32+15 reads gzip and zlib headers.
 _DECODED = frozenset({"gzip", "x-gzip", "deflate"})
+# A late request counts the streaming responses (`_InFlight.streaming`) at most this often: each count brings every
+# response in flight up to date, and a failing level of a thousand users has hundreds of late requests.
+COUNT_EVERY_S = 0.1
 
 
 class Transport:
@@ -100,7 +103,7 @@ class Transport:
         self._base = f"{parts.scheme}://{parts.netloc}"
         self._used: weakref.WeakSet[Any] = weakref.WeakSet()  # sockets that carried a request before
         self._heads: dict[int, tuple[Mapping[str, str], str]] = {}
-        self._open: set[_Deadline] = set()  # the deadlines of the responses in flight (`_Late` counts them)
+        self._open = _InFlight()
 
     def close(self) -> None:
         self._pool.close()
@@ -281,17 +284,17 @@ class _Deadline(_LoopTimer):
     __slots__ = ("cancel", "first", "idle", "responses", "sync", "t0", "timeline")
 
     def __init__(self, t0: float, first: float, idle: float, timeline: Any,
-                 cancel: Callable[[BaseException], bool], responses: set[_Deadline]) -> None:
+                 cancel: Callable[[BaseException], bool], responses: _InFlight) -> None:
         super().__init__()
         self.t0, self.first, self.idle, self.timeline, self.cancel = t0, first, idle, timeline, cancel
         self.sync: Callable[[], None] | None = None
         self.responses = responses
-        responses.add(self)
+        responses.deadlines.add(self)
         self._arm(min(first, idle))
 
     def close(self) -> None:
         super().close()
-        self.responses.discard(self)
+        self.responses.deadlines.discard(self)
 
     def streaming(self) -> bool:
         """Its response has its first token and has neither ended nor failed yet."""
@@ -313,9 +316,28 @@ class _Deadline(_LoopTimer):
             self._arm(min(max(due - now, 0.01), self.idle))
 
 
+class _InFlight:
+    """A transport's responses in flight (their deadlines), which a late request counts (`_Late`)."""
+
+    __slots__ = ("counted_at", "deadlines")
+
+    def __init__(self) -> None:
+        self.deadlines: set[_Deadline] = set()
+        self.counted_at = float("-inf")
+
+    def streaming(self) -> int | None:
+        """How many have their first token and have not ended; None when the last count is under
+        `COUNT_EVERY_S` old."""
+        now = _perf()
+        if now - self.counted_at < COUNT_EVERY_S:
+            return None
+        self.counted_at = now
+        return sum(1 for d in list(self.deadlines) if d.streaming())
+
+
 class _Late(_LoopTimer):
     """Calls `timeline.on_late(streaming)` once the request is `timeline.late_s` past t0 without a first token
-    (`streaming`: how many of the transport's other responses were streaming meanwhile), or
+    (`streaming`: how many of the transport's responses were streaming meanwhile, or None: `_InFlight`), or
     `timeline.on_time()` (when set) once its first token came in time and it has neither failed nor ended.
 
     Armed before the request is written (t0 moves to when it was out: `Timeline.sent`), it re-arms
@@ -347,7 +369,7 @@ class _Late(_LoopTimer):
             self._arm(tl.late_s if tl.send_lag_s is None else left + 0.001)
             return
         self.close()
-        tl.on_late(sum(1 for d in self.deadline.responses if d.streaming()))
+        tl.on_late(self.deadline.responses.streaming())
 
 
 
