@@ -176,7 +176,7 @@ def verdict_text(s: dict[str, Any]) -> str:
     else:
         head = f"capacity {cap} {unit}"
         parts = [f"{ff} fails: {s.get('binding_detail') or s['binding']}", f"boundary in [{cap}, {s['interval'][1]}]"]
-        if s.get("served") is not None and s["served"] >= cap:  # its slots explain the boundary
+        if s.get("served") is not None and cap <= s["served"] < ff:  # its slots explain the boundary
             parts.insert(1, f"the channel streamed {s['served']} at once while requests waited")
     if s["disagreements"]:
         parts.append(f"trials disagreed at {', '.join(map(str, s['disagreements']))}")

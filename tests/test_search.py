@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
+from analysis.search import verdict_text
 from tokenload.search.bisect import Probe, Search
 from tokenload.search.evidence import LATE, MIN_FAIL_REQUESTS, ON_TIME, Evidence, decide, wilson_interval
 from tokenload.slo import Slo
@@ -87,6 +88,19 @@ def test_a_hint_that_lands_on_an_undecided_level_still_finds_a_decided_failure_n
                         lambda _level: 8)
     assert levels == [2, 4, 8, 16, 9, 12, 10, 8]
     assert search.capacity == 8 and search.first_failing == 10 and search.bounds() == (8, 9)
+
+
+@pytest.mark.parametrize("served,named", [(4, True), (5, False), (3, False), (None, False)])
+def test_the_verdict_names_the_streams_served_only_where_they_explain_the_boundary(served: int | None,
+                                                                                    named: bool) -> None:
+    # 4 slots: 4 users pass, 5 fail while 4 stream. A channel that streamed 5 at a failing level (more than fail:
+    # no slot limit) or 3 (fewer than pass: it queued yet met the SLO) is not explained by them.
+    s = {"unit": "users", "probes": [{}] * 6, "duration_s": 67.0, "tokens": 3700, "capacity": 4, "first_failing": 5,
+         "below_range": False, "above_range": False, "interval": [4, 5], "binding_detail": "TTFT p90 2.1 s > 2 s",
+         "binding": "ttft", "disagreements": [], "undecided": [], "stopped": None, "served": served}
+    text = verdict_text(s)
+    assert text.startswith("capacity 4 users (5 fails: TTFT p90 2.1 s > 2 s; ") and text.endswith("6 probes, 67 s, 3.7k tokens)")
+    assert ("the channel streamed 4 at once while requests waited; boundary in [4, 5]" in text) == named
 
 
 def test_served_is_the_90th_percentile_of_the_streaming_counts_taken_while_requests_waited() -> None:
