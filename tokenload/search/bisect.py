@@ -21,9 +21,9 @@ Only the capacity needs a confident pass: a first pass only steers the search
 (it is decided at 70%, `evidence.STEER_Z`), since every level below the
 boundary is tested again by the levels probed after it, and a wrong steer ends
 in a second trial that disagrees (on the way up, before any level failed, five
-hits without a miss steer: `evidence.RISING_REQUESTS`). The second trial must pass at 95%
-(`full_evidence`); a first pass that already reached 95% needs none. With
-`confirm = false` every pass must reach 95% at once.
+hits without a miss steer: `evidence.RISING_REQUESTS`). The second trial must
+pass at 95% (`full_evidence`); a first pass that already reached 95% needs
+none. With `confirm = false` every pass must reach 95% at once.
 
 An undecided probe (its time ran out first) steers by its point estimate (at
 or above the target: upward) but never becomes the reported capacity or first

@@ -233,9 +233,10 @@ def decide(evidence: Evidence, slo: Slo, elapsed_s: float, max_probe_s: float,
     """The probe's verdict now, or None to keep gathering evidence.
 
     `steer`: a pass at 70% will do, or with `rising` (no level failed yet) `RISING_REQUESTS` hits without a
-    miss. `prior`: (met, judged) of the level's earlier passing trial, pooled with this one's for the 95% pass of a second trial. The early hits (`Evidence.early`) count everywhere but in
-    a confident pass's own 80%, which counts finished requests only: a channel that cuts streams after their
-    first token cannot be named able to carry a level on first tokens alone.
+    miss. `prior`: (met, judged) of the level's earlier passing trial, pooled with this one's for the 95% pass
+    of a second trial. The early hits (`Evidence.early`) count everywhere but in a confident pass's own 80%,
+    which counts finished requests only: a channel that cuts streams after their first token cannot be named
+    able to carry a level on first tokens alone.
     """
     met, n = evidence.with_early
     early = n - evidence.judged
