@@ -283,7 +283,9 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         tag=uuid.uuid4().hex[:8],
         protocol=channel.protocol,
         adapters={m: adapter_for(channel.with_model(m)) for m in models},
-        transport=Transport(channel),
+        # A late request counts the streams only where they are all this process's (a worker sees its share).
+        transport=Transport(channel, count_streams=load.search is not None
+                            and not isinstance(environment.runner, WorkerRunner)),
         prompts=PromptSource(scenario, models, salt),
         # A worker's writer comes with the master's run message (`series.follow_master`).
         writer=records.SegmentWriter(None if isinstance(environment.runner, WorkerRunner) else Path(opts.run_dir),
@@ -298,7 +300,6 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         if load.warmup_requests or load.warmup_s or load.search is not None else None,
         late_s=scenario.slo.ttft_s if load.search is not None else None,
         on_time=load.search is not None and scenario.slo.first_token_decides,
-        sees_all=not isinstance(environment.runner, WorkerRunner),
     )
     environment.tokenload_process = ctx  # type: ignore[attr-defined]
     warm_inspect()

@@ -89,7 +89,6 @@ class ProcessContext:
     warmup: Warmup | None = None
     late_s: float | None = None  # a search's SLO TTFT: a measured request without a first token by then is a miss
     on_time: bool = False  # ... and one with it in time is a hit (the SLO's only threshold is TTFT)
-    sees_all: bool = True  # every stream of the run is this process's (not a worker: `Evidence.served`)
 
     def __post_init__(self) -> None:
         self._requests = count(1)
@@ -236,7 +235,7 @@ class LLMUser(User):
             def count_in_flight(how: str, streaming: int | None = None) -> None:
                 nonlocal counted
                 counted = how
-                self.environment.tokenload_tokens.in_flight(ctx.run_id, step, how, streaming if ctx.sees_all else None)
+                self.environment.tokenload_tokens.in_flight(ctx.run_id, step, how, streaming)
 
             session.timeline.late_s, session.timeline.on_late = ctx.late_s, partial(count_in_flight, LATE)
             if ctx.on_time:

@@ -82,9 +82,12 @@ COUNT_EVERY_S = 0.1
 
 
 class Transport:
-    """A shared streaming client for one channel's host (HTTP or HTTPS)."""
+    """A shared streaming client for one channel's host (HTTP or HTTPS).
 
-    def __init__(self, channel: Channel, concurrency: int = 10_000) -> None:
+    `count_streams`: keep the responses in flight so that a late request can count the streaming ones (a
+    search in a process that sees every stream of its run; a worker sees only its share)."""
+
+    def __init__(self, channel: Channel, concurrency: int = 10_000, count_streams: bool = False) -> None:
         parts = urlsplit(channel.url)
         self._path = parts.path + (f"?{parts.query}" if parts.query else "")
         self._host = parts.netloc.rpartition("@")[2]
@@ -103,7 +106,7 @@ class Transport:
         self._base = f"{parts.scheme}://{parts.netloc}"
         self._used: weakref.WeakSet[Any] = weakref.WeakSet()  # sockets that carried a request before
         self._heads: dict[int, tuple[Mapping[str, str], str]] = {}
-        self._open = _InFlight()
+        self._open = _InFlight() if count_streams else None
 
     def close(self) -> None:
         self._pool.close()
@@ -278,23 +281,25 @@ class _Deadline(_LoopTimer):
     re-arms itself if a token came meanwhile, and otherwise ends the stream's
     wait with `_Expired` through `cancel` (False: the reader is busy with data).
     `sync`, when set, brings the timeline up to date first (the compiled reader's tokens). Each is in
-    `responses` (its transport's responses in flight) until closed.
+    `responses` (its transport's responses in flight, when it counts them) until closed.
     """
 
     __slots__ = ("cancel", "first", "idle", "responses", "sync", "t0", "timeline")
 
     def __init__(self, t0: float, first: float, idle: float, timeline: Any,
-                 cancel: Callable[[BaseException], bool], responses: _InFlight) -> None:
+                 cancel: Callable[[BaseException], bool], responses: _InFlight | None) -> None:
         super().__init__()
         self.t0, self.first, self.idle, self.timeline, self.cancel = t0, first, idle, timeline, cancel
         self.sync: Callable[[], None] | None = None
         self.responses = responses
-        responses.deadlines.add(self)
+        if responses is not None:
+            responses.deadlines.add(self)
         self._arm(min(first, idle))
 
     def close(self) -> None:
         super().close()
-        self.responses.deadlines.discard(self)
+        if self.responses is not None:
+            self.responses.deadlines.discard(self)
 
     def streaming(self) -> bool:
         """Its response has its first token and has neither ended nor failed yet."""
@@ -337,7 +342,8 @@ class _InFlight:
 
 class _Late(_LoopTimer):
     """Calls `timeline.on_late(streaming)` once the request is `timeline.late_s` past t0 without a first token
-    (`streaming`: how many of the transport's responses were streaming meanwhile, or None: `_InFlight`), or
+    (`streaming`: how many of the transport's responses were streaming meanwhile, or None: not counted, see
+    `_InFlight`), or
     `timeline.on_time()` (when set) once its first token came in time and it has neither failed nor ended.
 
     Armed before the request is written (t0 moves to when it was out: `Timeline.sent`), it re-arms
@@ -369,7 +375,8 @@ class _Late(_LoopTimer):
             self._arm(tl.late_s if tl.send_lag_s is None else left + 0.001)
             return
         self.close()
-        tl.on_late(self.deadline.responses.streaming())
+        responses = self.deadline.responses
+        tl.on_late(None if responses is None else responses.streaming())
 
 
 
