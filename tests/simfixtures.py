@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Iterator
@@ -247,10 +247,15 @@ def _side_by_side(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     demos: dict[str, tuple[Path, subprocess.Popen[str], float]] = {}
     for name, (options, timeout, niceness) in DEMOS.items():
         if name in wanted:
-            out = tmp_path_factory.mktemp(name) / "demo"
-            command = ["nice", "-n", str(niceness), sys.executable, "-m", "tokenload", "demo", *options, "--out", str(out)]
+            # The console script, run where a folder named `tokenload` would shadow the package in a child that
+            # imported from the working directory (the parent of a clone).
+            cwd = tmp_path_factory.mktemp(name)
+            (cwd / "tokenload").mkdir()
+            out = cwd / "demo"
+            command = ["nice", "-n", str(niceness), str(Path(sysconfig.get_path("scripts")) / "tokenload"), "demo",
+                       *options, "--out", str(out)]
             demos[name] = out, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                                text=True), timeout
+                                                text=True, cwd=cwd), timeout
     done: dict[str, Any] = {}
     try:
         if WATCH in wanted:

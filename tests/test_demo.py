@@ -17,7 +17,11 @@ STEP_KEYS = {"step", "active_users", "requests", "errors", "error_rate", "rps", 
 
 
 def test_demo_writes_reports_and_comparison(demo_run: DemoRun) -> None:
-    """`tokenload demo --duration 10` (run side by side with the other long runs: tests/simfixtures.py)."""
+    """`tokenload demo --duration 10` (run side by side with the other long runs: tests/simfixtures.py).
+
+    The console script runs in a directory holding an empty `tokenload/` folder: its children (the
+    simulator, Locust) import the installed package, not that folder.
+    """
     out, proc = demo_run.out, demo_run.proc
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr

@@ -28,13 +28,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tokenload.channel import Channel
+from tokenload.compat import python_module
 from tokenload.errors import ConfigError, HarnessError
 from tokenload.exporter import COLUMNS as METRIC_COLUMNS
 from tokenload.exporter import LiveMetrics
@@ -249,7 +249,7 @@ def execute(plan: RunPlan, on_live: Callable[[dict[str, Any]], None] | None = No
         log_name = LOG_FILE
     feed = None if metrics is None else _MetricsFeed(metrics, run_id, run_dir)
     command = [
-        sys.executable, "-m", "locust", "-f", str(locustfile()), *run_args,
+        *python_module("locust"), "-f", str(locustfile()), *run_args,
         "--host", channel.base_url,
         "--exit-code-on-error", "0", "--loglevel", "INFO",
         *(websession.locust_args(plan.web_host, plan.web_port) if plan.web else ["--headless"]),

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ import gevent
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
+from tokenload.compat import python_module
 from tokenload.load import courier, records
 from tokenload.load.control import BUDGET_MESSAGE, RunControl
 from tokenload.load.rundirs import RUN_INFO, finalise, new_run_id, write_run_info
@@ -183,7 +183,7 @@ class Series:
             run.state = "finalised"
             return
         run.state = "analysing"
-        proc = subprocess.run([sys.executable, "-m", "tokenload", "analyze", str(run.run_dir)],
+        proc = subprocess.run([*python_module("tokenload"), "analyze", str(run.run_dir)],
                               check=False, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         if (run.run_dir / REPORT_FILE).is_file():
             run.state = "done"

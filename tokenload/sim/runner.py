@@ -15,7 +15,6 @@ import select
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenload.compat import python_module
 from tokenload.errors import HarnessError
 from tokenload.sim.profile import Profile, load_profile, with_overrides
 from tokenload.sim.server import SimServer
@@ -95,7 +95,7 @@ class SimProcess:
 
     def __enter__(self) -> SimProcess:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tokenload", "sim", "--port", "0", *self.args],
+            [*python_module("tokenload"), "sim", "--port", "0", *self.args],
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         )
         assert self.process.stdout is not None
