@@ -299,8 +299,8 @@ def _spawn_cell(base_url: str, users: int, out: str) -> None:
     from locust.env import Environment
 
     from tokenload.channel import resolve
-    from tokenload.load.control import LoadState
     from tokenload.load.records import SegmentWriter
+    from tokenload.load.state import LoadState
     from tokenload.load.user import LLMUser, ProcessContext
     from tokenload.protocols import adapter_for
     from tokenload.transport.gevent_client import Transport

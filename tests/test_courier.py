@@ -138,7 +138,8 @@ import json, socket, sys, time
 from locust.env import Environment
 import gevent
 
-from tokenload.load.control import STEP_MESSAGE, EarlyMessages, LoadState, install_step_listener
+from tokenload.load.control import STEP_MESSAGE, EarlyMessages, install_step_listener
+from tokenload.load.state import LoadState
 from tokenload.workload.scenario import load_scenario
 
 with socket.socket() as probe:

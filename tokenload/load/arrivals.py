@@ -13,7 +13,7 @@ import time
 import gevent
 from gevent.lock import Semaphore
 
-from tokenload.load.control import LoadState
+from tokenload.load.state import LoadState
 from tokenload.workload.traces import TraceRow
 
 PARK_S = 3600.0  # a parked user's wait: Locust stops a waiting user at once

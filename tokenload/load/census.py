@@ -24,7 +24,8 @@ import gevent
 from locust.env import Environment
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
-from tokenload.load.control import LoadState, RunControl
+from tokenload.load.control import RunControl
+from tokenload.load.state import LoadState
 
 LIVE_MESSAGE = "tokenload_live_users"
 POLL_S = 1.0

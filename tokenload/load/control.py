@@ -39,7 +39,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +49,11 @@ from locust.runners import MasterRunner, WorkerRunner
 from tokenload.channel import Channel
 from tokenload.load import stoprules
 from tokenload.load.drain import ANSWERED, DRAIN_MESSAGE, Drain, derive, initial
-from tokenload.load.pacing import Pacer
+from tokenload.load.plan import Phase, build_plan
 from tokenload.load.probing import Prober
 from tokenload.load.records import SEGMENTS_DIR, write_json
-from tokenload.load.shapes import Phase, build_plan
-from tokenload.load.stoprules import Counts, FailFast, FailureStreak, Live
+from tokenload.load.state import Budget, LoadState, shares
+from tokenload.load.stoprules import Counts, FailureStreak, Live
 from tokenload.load.tokenstats import Snapshot, current_run
 from tokenload.workload.scenario import Scenario
 
@@ -65,95 +65,8 @@ FAILFAST_MESSAGE = "tokenload_config_errors"
 PAUSE_MESSAGE = "tokenload_pause"
 CONTROL_FILE = "control.json"
 INTERRUPTED = "interrupted"  # the stop reason of a Ctrl-C (or a lost parent): it drains for the floor only
-PAUSE_S = 24 * 3600.0  # a breaker pause lasts until the master lifts it
 # Locust's request type for an LLM request (one Locust request per LLM request).
 REQUEST_TYPE = "POST"
-
-
-class Budget:
-    """One process's share of the request and token limits (None = unlimited; 0 = none left)."""
-
-    __slots__ = ("max_requests", "max_tokens", "sent", "tokens", "spent", "on_spent")
-
-    def __init__(self, max_requests: int | None, max_tokens: int | None,
-                 on_spent: Callable[[Budget], None] | None = None) -> None:
-        self.max_requests = max_requests
-        self.max_tokens = max_tokens
-        self.sent = 0
-        self.tokens = 0
-        self.spent: str | None = None
-        self.on_spent = on_spent
-
-    def admit(self) -> bool:
-        """Take a ticket for one request; False once the share is used up."""
-        if self.spent is None:
-            if self.max_requests is not None and self.sent >= self.max_requests:
-                self._spend(f"max_requests: {self.sent} sent")
-            elif self.max_tokens is not None and self.tokens >= self.max_tokens:
-                self._spend(f"token budget: {self.tokens} tokens")
-            else:
-                self.sent += 1
-                return True
-        return False
-
-    def finished(self, tokens: int) -> None:
-        """A request ended having used `tokens` (input + output)."""
-        self.tokens += tokens
-        if self.spent is None and self.max_tokens is not None and self.tokens >= self.max_tokens:
-            self._spend(f"token budget: {self.tokens} tokens")
-        elif self.spent is None and self.max_requests is not None and self.sent >= self.max_requests:
-            self._spend(f"max_requests: {self.sent} sent")
-
-    def _spend(self, reason: str) -> None:
-        self.spent = reason
-        if self.on_spent is not None:
-            self.on_spent(self)
-
-
-def shares(total: int, workers: list[str]) -> dict[str, int | None]:
-    """Split a limit between workers as evenly as integers allow (a limit of 0 means none: None each)."""
-    n = len(workers)
-    return {w: (total // n + (i < total % n)) if total else None for i, w in enumerate(workers)}
-
-
-@dataclass
-class LoadState:
-    """What every process knows about the current phase (its share of the rate and limits)."""
-
-    step: int = 0
-    users: int = 0
-    rate: float | None = None
-    budget: Budget | None = None
-    started_at: float = 0.0  # wall time the phase began on the shape's clock
-    run_started_at: float = 0.0  # wall time the test's first phase began (the run-level warm-up counts from it)
-    plan_ends_at: float = 0.0  # wall time the whole plan ends (no open-loop send is scheduled after it)
-    pacer: Pacer = field(default_factory=Pacer)  # back-off, rate caps and breaker pauses of this process
-    failfast: FailFast = field(default_factory=FailFast)
-    probe_decided: bool = False  # a search's probe is decided: closed-loop users send nothing until the next one
-    rose_from: int = 0  # a step up's previous users (its users start at `spawn_rate`); else `users`
-
-    @classmethod
-    def for_scenario(cls, scenario: Scenario) -> LoadState:
-        load = scenario.load
-        return cls(pacer=Pacer(load.max_rps, load.max_tokens_per_min), failfast=FailFast(scenario.stop.config_errors))
-
-    def follow(self, step: int, users: int, rate: float | None) -> None:
-        """The phase `step` begins with `users` closed-loop users or (this process's share of) `rate` req/s."""
-        self.rose_from = self.users if rate is None and users > self.users else users
-        self.step, self.users, self.rate = step, users, rate
-        self.probe_decided = False
-
-    def new_test(self) -> None:
-        """A (re)started test: no streak of configuration errors, no hold left from the previous one."""
-        self.failfast.streak = 0
-        self.pacer.release()
-
-    def pause(self, paused: bool) -> None:
-        """The error-storm breaker: hold every send, or lift the hold."""
-        if paused:
-            self.pacer.hold(time.monotonic() + PAUSE_S)
-        else:
-            self.pacer.release()
 
 
 class EarlyMessages:

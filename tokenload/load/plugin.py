@@ -54,11 +54,12 @@ from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 from tokenload.channel import Channel
 from tokenload.load import census, courier, handoff, lifeline, records, series, tokenstats
 from tokenload.load.arrivals import Arrivals, TraceArrivals
-from tokenload.load.control import EarlyMessages, LoadState, RunControl, install_step_listener
+from tokenload.load.control import EarlyMessages, RunControl, install_step_listener
 from tokenload.load.drain import DRAIN_GRACE_S, DRAIN_MESSAGE
 from tokenload.load.handoff import bind, resolve_scenario_channel
 from tokenload.load.lag import LagProbe
 from tokenload.load.rundirs import default_run_dir, finalise, new_run_id, write_run_info
+from tokenload.load.state import LoadState
 from tokenload.load.user import ProcessContext
 from tokenload.load.warmup import Warmup
 from tokenload.protocols import adapter_for

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from tokenload import errors as ek
+from tokenload.load.plan import Phase
 from tokenload.load.records import write_json
-from tokenload.load.shapes import Phase
 from tokenload.load.tokenstats import Cell
 from tokenload.search.bisect import Probe, Search
 from tokenload.search.evidence import Decision, Evidence, decide

@@ -45,9 +45,10 @@ from locust.user.task import LOCUST_STATE_RUNNING, LOCUST_STATE_STOPPING, LOCUST
 from tokenload import errors as ek
 from tokenload.limits import parse_rate_headers
 from tokenload.load.arrivals import PARK_S, Arrivals, TraceArrivals
-from tokenload.load.control import REQUEST_TYPE, LoadState
+from tokenload.load.control import REQUEST_TYPE
 from tokenload.load.pacing import pushed_back
 from tokenload.load.records import CANCELLED, SegmentWriter
+from tokenload.load.state import LoadState
 from tokenload.load.tokenstats import CHUNK_TIMES_KEY, COUNTED_KEY, RECORD_KEY
 from tokenload.load.warmup import DRAIN_POLL_S, MEASURE, Warmup
 from tokenload.measure import TOKEN_TEXT

@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    from tokenload.load.control import LoadState
+from tokenload.load.state import LoadState
 
 Phase = Literal["warmup", "measure"]
 WARMUP: Phase = "warmup"
