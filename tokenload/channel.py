@@ -389,8 +389,8 @@ def resolve(
     return Resolution(channel=channel, sources=sources, warnings=warnings, settings_files=files, raw=raw)
 
 
-def add_channel_arguments(parser: argparse.ArgumentParser) -> None:
-    """The CHANNEL options, the same on every command."""
+def add_channel_arguments(parser: argparse.ArgumentParser, several_models: bool = False) -> None:
+    """The CHANNEL options, the same on every command (`several_models`: `--model` may be repeated, as on run)."""
     group = parser.add_argument_group(
         "channel",
         "Resolution order: these flags > environment (ANTHROPIC_BASE_URL, ANTHROPIC_AUTH_TOKEN, "
@@ -401,7 +401,12 @@ def add_channel_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--base-url", help="API base URL, e.g. https://relay.example/api (the path part matters)")
     group.add_argument("--api-key", help="key sent as x-api-key (Anthropic) or Bearer (OpenAI); prefer the environment")
     group.add_argument("--auth-token", help="token sent as Authorization: Bearer (ANTHROPIC_AUTH_TOKEN)")
-    group.add_argument("--model", help="model id, e.g. claude-sonnet-4-20250514")
+    if several_models:
+        group.add_argument("--model", action="append",
+                           help="model id, e.g. claude-sonnet-4-20250514; repeat it to send to several models (they "
+                                "replace the scenario's [channel] models; requests pick among them)")
+    else:
+        group.add_argument("--model", help="model id, e.g. claude-sonnet-4-20250514")
     group.add_argument("--protocol", choices=PROTOCOLS, help="wire protocol (default: anthropic, or openai-chat when only OPENAI_* is set)")
     group.add_argument("--settings", metavar="FILE", help="settings.json in {\"anthropic\": {...}} or Claude Code's {\"env\": {...}} form")
 
@@ -419,8 +424,9 @@ class ChannelFlags(TypedDict, total=False):
 
 def channel_flags(args: argparse.Namespace) -> ChannelFlags:
     """The parsed CHANNEL options as `resolve()`'s keyword arguments."""
+    model = args.model[0] if isinstance(args.model, list) else args.model  # a repeated --model: the first resolves
     return ChannelFlags(protocol=args.protocol, base_url=args.base_url, api_key=args.api_key,
-                        auth_token=args.auth_token, model=args.model, settings=args.settings)
+                        auth_token=args.auth_token, model=model, settings=args.settings)
 
 
 def resolve_from_args(args: argparse.Namespace) -> Resolution:

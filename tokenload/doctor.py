@@ -78,6 +78,7 @@ from tokenload.failures import (
     upstream_failure,
 )
 from tokenload.measure import NATURAL_STOPS, Timeline
+from tokenload.modelsize import size_from_id as model_size
 from tokenload.protocols import ADAPTERS, ProtocolAdapter
 from tokenload.protocols.base import Conversation
 from tokenload.record import RequestRecord
@@ -112,7 +113,6 @@ _PLACEHOLDER = re.compile(
     r"(none|null|undefined|todo|tbd|test|dummy|api[-_]?key|token|key|secret))$",
     re.IGNORECASE,
 )
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*b\b", re.IGNORECASE)
 # Errors that mean the stream itself broke: the streaming check reports them, not latency.
 STREAM_KINDS = frozenset({ek.DISCONNECTED, ek.MALFORMED_STREAM, ek.TIMEOUT_STALL})
 _SHORT_PROMPT = "Say hi."
@@ -382,11 +382,6 @@ def knock(ctx: Doctor, http: httpx.Client, base_url: str) -> httpx.Response:
     """A cheap request at a base: POST an empty JSON body to its endpoint (an API answers 4xx JSON)."""
     channel = ctx.channel
     return http.post(endpoint_url(base_url, channel.protocol), headers=channel.headers(), content=b"{}")
-
-
-def model_size(model: str) -> float | None:
-    match = _SIZE.search(model)
-    return float(match.group(1)) if match else None
 
 
 def _s(value: float | None) -> str:

@@ -114,7 +114,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     dist.add_argument("--master-bind-host", default="127.0.0.1",
                       help="master: interface to listen on (default 127.0.0.1; give the machine's address for "
                            "workers on other machines)")
-    add_channel_arguments(parser)
+    add_channel_arguments(parser, several_models=True)
 
 
 def live_line(live: dict) -> str:
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario).with_server_metrics(args.server_metrics)
     scenario = dataclasses.replace(scenario, slo=slo_from_args(args, scenario.slo))
     scenario, resolution = resolve_scenario_channel(scenario, f"scenario {scenario.name} [channel]",
-                                                    channel_flags(args))
+                                                    channel_flags(args), args.model or ())
     plan = plan_run(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
                     distribution=distribution, web=args.web, web_host=args.web_host, web_port=args.web_port)
     if args.prometheus_port is not None and (args.web or args.worker):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict
 
 from tokenload.channel import Channel, ChannelFlags, Resolution, resolve
@@ -37,18 +38,19 @@ def scenario_layer(scenario: Scenario) -> dict[str, str | None]:
             "model": section.models[0] if section.models else None}
 
 
-def resolve_scenario_channel(scenario: Scenario, label: str, flags: ChannelFlags) -> tuple[Scenario, Resolution]:
+def resolve_scenario_channel(scenario: Scenario, label: str, flags: ChannelFlags,
+                             models: Sequence[str] = ()) -> tuple[Scenario, Resolution]:
     """Resolve the channel with the scenario as a layer; the scenario's model list follows the result.
 
     A scenario may list several models (requests pick among them); that list
     stands only while the model comes from the scenario layer. A model set by a
     flag, the environment or a settings file replaces it, as any layer above
-    the scenario does.
+    the scenario does; several `models` (`run --model` repeated) replace it all.
     """
     resolution = resolve(**flags, scenario=scenario_layer(scenario), scenario_label=label)
-    if resolution.sources.get("model") != label:
-        scenario = dataclasses.replace(
-            scenario, channel=dataclasses.replace(scenario.channel, models=(resolution.channel.model,)))
+    if len(models) > 1 or resolution.sources.get("model") != label:
+        chosen = tuple(dict.fromkeys(models)) if len(models) > 1 else (resolution.channel.model,)
+        scenario = dataclasses.replace(scenario, channel=dataclasses.replace(scenario.channel, models=chosen))
     return scenario, resolution
 
 

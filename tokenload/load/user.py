@@ -159,7 +159,7 @@ class LLMUser(User):
             self.parked = True
             return
         conversation = self._session()
-        plan = ctx.prompts.next(conversation, row)
+        plan = ctx.prompts.next(conversation, row, self.user_id)
         answer: list[str] | None = None if conversation is None else []
         first: str | None = None
         record: RequestRecord | None = None

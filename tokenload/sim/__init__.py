@@ -50,7 +50,9 @@ request_id (also the `x-request-id` / `request-id` response headers), path,
 protocol, model, status, arrival, admitted, first_token, last_token (unix
 seconds), input_tokens, cached_tokens and cache_creation_tokens (of the input,
 read from and written to the prefix cache), output_tokens (tokens actually written),
-planned_output_tokens, thinking_tokens, max_tokens, stream, fault, queue_s,
+planned_output_tokens, thinking_tokens, max_tokens, model_size_b (the size the
+model id names, null without one) and model_scale (its time factor, (size / 7B) ^
+model_size_exponent), stream, fault, queue_s,
 replica, outcome (ok, client_closed, disconnect, reset, error_event,
 no_final_chunk) and error (the error kind of an early answer).
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 from tokenload.compat import tomllib
 from tokenload.dayclock import DAY_S, day_hour
 from tokenload.errors import ConfigError
+from tokenload.modelsize import size_from_id
 
 EOS_DISTRIBUTIONS = ("uniform", "exponential", "lognormal")
 PREAMBLE_MODES = ("first_token", "arrival")
@@ -48,7 +48,7 @@ class Profile:
     decode_base_s: float = _knob(0.02, "time of one decode step with one active sequence (TPOT at batch size 1)", min=0.0)
     decode_per_seq_s: float = _knob(0.0004, "extra decode-step time per additional active sequence (a batch of 32 steps slower than a batch of 1)", min=0.0)
     prefix_cache_tokens: int = _knob(1_000_000, "prompt-prefix tokens each model keeps in its prompt cache (LRU, 16-token blocks): cached tokens skip prefill and are reported in usage (Anthropic only with cache_control, OpenAI automatically); 0 = no prompt caching, as behind a relay that strips it", min=0)
-    model_size_exponent: float = _knob(0.63, "time scales as (size / 7B)^x, size parsed from the model id (`sim-30b` -> 30): 0.63 makes 30B about 2.5x 7B", min=0.0)
+    model_size_exponent: float = _knob(0.63, "time scales as (size / 7B)^x, size parsed from the model id (`sim-30b` -> 30, `270m` -> 0.27, `8x7b` -> 56): 0.63 makes 30B about 2.5x 7B", min=0.0)
     load: float = _knob(1.0, "other tenants' load: multiplies prefill and decode times and divides the effective slots (peak > 1)", min=0.1)
     load_by_hour: list[float] = _knob([], "24 multipliers of `load`, one per hour of the simulated local day (first = 00:00-01:00); empty = `load` all day", min=0.1, length=24)
     time_scale: float = _knob(1.0, "speed of the simulated day for `load_by_hour`: N makes a day last 24 h / N (hour = (local time x N) mod 24 h + day_phase_h); `tokenload sim --time-scale`", min=0.001)
@@ -70,7 +70,6 @@ class Profile:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Profile)}
-_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*b\b", re.IGNORECASE)
 _REFERENCE_SIZE_B = 7.0
 
 
@@ -85,10 +84,8 @@ def knobs_help() -> str:
 
 def model_scale(profile: Profile, model: str) -> float:
     """Time factor of `model` relative to 7B: (size/7)^exponent, 1 when no size is in the id."""
-    match = _SIZE_RE.search(model)
-    if not match:
-        return 1.0
-    return (float(match.group(1)) / _REFERENCE_SIZE_B) ** profile.model_size_exponent
+    size = size_from_id(model)
+    return 1.0 if size is None else (size / _REFERENCE_SIZE_B) ** profile.model_size_exponent
 
 
 def load_at(profile: Profile, t: float) -> float:

@@ -22,6 +22,7 @@ from pathlib import Path
 from random import Random
 from typing import Any, TextIO
 
+from tokenload.modelsize import size_from_id
 from tokenload.sim import wire
 from tokenload.sim.engine import Engine, RateLimiter, Sequence, Stats, rate_limit_headers, retry_after_header
 from tokenload.sim.faults import FaultPlan, markers_in
@@ -499,7 +500,8 @@ class Generation:
                          cache_read=cache_read, cache_creation=cache_written)
         self.record.update(fault=faults.describe(), planned_output_tokens=n_out, thinking_tokens=n_think,
                            max_tokens=parsed.max_tokens, stream=parsed.stream, cached_tokens=cache_read,
-                           cache_creation_tokens=cache_written)
+                           cache_creation_tokens=cache_written, model_size_b=size_from_id(parsed.model),
+                           model_scale=engine.model_scale)
         action = faults.action
         if action == "status":
             code = int(faults.num("status", "code"))

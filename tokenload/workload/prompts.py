@@ -19,6 +19,7 @@ from tokenload.protocols.base import Conversation
 from tokenload.record import RequestRecord
 from tokenload.tokens import estimate_tokens, synth_prompt
 from tokenload.workload.datasets import load_dataset
+from tokenload.workload.design import Design, DesignCursor
 from tokenload.workload.sampling import Sampler
 from tokenload.workload.scenario import Scenario
 from tokenload.workload.sessions import Session, Sessions
@@ -90,10 +91,20 @@ class PromptSource:
         self._calibrate = scenario.prompt.calibrate
         self.calibration = Calibration()
         self.sessions = Sessions(scenario.session, scenario.seed, rng) if scenario.session else None
+        self._design = (Design(scenario.design, scenario.prompt.tokens, scenario.output.max_tokens, models, scenario.seed)
+                        if scenario.design is not None and scenario.prompt.tokens is not None else None)
+        self._cursors: dict[str, DesignCursor] = {}
 
-    def next(self, session: Session | None = None, row: TraceRow | None = None) -> RequestPlan:
-        """The next request: the next turn of `session`, a trace row's lengths, or an independent prompt."""
+    def next(self, session: Session | None = None, row: TraceRow | None = None, user: str = "") -> RequestPlan:
+        """The next request: the next turn of `session`, a trace row's lengths, the next cell of `user`'s walk
+        through the `[design]`, or an independent prompt."""
         n = next(self._n)
+        if self._design is not None:
+            cursor = self._cursors.get(user) or self._cursors.setdefault(user, self._design.cursor(user))
+            cell = cursor.next()
+            prompt = self._synth(cell.prompt_tokens, n, self._prefix)
+            return RequestPlan(cell.model, Conversation.single(prompt), cell.prompt_tokens, estimate_tokens(prompt),
+                               cell.max_tokens)
         model = self._models[0] if len(self._models) == 1 else self._rng.choice(self._models)
         max_tokens = self._max_tokens.draw()
         if row is not None:

@@ -21,7 +21,9 @@ Schema (all sections optional except `[load]`):
     [channel]                     # defaults: flags, environment, settings.json win
     protocol = "anthropic"        # anthropic | openai-chat | openai-responses
     base_url = "http://..."
-    models = ["sim-7b"]           # or model = "sim-7b"; requests pick uniformly
+    models = ["sim-7b"]           # or model = "sim-7b"; requests pick uniformly (`run --model` repeated replaces it)
+    model_sizes = { "my-model" = 30 }  # billions of parameters, for ids that do not name their size
+                                  # (`sim-30b`, `70b`, `270m`, `8x7b` are read from the id)
     first_token_timeout_s = 120
     idle_timeout_s = 60
 
@@ -48,6 +50,14 @@ Schema (all sections optional except `[load]`):
     max_tokens = 128              # same forms as prompt.tokens
     ignore_eos = false            # sent as "ignore_eos": true (vLLM/SGLang extension)
     min_tokens = 0                # sent as "min_tokens" when > 0
+
+    [design]                      # vary prompt length, output length and model independently (sweeps otherwise
+                                  # advance in lockstep): the levels are [prompt] tokens, [output] max_tokens
+                                  # (lists or one value) and the channel's models; every [load] step runs it all
+    kind = "factorial"            # factorial: every combination; latin: a Latin hypercube of `points`
+                                  # combinations (each level of each factor equally often)
+    points = 0                    # latin: combinations per block; 0 = the largest number of levels
+                                  # each user sends a block's cells in its own seeded random order, then the next
 
     [load]
     kind = "steps"                # steps | constant | poisson | trace | search
@@ -267,22 +277,28 @@ class ChannelSection:
     models: tuple[str, ...] = ()
     first_token_timeout_s: float = 120.0
     idle_timeout_s: float = 60.0
+    model_sizes: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx) -> ChannelSection:
         w = "[channel]"
-        d = ctx.table(data, w, ("protocol", "base_url", "model", "models", "first_token_timeout_s", "idle_timeout_s"))
+        d = ctx.table(data, w, ("protocol", "base_url", "model", "models", "first_token_timeout_s", "idle_timeout_s",
+                                "model_sizes"))
         if "model" in d and "models" in d:
             raise ctx.fail(f"{w} model", "give either model or models, not both")
         models: Any = [d["model"]] if "model" in d else d.get("models", [])
         if not isinstance(models, list) or not all(isinstance(m, str) and m.strip() for m in models):
             raise ctx.fail(f"{w} models", f"expected a list of model ids, got {_show(models)}")
+        sizes = d.get("model_sizes", {})
+        if not isinstance(sizes, dict):
+            raise ctx.fail(f"{w} model_sizes", f"expected a table of model id = billions of parameters, got {_show(sizes)}")
         return cls(
             protocol=ctx.text(d, "protocol", w, choices=PROTOCOLS),
             base_url=ctx.text(d, "base_url", w),
             models=tuple(models),
             first_token_timeout_s=ctx.number(d, "first_token_timeout_s", w, 120.0, above=0),
             idle_timeout_s=ctx.number(d, "idle_timeout_s", w, 60.0, above=0),
+            model_sizes={str(m): float(ctx.number(sizes, m, f"{w} model_sizes", above=0)) for m in sizes},
         )
 
 
@@ -376,6 +392,41 @@ class OutputSection:
         if self.min_tokens:
             extra["min_tokens"] = self.min_tokens
         return extra
+
+
+DESIGN_KINDS = ("factorial", "latin")
+
+
+@dataclass(frozen=True)
+class DesignSection:
+    """`[design]`: the factors crossed instead of swept in lockstep (`tokenload.workload.design` draws the cells)."""
+
+    kind: str = "factorial"
+    points: int = 0
+
+    @classmethod
+    def parse(cls, data: Any, ctx: _Ctx) -> DesignSection:
+        w = "[design]"
+        d = ctx.table(data, w, ("kind", "points"))
+        kind = ctx.text(d, "kind", w, "factorial", choices=DESIGN_KINDS) or "factorial"
+        if d.get("points") and kind != "latin":
+            raise ctx.fail(f"{w} points", 'only applies to kind = "latin"')
+        return cls(kind, ctx.number(d, "points", w, 0, integer=True, minimum=0))
+
+    @staticmethod
+    def check(ctx: _Ctx, prompt: PromptSection, output: OutputSection, models: tuple[str, ...]) -> None:
+        """A design's factors are levels: lists or single values of [prompt] tokens and [output] max_tokens."""
+        if prompt.tokens is None:
+            raise ctx.fail("[design]", "crosses [prompt] tokens levels; a dataset or a [session] brings its own "
+                           "lengths: remove [design] or give [prompt] tokens")
+        for where, dist in (("[prompt] tokens", prompt.tokens), ("[output] max_tokens", output.max_tokens)):
+            if dist.dist not in ("sweep", "fixed"):
+                raise ctx.fail(where, f"a [design] crosses levels: give a list of values (or one), not dist = "
+                               f"{dist.dist!r}")
+        varied = sum(len(d.params.get("values", [0])) > 1 for d in (prompt.tokens, output.max_tokens))
+        if varied + (len(models) > 1) == 0:
+            raise ctx.fail("[design]", "nothing to cross: give [prompt] tokens or [output] max_tokens as a list of "
+                           "levels, or several [channel] models")
 
 
 SEARCH_KEYS = ("over", "min", "max", "resolution", "max_probe_s", "probe_warmup_s", "confirm", "max_probes")
@@ -698,6 +749,7 @@ class Scenario:
     output: OutputSection = field(default_factory=OutputSection)
     stop: StopSection = field(default_factory=StopSection)
     session: SessionSection | None = None
+    design: DesignSection | None = None
     slo: Slo = DEFAULT_SLO
     server: ServerSection = field(default_factory=ServerSection)
 
@@ -705,18 +757,27 @@ class Scenario:
     def from_dict(cls, data: Any, source: str, base_dir: Path, default_name: str) -> Scenario:
         ctx = _Ctx(source)
         d = ctx.table(data, "top level", ("name", "description", "seed", "channel", "prompt", "session", "output", "load",
-                                          "stop", "slo", "server"))
+                                          "stop", "slo", "server", "design"))
         session = SessionSection.parse(d["session"], ctx) if "session" in d else None
-        if session is not None and isinstance(d.get("load"), dict) and d["load"].get("kind") == "trace":
-            raise ctx.fail("[session]", "a trace replay sends the trace's own lengths; remove [session]")
+        trace = isinstance(d.get("load"), dict) and d["load"].get("kind") == "trace"
+        for section in ("session", "design"):
+            if section in d and trace:
+                raise ctx.fail(f"[{section}]", f"a trace replay sends the trace's own lengths; remove [{section}]")
+        channel = ChannelSection.parse(d.get("channel"), ctx)
+        prompt = PromptSection.parse(d.get("prompt"), ctx, base_dir, session is not None)
+        output = OutputSection.parse(d.get("output"), ctx)
+        design = DesignSection.parse(d["design"], ctx) if "design" in d else None
+        if design is not None:
+            DesignSection.check(ctx, prompt, output, channel.models)
         return cls(
             session=session,
+            design=design,
             name=ctx.text(d, "name", "top level", default_name) or default_name,
             description=(ctx.text(d, "description", "top level") or "") if d.get("description") else "",
             seed=ctx.number(d, "seed", "top level", 0, integer=True),
-            channel=ChannelSection.parse(d.get("channel"), ctx),
-            prompt=PromptSection.parse(d.get("prompt"), ctx, base_dir, session is not None),
-            output=OutputSection.parse(d.get("output"), ctx),
+            channel=channel,
+            prompt=prompt,
+            output=output,
             load=LoadSection.parse(d.get("load"), ctx, base_dir),
             stop=StopSection.parse(d.get("stop"), ctx),
             slo=parse_slo(d["slo"], ctx) if "slo" in d else DEFAULT_SLO,
