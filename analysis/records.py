@@ -30,7 +30,7 @@ FLOAT_COLUMNS: tuple[str, ...] = (
     "output_tokens", "itl_p50_s", "itl_p99_s", "itl_max_s",
 )
 CATEGORY_COLUMNS: tuple[str, ...] = ("status", "error_kind", "model")
-OPTIONAL_COLUMNS: tuple[str, ...] = ("finished_at", "in_flight", "prompt_tokens_target")
+OPTIONAL_COLUMNS: tuple[str, ...] = ("finished_at", "in_flight", "cut_at", "prompt_tokens_target")
 ANALYSIS_COLUMNS: tuple[str, ...] = (
     "step", "active_users", *FLOAT_COLUMNS, *CATEGORY_COLUMNS,
 )
@@ -77,7 +77,7 @@ class Run:
 
     @property
     def cut(self) -> float:
-        """When the run stopped and open streams were cut: a censored request waited at least until here."""
+        """When the run stopped: a stream cut open with no `cut_at` of its own (an older run) was cut here."""
         last_seen = float(np.nanmax(self.df["finished_at"].to_numpy())) if len(self.df) else 0.0
         end = self.ended_at
         return last_seen if end is None else max(end, last_seen)
@@ -94,6 +94,14 @@ class Run:
     def ok(self) -> pd.DataFrame:
         """Successful, completed requests: the only ones fits and percentiles use."""
         return self.df[self.df["status"].eq("ok") & ~self.df["in_flight"]]
+
+
+def cut_text(cut: int, step_down: int) -> str:
+    """'3 cut at a step down, 2 still open at the end': the streams tokenload cut open, and when."""
+    if not step_down:
+        return f"{cut:,} still open at the end"
+    return f"{step_down:,} cut at a step down" + (f", {cut - step_down:,} still open at the end" if cut > step_down
+                                                  else "")
 
 
 def _unix(value: Any) -> float | None:
@@ -133,7 +141,8 @@ def load_run(run_dir: str | Path) -> Run:
     """Read RUN_DIR into a `Run`; raise `ConfigError` for anything that is not a run.
 
     Missing optional columns are derived (`finished_at` from start + e2e,
-    `in_flight` as False) so the rest of the analysis needs no special cases.
+    `in_flight` as False, a cut stream's `cut_at` as the run's end) so the rest
+    of the analysis needs no special cases.
     """
     import pyarrow.parquet as pq
 
@@ -158,7 +167,20 @@ def load_run(run_dir: str | Path) -> Run:
         raise ConfigError(f"{parquet} could not be read: {exc}") from exc
     problems: list[str] = []
     manifest = _read_manifest(path, problems)
-    return Run(run_dir=path, manifest=manifest, df=_without_warmup(df, _normalise(df)), problems=problems)
+    run = Run(run_dir=path, manifest=manifest, df=_without_warmup(df, _normalise(df)), problems=problems)
+    _when_cut(run, float(pd.to_numeric(df["started_at"], errors="coerce").max()) if len(df) else 0.0)
+    return run
+
+
+def _when_cut(run: Run, last_sent: float) -> None:
+    """Each cut stream's `cut_at` (an older run's records lack it: the run's end), and `cut_before_end`: it was
+    cut while the run went on (a step down stopped its user: requests, warm-up ones included, were sent after
+    it), not at the end."""
+    df = run.df
+    open_ = df["in_flight"].to_numpy()
+    if open_.any():
+        df["cut_at"] = df["cut_at"].where(df["cut_at"].notna() | ~df["in_flight"], run.cut)
+    df["cut_before_end"] = open_ & (df["cut_at"].to_numpy() < last_sent)
 
 
 def _without_warmup(raw: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
@@ -195,6 +217,8 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
         out["in_flight"] = df["in_flight"].fillna(False).astype(bool).to_numpy()
     else:
         out["in_flight"] = False
+    cut_at = pd.to_numeric(df["cut_at"], errors="coerce") if "cut_at" in df else pd.Series(np.nan, index=df.index)
+    out["cut_at"] = cut_at.astype(np.float64).where(out["in_flight"].to_numpy()).to_numpy()
     return out
 
 

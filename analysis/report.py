@@ -19,6 +19,7 @@ from rich.text import Text
 
 from tokenload.analysis import caching, fidelity
 from tokenload.analysis.breakpoint import breakpoint_text
+from tokenload.analysis.records import cut_text
 from tokenload.analysis.windows import level_text
 
 CSS = """
@@ -66,7 +67,8 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         rows.append(("Run incomplete", complete["note"], False))
     rows += [
         ("Requests", f"{run['requests']:,} ({run['ok']:,} ok, {run['errors']:,} errors{_classes(summary)}, "
-                     f"{run['in_flight']:,} still open at the end)", run["errors"] == 0 if run["requests"] else False),
+                     f"{cut_text(run['in_flight'], run.get('cut_step_down', 0))})",
+         run["errors"] == 0 if run["requests"] else False),
         ("SLO attainment", f"{_fmt(100 * slo['attainment'] if slo['attainment'] is not None else None, '%')} "
                            f"of {slo.get('judged', 0):,} judged requests; SLO: {slo.get('describe')}"
                            + (f" ({slo['not_judged']:,} configuration/input errors not judged)"
@@ -81,7 +83,8 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         p = lat[metric]
         shown = " · ".join(f"{k} {'≥ ' if k in p.get('bounds', []) else ''}{_fmt(v)}" for k, v in p.items()
                            if k.startswith("p") and k[1:2].isdigit())
-        cut = f"; {p['censored']} still open at the end (censored)" if p.get("censored") else ""
+        cut = (f"; {cut_text(p['censored'], p.get('censored_step_down', 0))}, censored when cut" if p.get("censored")
+               else "")
         rows.append((metric.upper(), f"{shown}{unit} (n={p.get('n', 0):,}{cut})", None))
     if ttft_fit.get("model"):
         extra = f", exponent {ttft_fit['exponent']:.2f}" if ttft_fit["model"] == "power" else ""

@@ -7,10 +7,11 @@ into); throughput belongs to the window in which it happened (see
 statistics: a closed-loop step that just doubled its users, or an open-loop step
 that just raised its rate, is still filling queues.
 
-Every percentile treats a request still open at the end of the run as
-right-censored (`stats.km_quantiles`): its latency is at least as long as it
-waited. Where censoring reaches a percentile the value is a lower bound and
-`bounds` says so; `n` and bootstrap intervals (`ci`) sit beside each statistic.
+Every percentile treats a request tokenload cut open (at a step down or the
+run's end) as right-censored (`stats.km_quantiles`): its latency is at least
+as long as it had waited when it was cut (`cut_at`). Where censoring reaches a
+percentile the value is a lower bound and `bounds` says so; `n` and bootstrap
+intervals (`ci`) sit beside each statistic.
 """
 
 from __future__ import annotations
@@ -71,21 +72,29 @@ def _nan_to_none(value: Any) -> Any:
     return value
 
 
-def _observations(rows: pd.DataFrame, metric: str, cut: float) -> tuple[np.ndarray, np.ndarray]:
-    """(times, observed?) of one metric: finished ok requests observed, open ones censored at the cut."""
+def waited(rows: pd.DataFrame, cut: float) -> np.ndarray:
+    """How long each request had waited when it was cut: until its own `cut_at`, else (none recorded) `cut`."""
+    at = rows["cut_at"].to_numpy(dtype=np.float64) if "cut_at" in rows else np.full(len(rows), cut)
+    return np.where(np.isfinite(at), at, cut) - rows["started_at"].to_numpy(dtype=np.float64)
+
+
+def _observations(rows: pd.DataFrame, metric: str, cut: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(times, observed?, cut at a step down?) of one metric: finished ok requests observed, cut ones censored
+    when they were cut (the last flag: while the run went on, `cut_before_end`)."""
     ok = rows["status"].eq("ok").to_numpy()
     open_ = rows["in_flight"].to_numpy()
     value = rows[f"{metric}_s"].to_numpy()
-    waited = cut - rows["started_at"].to_numpy()
+    waited_s = waited(rows, cut)
+    early = rows["cut_before_end"].to_numpy(dtype=bool) if "cut_before_end" in rows else np.zeros(len(rows), bool)
     if metric == "tpot":  # a partial stream's TPOT is not a bound on its final TPOT: left out
         use = ok & ~open_ & np.isfinite(value)
-        return value[use], np.ones(int(use.sum()), dtype=bool)
+        return value[use], np.ones(int(use.sum()), dtype=bool), np.zeros(int(use.sum()), dtype=bool)
     if metric == "ttft":
         seen = np.isfinite(value)
         use = ok & (seen | open_)
-        return np.where(seen, value, waited)[use], seen[use]
+        return np.where(seen, value, waited_s)[use], seen[use], (early & ~seen)[use]
     use = ok & (~open_ & np.isfinite(value) | open_)
-    return np.where(open_, waited, value)[use], ~open_[use]
+    return np.where(open_, waited_s, value)[use], ~open_[use], (early & open_)[use]
 
 
 def latency_stats(rows: pd.DataFrame, cut: float, percentiles: Sequence[float], seed: int = 0,
@@ -93,9 +102,10 @@ def latency_stats(rows: pd.DataFrame, cut: float, percentiles: Sequence[float], 
     """Percentiles (censoring-aware), n, lower-bound flags and bootstrap CIs of TTFT, TPOT and e2e."""
     out: dict[str, Any] = {"bounds": [], "ci": {}}
     for m_index, metric in enumerate(METRICS):
-        times, events = _observations(rows, metric, cut)
+        times, events, step_down = _observations(rows, metric, cut)
         out[f"{metric}_n"] = int(events.sum())
         out[f"{metric}_censored"] = int((~events).sum())
+        out[f"{metric}_censored_step_down"] = int(step_down.sum())
         qs: list[Quantile] = km_quantiles(times, events, [p / 100 for p in percentiles]) if times.size else [
             Quantile(np.nan) for _ in percentiles]
         for p, q in zip(percentiles, qs):
@@ -116,13 +126,14 @@ def meets_slo(rows: pd.DataFrame, slo: Slo, cut: float,
     Judged are successes and load errors (`tokenload.slo.judged`); a configuration or
     input error (auth, model, base URL, bad request, context_length) is not known
     either way, so it counts on neither side. A threshold a finished request has no
-    value for (the TPOT of a one-token answer) is not missed. A request still open
-    when the run stopped is known to miss once it has waited past a bound (no first
-    token after the TTFT bound, not done after the e2e bound); otherwise it is unknown.
+    value for (the TPOT of a one-token answer) is not missed. A request cut open (a
+    step down, the run's end) is known to miss once it had waited past a bound when
+    it was cut (no first token after the TTFT bound, not done after the e2e bound);
+    otherwise it is unknown.
     """
     ok = rows["status"].eq("ok").to_numpy()
     open_ = rows["in_flight"].to_numpy()
-    waited = cut - rows["started_at"].to_numpy()
+    waited_s = waited(rows, cut)
     kinds = rows["error_kind"].astype("object")
     load_failure = kinds.map({k: judged("error", str(k)) for k in kinds.dropna().unique()})
     counted = ok | load_failure.eq(True).to_numpy()
@@ -133,9 +144,9 @@ def meets_slo(rows: pd.DataFrame, slo: Slo, cut: float,
         value = rows[columns[metric]].to_numpy(dtype=np.float64)
         meets &= ~(value > limit)  # NaN (not measured) is not a miss
         if metric == "ttft":
-            failed_open |= open_ & ~np.isfinite(rows["ttft_s"].to_numpy(dtype=np.float64)) & (waited > limit)
+            failed_open |= open_ & ~np.isfinite(rows["ttft_s"].to_numpy(dtype=np.float64)) & (waited_s > limit)
         elif metric == "e2e":
-            failed_open |= open_ & (waited > limit)
+            failed_open |= open_ & (waited_s > limit)
     known = (~open_ & counted) | failed_open
     return meets, known
 

@@ -27,7 +27,7 @@ from tokenload.analysis.fits import (
     ttft_vs_input,
 )
 from tokenload.analysis.ratelimits import rate_limits
-from tokenload.analysis.records import Run
+from tokenload.analysis.records import Run, cut_text
 from tokenload.analysis.steps import (
     DEFAULT_OPTIONS,
     FORMULA_STEP_TOLERANCE,
@@ -106,6 +106,7 @@ def _latency(df: pd.DataFrame, cut: float, percentiles: tuple[float, ...]) -> di
         entry: dict[str, Any] = {f"p{p:g}": _r(stats.get(pkey(metric, p), np.nan)) for p in percentiles}
         entry["n"] = int(stats.get(f"{metric}_n", 0))
         entry["censored"] = int(stats.get(f"{metric}_censored", 0))
+        entry["censored_step_down"] = int(stats.get(f"{metric}_censored_step_down", 0))
         entry["bounds"] = [f"p{p:g}" for p in percentiles if pkey(metric, p) in stats["bounds"]]
         out[metric] = entry
     return out
@@ -264,6 +265,7 @@ def completeness(run: Run, table: pd.DataFrame) -> dict[str, Any]:
     planned = len(m.get("plan") or [])
     ran = len(table)
     censored = int(run.df["in_flight"].sum())
+    step_down = int(run.df["cut_before_end"].sum()) if "cut_before_end" in run.df else 0
     stopped = auto_stop(stop, table)
     interrupted = stop == "interrupted" or bool(m.get("workers_lost")) or bool(m.get("recovered"))
     truncated = bool(planned and ran < planned) and stopped is None
@@ -282,11 +284,11 @@ def completeness(run: Run, table: pd.DataFrame) -> dict[str, Any]:
     elif truncated:
         notes.append(f"the run stopped after step {ran} of {planned} ({stop})")
     if censored:
-        notes.append(f"{censored} request(s) were still open when it stopped: their latencies are censored "
-                     "(percentiles they reach are lower bounds)")
+        notes.append(f"{censored} request(s) cut open ({cut_text(censored, step_down)}): their latencies are "
+                     "censored at the moment they were cut (percentiles they reach are lower bounds)")
     return {"stop_reason": stop, "interrupted": interrupted, "truncated": truncated, "storm": storm,
             "steps_planned": planned or None,
-            "steps_run": ran, "censored": censored, "note": "; ".join(notes) or None,
+            "steps_run": ran, "censored": censored, "censored_step_down": step_down, "note": "; ".join(notes) or None,
             "auto_stop": None if stopped is None else f"{stopped['condition']}, [stop] {stopped['rule']}"}
 
 
@@ -359,6 +361,7 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
             "started_at": run.started_at, "ended_at": run.ended_at, "duration_s": _r(duration),
             "requests": int(len(df)), "ok": int(len(ok)), "errors": int(df["status"].eq("error").sum()),
             "in_flight": int(df["in_flight"].sum()),
+            "cut_step_down": int(df["cut_before_end"].sum()) if "cut_before_end" in df else 0,
             # answers the server cut for length below the max_tokens asked (its context was full)
             "truncated": int(df["truncated"].fillna(False).astype(bool).sum()) if "truncated" in df else 0,
             "models": sorted(str(m) for m in df["model"].dropna().unique()),

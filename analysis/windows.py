@@ -92,7 +92,8 @@ def _overlap(first: np.ndarray, last: np.ndarray, a: float, b: float) -> np.ndar
 def by_time(df: pd.DataFrame, windows: pd.DataFrame, cut: float, good: np.ndarray) -> pd.DataFrame:
     """Per step window: tokens streamed, input tokens prefilled, completions (all and `good`), concurrency.
 
-    `cut` is when the run stopped: a still-open request occupies the channel up to it.
+    `cut` is when the run stopped: a request cut open occupies the channel until it was cut (its `cut_at`,
+    else `cut`).
     """
     started = df["started_at"].to_numpy()
     ttft = df["ttft_s"].to_numpy()
@@ -104,7 +105,9 @@ def by_time(df: pd.DataFrame, windows: pd.DataFrame, cut: float, good: np.ndarra
     in_flight = df["in_flight"].to_numpy()
     done = df["status"].eq("ok").to_numpy() & ~in_flight
     finished = df["finished_at"].to_numpy()
-    occupied_to = np.where(in_flight, cut, np.where(np.isfinite(finished), finished, started))
+    cut_at = df["cut_at"].to_numpy(dtype=np.float64) if "cut_at" in df else np.full(len(df), np.nan)
+    occupied_to = np.where(in_flight, np.where(np.isfinite(cut_at), cut_at, cut),
+                           np.where(np.isfinite(finished), finished, started))
     rows = {}
     for step, w in windows.iterrows():
         a, b = float(w["start"]), float(w["end"])

@@ -77,7 +77,30 @@ def test_cut_requests_are_censored_not_dropped(tmp_path: Path) -> None:
     html = (run_dir / "report.html").read_text()
     assert "≥ 2" in html
     rows = {topic: text for topic, text, _ in verdict_rows(s)}
-    assert f"{last['censored']} still open at the end (censored)" in rows["TTFT"]
+    assert f"{last['censored']} still open at the end, censored when cut" in rows["TTFT"]
+
+
+def test_a_stream_cut_at_a_step_down_is_censored_when_it_was_cut_not_at_the_runs_end(tmp_path: Path) -> None:
+    # Step 2's slowest third was cut at a step down, each 3 s after it was sent (longer than any TTFT here); the
+    # run then went on 20 s. Their TTFT is at least 3 s, no more is known: 20 s would be a bound past any wait.
+    law = Law(capacity=NO_QUEUE, users=(1, 2, 1))
+    df = generate(law, n=1500, seed=5)
+    step2 = df.index[df["step"].eq(2)]
+    slow = step2[np.argsort(df.loc[step2, "ttft_s"].to_numpy())[-len(step2) // 3:]]
+    df["cut_at"] = np.nan
+    df.loc[slow, "cut_at"] = df.loc[slow, "started_at"] + 3.0
+    df.loc[slow, ["ttft_s", "ttft_text_s", "tpot_s", "e2e_s", "finished_at"]] = np.nan
+    df.loc[slow, "in_flight"] = True
+    manifest = manifest_for(law, df)
+    manifest["ended_at"] = float(df["finished_at"].max()) + 20.0
+    s = analyze_run(write_run(tmp_path / "run", df, manifest), write=False)
+    step = next(row for row in s["steps"] if row["step"] == 2)
+    assert step["ttft_censored"] == len(slow) and "ttft_p95_s" in step["bounds"]
+    assert step["ttft_p95_s"] == pytest.approx(3.0, abs=1e-6)
+    assert s["latency"]["ttft"]["censored_step_down"] == len(slow) == s["run"]["cut_step_down"]
+    rows = {topic: text for topic, text, _ in verdict_rows(s)}
+    assert f"{len(slow)} cut at a step down" in rows["TTFT"] and "still open at the end" not in rows["TTFT"]
+    assert f"{len(slow)} cut at a step down)" in rows["Requests"]
 
 
 def test_interrupted_run_is_flagged_and_gets_no_clean_verdict(tmp_path: Path) -> None:

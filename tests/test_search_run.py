@@ -333,6 +333,23 @@ def test_a_search_cuts_the_streams_its_verdicts_no_longer_need_at_each_step_down
     assert len(cut) >= 3, truth[["arrival", "outcome"]]
     df = run.records
     assert (df["status"] == "cancelled").sum() >= len(cut) - 1  # the run records the cut streams as cancelled
+    # each cut record says when it was cut: at the step down (before the last probe began, plus the moment
+    # Locust takes to stop the users) or at the end, never before it was sent or after the run
+    cancelled = df[df["status"] == "cancelled"]
+    assert cancelled["cut_at"].notna().all() and (cancelled["cut_at"] >= cancelled["started_at"]).all()
+    assert (cancelled["cut_at"] <= manifest["ended_at"]).all()
+    early = cancelled[cancelled["started_at"] < last["started_at"]]
+    assert len(early) >= 1 and (early["cut_at"] < last["started_at"] + 1.0).all(), early[["started_at", "cut_at"]]
+    # so each cut stream is censored at its cut, not at the run's end: no latency bound goes past the longest
+    # any request really lasted on the server (arrival to its last token, or to the write that found it closed)
+    summary = run.summary
+    longest = float((truth["last_token"].fillna(truth["arrival"]) - truth["arrival"]).max()) + 0.1
+    for metric in ("ttft", "e2e"):
+        lat = summary["latency"][metric]
+        assert all(lat[p] <= longest for p in lat["bounds"]), (metric, lat, longest)
+    assert summary["latency"]["e2e"]["censored_step_down"] == len(early)
+    rows = {topic: finding for topic, finding, _ in verdict_rows(summary)}
+    assert f"{len(early)} cut at a step down" in rows["Requests"], rows["Requests"]
 
 
 def test_a_pass_inside_the_bracket_holds_on_for_its_second_trial_in_the_same_step(tmp_path: Path) -> None:

@@ -74,7 +74,8 @@ class RequestRecord(SpecRecord, total=False):
     finished_at: float | None
     late_s: float | None  # how late an open-loop send left after its scheduled time (send_lag_s included)
     prompt_tokens_target: int | None
-    in_flight: bool  # the run ended while this stream was open
+    in_flight: bool  # tokenload cut this stream open (a step down's stopped user, the run's end)
+    cut_at: float | None  # when tokenload cut it (unix s): a censored latency is at least cut_at - started_at
     server_request_id: str | None
     error_message: str | None  # redacted: servers echo keys
     duration_s: float | None  # until the body ended, trailing usage/stop events included

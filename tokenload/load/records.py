@@ -43,8 +43,8 @@ from tokenload.errors import ConfigError
 from tokenload.record import RequestRecord, arrow_schema
 from tokenload.rundir import REQUESTS_FILE, SEGMENTS_DIR
 
-# The third `status` beside `ok` and `error`: the run ended while the request was open (`in_flight` is true):
-# no error, no complete answer; the timings it got are kept.
+# The third `status` beside `ok` and `error`: tokenload cut the request open (the run's end, a step down;
+# `in_flight` is true, `cut_at` when): no error, no complete answer; the timings it got are kept.
 CANCELLED: Final = "cancelled"
 SEALED_DIR = "segments.sealed"
 

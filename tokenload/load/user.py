@@ -241,14 +241,14 @@ class LLMUser(User):
             session.timeline.late_s, session.timeline.on_late = ctx.late_s, partial(count_in_flight, LATE)
             if ctx.on_time:
                 session.timeline.on_time = partial(count_in_flight, ON_TIME)
-        in_flight = False
+        in_flight, cut_at = False, None
         try:
             request = adapter.prepare(plan.conversation, plan.max_tokens, ctx.extra_body)
             session.timeline.t0 = time.perf_counter()
             session.timeline.started_at = time.time()
             ctx.transport.stream(request, session)
-        except GreenletExit:
-            in_flight = True  # the run ended with this stream open: keep what it got
+        except GreenletExit:  # the user was stopped (a step down, the run's end) with this stream open
+            in_flight, cut_at = True, time.time()  # keep what it got, and when it was cut
             raise
         except Exception as exc:  # a bug of ours: recorded as client_error, never hidden
             session.timeline.fail(ek.CLIENT_ERROR, f"{type(exc).__name__}: {exc}")
@@ -265,7 +265,7 @@ class LLMUser(User):
                 "user_id": self.user_id, "step": step, "active_users": users, "scheduled_at": scheduled_at,
                 "late_s": max(0.0, record["started_at"] - scheduled_at), "protocol": ctx.protocol,
                 "model": plan.model, "max_tokens": plan.max_tokens, "prompt_tokens_target": plan.prompt_tokens_target,
-                "in_flight": in_flight, "finished_at": None if duration is None else record["started_at"] + duration,
+                "in_flight": in_flight, "cut_at": cut_at, "finished_at": None if duration is None else record["started_at"] + duration,
                 "backoff_s": backoff, "held_s": held_s, "retry_of": retry_of,
                 "retry_after_s": info.server_wait() if pushback else None,
                 "rl_requests_limit": info.requests_limit, "rl_requests_remaining": info.requests_remaining,
