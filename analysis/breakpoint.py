@@ -131,14 +131,18 @@ def breakpoint_text(bp: dict[str, Any]) -> str:
     return level_text(bp["load_level"], bp["load_unit"])
 
 
-def find_breakpoint(steps: pd.DataFrame, slo: Slo, complete: dict[str, Any] | None = None) -> dict[str, Any]:
+def find_breakpoint(steps: pd.DataFrame, slo: Slo, complete: dict[str, Any] | None = None,
+                    outage: dict[str, Any] | None = None) -> dict[str, Any]:
     """Evaluate every rule on the decided steps ordered by load level.
 
     Returns `{"breakpoint": {...} | None, "breakpoint_note": str | None, "rules": {...}, "undecided": [...]}`;
     `breakpoint.load_level` (in `load_unit`) is the first load at which the channel broke, null with
-    `below_range` true when it broke at the lowest load judged.
+    `below_range` true when it broke at the lowest load judged. With an `outage` (`analysis/outage.py`) only
+    the steps that ended before the channel went down are judged: what came after says nothing about load.
     """
     error_limit = slo.max_error_rate
+    if outage is not None:
+        steps = steps[steps["end"] <= outage["at"]]
     steps = steps.sort_values(["load_level", "start"])
     decided = steps[steps["decided"]] if "decided" in steps else steps
     small = steps.drop(decided.index)
@@ -159,7 +163,12 @@ def find_breakpoint(steps: pd.DataFrame, slo: Slo, complete: dict[str, Any] | No
         return {"breakpoint": chosen, "breakpoint_note": too_few[2:] or None, "rules": rules, "undecided": undecided}
     levels = [(_at(r)) for _, r in decided.iterrows()]
     complete = complete or {}
-    if not levels:
+    if outage is not None:
+        before = (f"; no rule fired on the steps that ended before it ({levels[0]}"
+                  f"{f' to {levels[-1]}' if len(levels) > 1 else ''})" if levels else "; no step ended before it")
+        note = (f"none: the channel went down at {outage['at_s']:.1f} s, an outage (its errors began at a moment, "
+                f"not with the load){before}" + too_few)
+    elif not levels:
         note = "no step had enough requests to judge a breakpoint" + too_few
     elif complete.get("auto_stop"):
         note = (f"no breakpoint by the SLO up to {levels[-1]}, where the run's auto-stop ended it "

@@ -65,6 +65,8 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                      None if search["capacity"] is None and not search["below_range"] else not search["below_range"]))
     if complete.get("interrupted") or complete.get("truncated") or complete.get("storm"):
         rows.append(("Run incomplete", complete["note"], False))
+    if summary.get("outage"):
+        rows.append(("Outage", summary["outage"]["verdict"], False))
     rows += [
         ("Requests", f"{run['requests']:,} ({run['ok']:,} ok, {run['errors']:,} errors{_classes(summary)}, "
                      f"{cut_text(run['in_flight'], run.get('cut_step_down', 0))})",

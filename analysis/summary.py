@@ -26,6 +26,7 @@ from tokenload.analysis.fits import (
     spread_note,
     ttft_vs_input,
 )
+from tokenload.analysis.outage import find_outage
 from tokenload.analysis.ratelimits import rate_limits
 from tokenload.analysis.records import Run, cut_text
 from tokenload.analysis.steps import (
@@ -340,7 +341,8 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
     e2e_fit["steps_used"] = low_steps
 
     complete = completeness(run, table)
-    bp = find_breakpoint(table, slo, complete=complete) if len(table) else {
+    outage = find_outage(df, table, slo, run.started_at, run.run_dir) if len(table) else None
+    bp = find_breakpoint(table, slo, complete=complete, outage=outage) if len(table) else {
         "breakpoint": None, "breakpoint_note": "no requests: nothing to break", "rules": {}}
     error_counts = {str(k): int(v) for k, v in kinds.sum().items()} if len(kinds) else {}
     share = float(ok["ttft_s"].sum() / ok["e2e_s"].sum()) if len(ok) and ok["e2e_s"].sum() > 0 else None
@@ -352,6 +354,8 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
         low=_side(low, table.loc[low_steps].iloc[-1]) if len(low) else {},
         high=_side(high_rows, top) if top is not None else {},
         ttft_fit=ttft_fit, breakpoint=bp["breakpoint"], open_requests=int(df["in_flight"].sum()))
+    if outage is not None:  # the first fix: bring the channel back
+        diagnosis["advice"].insert(0, outage["advice"])
 
     attainment, judged_n = _attainment(df, slo, cut) if len(df) else (None, 0)
     duration = (run.ended_at - run.started_at) if run.started_at and run.ended_at else None
@@ -383,6 +387,7 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
         "steps": steps_records(table, kinds, options.percentiles) if len(table) else [],
         "errors_by_kind": error_counts,
         "errors_by_class": _by_class(error_counts),
+        "outage": outage,
         "breakpoint": bp["breakpoint"],
         "breakpoint_note": bp["breakpoint_note"],
         "breakpoint_rules": bp["rules"],

@@ -409,6 +409,9 @@ class FakeServer:
         self._loop.call_soon_threadsafe(self._new_release)
 
     def close(self) -> None:
+        """Stop serving: the port refuses connections from now on (again: nothing more)."""
+        if self._loop.is_closed():
+            return
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 

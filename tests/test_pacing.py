@@ -109,6 +109,16 @@ def test_a_push_back_holds_the_process_and_a_success_resets_the_streak() -> None
     assert pacer.held(14.0) == 0
 
 
+def test_a_channel_that_went_down_is_backed_off_but_not_taken_for_a_rate_limit() -> None:
+    """Refused connections once it had answered: 1, 2, 4 ... s between waves (no thousands of instant records),
+    and no pacing under an announced limit afterwards (it did not limit us, it was down)."""
+    pacer = Pacer()
+    assert pacer.observe(False, RateInfo(), 10.0, down=True) == 1
+    assert pacer.observe(False, RateInfo(), 11.0, down=True) == 2
+    assert pacer.held(11.5) == pytest.approx(1.5) and not pacer.limited
+    assert pacer.observe(False, RateInfo(), 20.0) is None and pacer.streak == 0
+
+
 def test_an_exhausted_limit_holds_until_its_reset_without_a_429() -> None:
     pacer = Pacer()
     pacer.observe(False, RateInfo(requests_limit=60, requests_remaining=0, requests_reset_s=20), 100.0)

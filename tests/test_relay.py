@@ -221,7 +221,8 @@ storm_probes = 1
 def test_a_backend_dying_under_4_users_trips_the_storm_breaker(fake_server: FakeServer, tmp_path: Path) -> None:
     """The relay answers, its backend is gone: each request fails slowly (2 s, then a 500 naming the lost
     upstream connection), so 4 users end about 6 requests per 3 s window, under the old fixed 10. The
-    breaker pauses every user within its window, its probe fails too, and the run stops saying why."""
+    breaker pauses every user within its window, its probe fails too, and the run stops saying why. The
+    verdict names the outage in the relay's words, not a breakpoint "below 4 users" (the 8 before all passed)."""
     posts = itertools.count(1)
 
     def relay(received: Received) -> Script:
@@ -242,6 +243,14 @@ def test_a_backend_dying_under_4_users_trips_the_storm_breaker(fake_server: Fake
     assert storm["paused_at"] - failing_since <= 3 + 2 + 2, storm
     assert (df.started_at > storm["paused_at"] + 0.5).sum() == 0  # nothing sent while paused
     assert storm["outcome"] == "stopped" and manifest["stop_reason"].startswith(f"error storm: {storm['detail']}")
+    summary = analyze_run(tmp_path / "run", write=False)
+    outage = summary["outage"]
+    assert outage is not None and outage["served_before"] == 8 and outage["http_status"] == 500
+    assert abs(outage["at"] - failing_since) < 0.5, (outage, failing_since)
+    assert summary["breakpoint"] is None and "went down" in summary["breakpoint_note"]
+    said = {topic: finding for topic, finding, _ in verdict_rows(summary)}
+    assert UPSTREAM_DOWN["error"]["message"] in said["Outage"] and "HTTP 500" in said["Outage"], said
+    assert "backend" in said["First fix"], said
 
 
 @pytest.mark.slow
@@ -274,6 +283,8 @@ def test_a_hung_backend_behind_a_live_relay_trips_the_storm_breaker(fake_server:
     assert (df.started_at > storm["paused_at"] + 0.5).sum() == 0  # nothing sent while paused
     assert storm["outcome"] == "stopped" and manifest["stop_reason"].startswith(f"error storm: {storm['detail']}")
     summary = analyze_run(tmp_path / "run", write=False)
+    assert summary["outage"]["errors_by_kind"] == {"timeout_first_token": len(failed)}  # hung: down all the same
+    assert summary["breakpoint"] is None
     said = {topic: finding for topic, finding, _ in verdict_rows(summary)}
     assert said["Run incomplete"] == (f"the error-storm breaker stopped the run during step 1 of 1 "
                                       f"({manifest['stop_reason']})"), said

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,17 @@ import pandas as pd
 import pytest
 from stampserver import StampServer
 
-from fakeserver import FakeServer, Script, Write, anthropic_stream, chat_stream, json_script, sse, stream_script
+from fakeserver import (
+    STREAM_BUILDERS,
+    FakeServer,
+    Script,
+    Write,
+    anthropic_stream,
+    chat_stream,
+    json_script,
+    sse,
+    stream_script,
+)
 from loadkit import free_port, run_cli, write_scenario
 
 from tokenload import errors as ek
@@ -61,6 +71,8 @@ for case in cfg["cases"]:
     record["elapsed_s"] = time.perf_counter() - started
     record["headers"] = session.timeline.response_headers
     print(json.dumps(record), flush=True)
+    if cfg["lockstep"]:  # the test acts on the channel between two cases
+        sys.stdin.readline()
 """
 
 
@@ -70,13 +82,29 @@ def _channel_fields(server_url: str, protocol: str, **fields: Any) -> dict[str, 
 
 
 def _load(server_url: str, protocol: str, cases: list[dict[str, Any]], *, env: dict[str, str] | None = None,
-          prefix: list[str] | None = None, **fields: Any) -> list[dict[str, Any]]:
-    """Send `cases` one after another through one load `Transport`; one record each."""
-    cfg = {"channel": _channel_fields(server_url, protocol, **fields), "cases": cases}
-    out = subprocess.run([*(prefix or []), sys.executable, "-c", _CHILD, json.dumps(cfg)], capture_output=True,
-                         text=True, timeout=120, check=False, env={**os.environ, **(env or {})})
-    assert out.returncode == 0, out.stderr
-    records = [json.loads(line) for line in out.stdout.splitlines()]
+          prefix: list[str] | None = None, between: Callable[[int], None] | None = None,
+          **fields: Any) -> list[dict[str, Any]]:
+    """Send `cases` one after another through one load `Transport`; one record each.
+
+    `between(i)`, when given, runs after the i-th case's record and before the next case is sent."""
+    cfg = {"channel": _channel_fields(server_url, protocol, **fields), "cases": cases, "lockstep": between is not None}
+    with subprocess.Popen([*(prefix or []), sys.executable, "-c", _CHILD, json.dumps(cfg)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, **(env or {})}) as child:
+        assert child.stdin is not None and child.stdout is not None
+        lines = []
+        for i in range(len(cases)):
+            line = child.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if between is not None:
+                between(i)
+                child.stdin.write("\n")
+                child.stdin.flush()
+        _, stderr = child.communicate(timeout=120)
+    assert child.returncode == 0, stderr
+    records = [json.loads(line) for line in lines]
     assert not any(r["error_kind"] == ek.CLIENT_ERROR for r in records), records
     return records
 
@@ -376,6 +404,47 @@ def test_refused_connection_is_bad_base_url_under_load() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     [record] = _load(url, "anthropic", [{}])
     assert record["error_kind"] == ek.BAD_BASE_URL and "refused" in record["error_message"]
+
+
+def test_a_refusal_after_the_channel_answered_is_connection_refused_a_load_error() -> None:
+    """The server answers, then dies mid-run: its refusals are an outage (load, counted in the SLO), not a
+    wrong address (config, which the live misconfiguration stop acts on and the SLO leaves out)."""
+    server = FakeServer()
+    server.play(stream_script("anthropic", TOKENS))
+    try:
+        first, after = _load(server.url, "anthropic", [{}, {}], between=lambda _: server.close())
+    finally:
+        server.close()
+    assert first["status"] == "ok"
+    assert after["error_kind"] == ek.CONNECTION_REFUSED and "refused" in after["error_message"], after
+    assert ek.error_class(after["error_kind"]) == "load"
+
+
+# What LiteLLM sends when the model server behind it dies mid-answer (HTTP 200, tokens, then this), per route.
+RELAY_CUT = {
+    "anthropic": sse({"type": "error", "error": {"type": "api_error", "message": (
+        "Response payload is not completed: <TransferEncodingError: 400, message='Not enough data to satisfy "
+        "transfer length header.'>")}}, "error"),
+    "openai-chat": sse({"error": {"message": "litellm.APIConnectionError: APIConnectionError: OpenAIException - "
+                                             "Connection error.", "type": None, "param": None, "code": "500"}}),
+    "openai-responses": sse({"type": "response.failed", "sequence_number": 9, "response": {
+        "id": "resp_x", "object": "response", "status": "failed", "output": [], "error": {
+            "code": "server_error", "message": "Response payload is not completed: <TransferEncodingError: 400, "
+                                              "message='Not enough data to satisfy transfer length header.'>"}}},
+                                "response.failed") + b"data: [DONE]\n\n",
+}
+
+
+@pytest.mark.parametrize("protocol", sorted(RELAY_CUT))
+def test_a_relay_whose_upstream_was_cut_mid_stream_is_disconnected(fake_server: FakeServer, protocol: str) -> None:
+    """HTTP 200, two tokens, then the relay's own words for its cut upstream stream: `disconnected`, on both
+    clients, with the timings the stream got (not a `server_error` the server chose to send)."""
+    writes = [w for w in STREAM_BUILDERS[protocol](TOKENS) if not any(t.encode() in w[1] for t in TOKENS[2:])]
+    end = max(i for i, (_, data) in enumerate(writes) if TOKENS[1].encode() in data) + 1
+    fake_server.play(Script(writes=[*writes[:end], (0.0, RELAY_CUT[protocol])]))
+    for record in (_probe(fake_server, protocol), *_load(fake_server.url, protocol, [{}])):
+        assert record["error_kind"] == ek.DISCONNECTED and record["http_status"] == 200, record
+        assert record["ttft_s"] is not None and record["chunks"] >= 2, record
 
 
 def _no_network() -> list[str]:

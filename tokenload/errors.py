@@ -36,6 +36,7 @@ CONTEXT_LENGTH: Final = "context_length"
 TIMEOUT_FIRST_TOKEN: Final = "timeout_first_token"
 TIMEOUT_STALL: Final = "timeout_stall"
 DISCONNECTED: Final = "disconnected"
+CONNECTION_REFUSED: Final = "connection_refused"
 MALFORMED_STREAM: Final = "malformed_stream"
 CLIENT_ERROR: Final = "client_error"
 
@@ -51,6 +52,7 @@ ERROR_KINDS: Final = (
     TIMEOUT_FIRST_TOKEN,
     TIMEOUT_STALL,
     DISCONNECTED,
+    CONNECTION_REFUSED,
     MALFORMED_STREAM,
     CLIENT_ERROR,
 )
@@ -58,7 +60,7 @@ ERROR_KINDS: Final = (
 ErrorKind = Literal[
     "auth", "not_found_model", "bad_base_url", "rate_limited", "overloaded", "server_error",
     "bad_request", "context_length", "timeout_first_token", "timeout_stall", "disconnected",
-    "malformed_stream", "client_error",
+    "connection_refused", "malformed_stream", "client_error",
 ]
 ErrorClass = Literal["config", "input", "load", "client"]
 
@@ -66,8 +68,9 @@ ErrorClass = Literal["config", "input", "load", "client"]
 # misconfigured (every request will fail the same way; stop and point at doctor).
 # `input`: this request's body was refused (too long a prompt, a bad field); it says
 # nothing about the channel's capacity. `load`: the channel pushed back or broke
-# under the load we offered; only these count towards an error rate under load,
-# live (stop rules) and in the analysis alike. `client`: our own bug.
+# under the load we offered, or went down after it had answered (a refused connection
+# then is an outage, not a wrong address); only these count towards an error rate
+# under load, live (stop rules) and in the analysis alike. `client`: our own bug.
 ERROR_CLASSES: Final[dict[str, ErrorClass]] = {
     AUTH: "config",
     NOT_FOUND_MODEL: "config",
@@ -80,6 +83,7 @@ ERROR_CLASSES: Final[dict[str, ErrorClass]] = {
     TIMEOUT_FIRST_TOKEN: "load",
     TIMEOUT_STALL: "load",
     DISCONNECTED: "load",
+    CONNECTION_REFUSED: "load",
     MALFORMED_STREAM: "load",
     CLIENT_ERROR: "client",
 }
@@ -107,6 +111,8 @@ FIXES: Final[dict[str, str]] = {
     TIMEOUT_FIRST_TOKEN: "no token before the first-token timeout: the channel is queueing or stuck; lower the load, or raise the timeout (--timeout, or first_token_timeout_s in a scenario)",
     TIMEOUT_STALL: "the stream stalled between tokens past the idle timeout: the channel or a proxy is stuck",
     DISCONNECTED: "the connection closed before the stream ended: a proxy or the channel dropped it",
+    CONNECTION_REFUSED: ("the channel refused connections after it had answered: the server (or the relay) went "
+                         "down mid-run; check that it is running and read its log for a crash or restart"),
     MALFORMED_STREAM: "the stream was not valid server-sent events for this protocol: check --protocol and the base URL",
     CLIENT_ERROR: "this is a tokenload bug: please report it with the run's manifest.json",
 }

@@ -13,8 +13,10 @@ failure exist:
 
 The kind decides what a failure means to a run (`tokenload.errors.ERROR_CLASSES`):
 a wrong host, port or network is `bad_base_url` on every path, so the live
-misconfiguration stop fires on it; a server that closed a connection mid-answer
-is `disconnected`, which is load.
+misconfiguration stop fires on it; a refused connection once the address has
+accepted one (`answered`: the server went down mid-run) is `connection_refused`,
+and a server that closed a connection mid-answer, or a relay whose upstream did
+(`classify_stream_error`), is `disconnected`: both are load.
 """
 
 from __future__ import annotations
@@ -75,6 +77,11 @@ _AUTH_WORDS = re.compile(r"invalid (api[ _-]?)?(key|token)|api[ _-]?key (is )?(i
 _UPSTREAM = re.compile(r"\bupstream\b|api ?connection ?error|connection (error|refused|reset|aborted|timed out)|"
                        r"(could not|cannot|can't|couldn't|failed to|unable to) connect|connect(ion)? ?timeout|"
                        r"econnrefused|no healthy", re.IGNORECASE)
+# How relays say, inside a stream that opened with 200, that their upstream connection broke mid-answer: LiteLLM's
+# Anthropic and Responses routes `Response payload is not completed: <TransferEncodingError: ...>` (aiohttp), its
+# chat route `litellm.APIConnectionError: ... Connection error.`; httpx `incomplete chunked read`, `Server disconnected`.
+_CUT = re.compile(r"payload is not completed|transfer ?encoding ?error|incomplete chunked|peer closed connection|"
+                  r"server disconnected|remote ?protocol ?error|connection (was )?(closed|lost)", re.IGNORECASE)
 # Gateways say "my upstream failed" with the status alone: 502 Bad Gateway, 504 Gateway Timeout.
 _GATEWAY_STATUSES = frozenset({502, 504})
 _DNS_WORDS = ("name or service not known", "nodename nor servname", "name resolution", "getaddrinfo",
@@ -86,7 +93,7 @@ _PLAIN_HTTP_WORDS = ("wrong version number", "record layer failure", "packet len
 
 
 def classify_exception(exc: BaseException, url: str, *, connecting: bool = False,
-                       timeout_s: float | None = None) -> tuple[ErrorKind, str]:
+                       timeout_s: float | None = None, answered: bool = False) -> tuple[ErrorKind, str]:
     """(error_kind, message) for an exception raised while sending a request or reading its answer.
 
     `connecting`: the exception came from opening the connection (TCP, TLS);
@@ -94,13 +101,18 @@ def classify_exception(exc: BaseException, url: str, *, connecting: bool = False
     `timeout_first_token` here; the stream session turns it into `timeout_stall`
     once a token has arrived. A connect timeout is `timeout_first_token` too:
     under load it is the server's accept queue, not the address, that is at
-    fault (doctor's base URL check names the firewall case).
+    fault (doctor's base URL check names the firewall case). `answered`: this
+    address accepted a connection before, so a refusal now means the server
+    went down (`connection_refused`), not that nothing ever listened there.
     """
     host = urlsplit(url).netloc or url
     chain = _causes(exc)
     text = " ".join(str(e) for e in chain).lower()
     connecting = connecting or isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
     seconds = f" within {timeout_s:g} s" if timeout_s is not None else ""
+    refused = any(isinstance(cause, ConnectionRefusedError) for cause in chain) or ("refused" in text and connecting)
+    if refused and answered:
+        return ek.CONNECTION_REFUSED, f"{host} refused the connection after it had accepted earlier ones: it went down"
     for cause in chain:
         if isinstance(cause, socket.gaierror):
             return ek.BAD_BASE_URL, f"DNS lookup of {urlsplit(url).hostname or host} failed: no such host"
@@ -270,6 +282,18 @@ def classify_error_object(obj: dict[str, Any]) -> tuple[ErrorKind, str]:
     message = error_message(obj) or "error event in stream"
     kind = classify_error_type(error_type(obj), message)
     return kind, context_length_message(message, obj) if kind == ek.CONTEXT_LENGTH else message
+
+
+def classify_stream_error(obj: dict[str, Any]) -> tuple[ErrorKind, str]:
+    """(error_kind, message) for an error event inside a stream that opened with 200.
+
+    A relay whose upstream connection broke mid-answer says so in an error event whose type is a generic
+    server error (`api_error`, code 500): the stream was cut (`disconnected`), the server did not refuse it.
+    """
+    kind, message = classify_error_object(obj)
+    if kind in (ek.SERVER_ERROR, ek.OVERLOADED) and (_CUT.search(message) or _UPSTREAM.search(message)):
+        return ek.DISCONNECTED, message
+    return kind, message
 
 
 def _json_body(body: bytes) -> Any:

@@ -94,7 +94,7 @@ class RequestRecord(SpecRecord, total=False):
     # ended for length below the max_tokens asked (server's count): the server cut it (a full context slot)
     truncated: bool
     # being kind to the channel (tokenload.load.pacing); rate-limit values only, never the headers
-    backoff_s: float | None  # after a push-back (429/529/503): how long this process then held back
+    backoff_s: float | None  # after a push-back (429/529/503) or a refusal once answered: how long this process held back
     held_s: float | None  # how long the process's gate (holds, caps) held this request before it was sent
     retry_of: str | None  # a retry ([load] retry): the request_id of the first request of its chain
     retry_after_s: float | None  # after a push-back: the wait the server asked for, as parsed

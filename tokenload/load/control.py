@@ -335,7 +335,7 @@ class RunControl:
             return True, "no channel to probe"
         from tokenload.transport.httpx_client import stream_exchange
 
-        record, _ = stream_exchange(self.channel, "Reply with OK.", 1)
+        record, _ = stream_exchange(self.channel, "Reply with OK.", 1, answered=True)
         return record["status"] == "ok", record["error_kind"] or "ok"
 
     def finish(self, reason: str) -> None:

@@ -16,7 +16,8 @@ to wait, in one of several dialects:
 header that could hold a secret is kept). `Pacer` is one process's gate in
 front of every send: it holds all users of the process after a push-back (the
 server's wait, else a capped exponential back-off: 1, 2, 4 ... 60 s over
-consecutive waves of push-backs), holds them until the reset when a response says
+consecutive waves of push-backs; a channel that went down and refuses connections gets the same
+back-off), holds them until the reset when a response says
 nothing is left, spaces sends under `[load] max_rps` / `max_tokens_per_min` (this
 process's share), and, once the channel has limited us, under the request limit it
 announced. Nothing is retried here: a pushed-back request stays recorded as what it
@@ -106,14 +107,17 @@ class Pacer:
     def release(self) -> None:
         self.hold_until = 0.0
 
-    def observe(self, pushback: bool, info: RateInfo, now: float) -> float | None:
-        """A response came back: learn its limits; returns the back-off when it pushed back, else None."""
+    def observe(self, pushback: bool, info: RateInfo, now: float, down: bool = False) -> float | None:
+        """A response came back: learn its limits; returns the back-off when it pushed back, else None.
+
+        `down`: the channel refused the connection after it had answered (it went down): the same back-off,
+        without taking it for a rate limit (an error storm's breaker then decides whether the run goes on)."""
         if info.requests_limit:
             self.learned_rpm = info.requests_limit
         if info.tokens_limit:
             self.learned_tpm = info.tokens_limit
-        if pushback:
-            self.limited = True
+        if pushback or down:
+            self.limited = self.limited or pushback
             if now >= self.hold_until:  # push-backs that land during a hold were sent before it: one wave
                 self.streak += 1
             wait = backoff_s(info, max(1, self.streak))

@@ -259,7 +259,8 @@ class LLMUser(User):
             duration = record["duration_s"]
             info = parse_rate_headers(session.timeline.response_headers, time.time())
             pushback = not in_flight and pushed_back(record["http_status"], record["error_kind"])
-            backoff = state.pacer.observe(pushback, info, time.monotonic()) if not in_flight else None
+            down = not in_flight and record["error_kind"] == ek.CONNECTION_REFUSED
+            backoff = state.pacer.observe(pushback, info, time.monotonic(), down) if not in_flight else None
             record.update({
                 "request_id": ctx.new_request_id(), "run_id": ctx.run_id, "worker": ctx.worker,
                 "user_id": self.user_id, "step": step, "active_users": users, "scheduled_at": scheduled_at,

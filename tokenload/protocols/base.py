@@ -16,7 +16,7 @@ from typing import Any
 
 from tokenload import errors as ek
 from tokenload.channel import Channel
-from tokenload.failures import classify_error_object
+from tokenload.failures import classify_stream_error
 from tokenload.measure import Timeline
 from tokenload.sse import SSEEvent
 from tokenload.tokens import estimate_tokens
@@ -149,7 +149,7 @@ class ProtocolAdapter(ABC):
         """Apply one decoded JSON event."""
 
     def in_stream_error(self, obj: dict[str, Any], tl: Timeline) -> None:
-        tl.fail(*classify_error_object(obj))
+        tl.fail(*classify_stream_error(obj))
 
     def finish(self, tl: Timeline) -> None:
         """The body ended: decide whether the stream was complete."""

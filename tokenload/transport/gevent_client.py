@@ -43,7 +43,8 @@ each streamed response; a request written on such a dying socket fails before
 any response byte arrives, and the server never saw it. Such a request, and
 only such a one, is written once more on a fresh connection (what browsers and
 urllib3 do) and the record counts it (`reconnects`); nothing else is retried:
-every other failure is recorded as what it was. A response that says
+every other failure is recorded as what it was (a refused connection once the transport has opened one to
+the channel is `connection_refused`, the channel went down, not a wrong address). A response that says
 `Connection: close` leaves its socket out of the pool. The request says
 `Accept-Encoding: identity`; a server that compresses anyway is decoded (gzip,
 deflate). HTTPS reads go through gevent's SSL socket (the same single read per
@@ -107,6 +108,7 @@ class Transport:
         self._used: weakref.WeakSet[Any] = weakref.WeakSet()  # sockets that carried a request before
         self._heads: dict[int, tuple[Mapping[str, str], str]] = {}
         self._open = _InFlight() if count_streams else None
+        self._answered = False  # a connection to the channel was opened: a refusal now means it went down
 
     def close(self) -> None:
         self._pool.close()
@@ -133,6 +135,7 @@ class Transport:
                 started = _perf()
                 sock = self._pool.get_socket() if attempt == 0 else _fresh_socket(self._pool)
                 connecting = False
+                self._answered = True
                 reused = sock in self._used
                 if not reused:
                     self._used.add(sock)
@@ -182,7 +185,8 @@ class Transport:
             session.on_failure(_perf(), exc.kind, exc.message)
         except (OSError, HTTPException, zlib.error) as exc:  # refused, DNS, resets, TLS, invalid HTTP or gzip
             timeout = self._connect_timeout if connecting else None
-            session.on_failure(_perf(), *classify_exception(exc, self._base, connecting=connecting, timeout_s=timeout))
+            session.on_failure(_perf(), *classify_exception(exc, self._base, connecting=connecting, timeout_s=timeout,
+                                                            answered=self._answered))
         finally:
             if guard is not None:
                 guard.close()

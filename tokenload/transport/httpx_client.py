@@ -136,11 +136,13 @@ def stream_exchange(
     on_text: Callable[[str, str], None] | None = None,
     client: httpx.Client | None = None,
     adapter: ProtocolAdapter | None = None,
+    answered: bool = False,
 ) -> tuple[RequestRecord, Timeline]:
     """`stream_once`, plus the raw timeline: `doctor` reads its chunk arrival times to spot buffering proxies.
 
     `adapter`: the channel's protocol adapter, for a caller that watches the events (doctor reads the model
-    the response names)."""
+    the response names). `answered`: the channel answered before (the error-storm breaker's probe), so a
+    refused connection means it went down (`tokenload.failures.classify_exception`)."""
     adapter = adapter or adapter_for(channel)
     request = adapter.prepare(prompt, max_tokens, extra_body)
     own = client is None
@@ -193,7 +195,8 @@ def stream_exchange(
         if deadline.fired:
             timed_out(now)
         else:
-            session.on_failure(now, *classify_exception(exc, channel.base_url, timeout_s=_timeout_of(exc, channel)))
+            session.on_failure(now, *classify_exception(exc, channel.base_url, timeout_s=_timeout_of(exc, channel),
+                                                        answered=answered))
     finally:
         deadline.stop()
         if own:
