@@ -146,3 +146,45 @@ def test_demo_help_describes_the_packaged_demo(capsys: pytest.CaptureFixture[str
     assert scenario.load.kind == "search" and search is not None and scenario.slo.ttft_s is not None
     assert f"a breakpoint search from {search.min_level:g} users" in out, out
     assert f"TTFT stays within {scenario.slo.ttft_s:g} s for {100 * scenario.slo.target:g}% of requests" in out, out
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`tokenload analyze DIR | head`: the reader is gone before the verdict's last line (here before its first,
+    so the race cannot hide it); the command ends without a BrokenPipeError traceback."""
+    from tokenload.analysis.synthetic import Law, write_synthetic_run
+
+    run_dir = write_synthetic_run(tmp_path / "run", Law(users=(1, 2)), n=300)
+    for quiet in ([], ["--quiet"]):  # the verdict table (rich) and the plain report path (print)
+        proc = subprocess.Popen([sys.executable, "-m", "tokenload", "analyze", str(run_dir), *quiet],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        assert proc.stdout is not None
+        proc.stdout.close()
+        stderr = proc.communicate(timeout=120)[1]
+        assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr[-2000:]
+        assert proc.returncode == 1, (quiet, proc.returncode, stderr[-2000:])
+        assert (run_dir / "report.html").is_file()
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["analyze", "{run}", "--slo-ttf", "0.5"], "--slo-ttf"),
+    (["run", "smoke", "--dur", "1", "--base-url", "http://127.0.0.1:9"], "--dur"),
+    (["--vers"], "--vers"),
+], ids=["analyze", "run", "top"])
+def test_an_abbreviated_option_is_an_unknown_one(tmp_path: Path, args: list[str], flag: str) -> None:
+    """`--slo-ttf 0.5` was silently taken as `--slo-ttft 0.5` (argparse's prefix matching)."""
+    proc = run_cli(tmp_path, *[a.format(run=tmp_path) for a in args])
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "unrecognized arguments" in line and flag in line
+
+
+def test_run_help_lists_every_packaged_scenario(tmp_path: Path) -> None:
+    """The list was written by hand and lacked `search`."""
+    from tokenload.workload.scenario import packaged_file
+
+    names = sorted(path.stem for path in packaged_file("").glob("*.toml"))
+    assert "search" in names
+    proc = run_cli(tmp_path, "run", "--help")
+    assert proc.returncode == 0
+    listed = re.search(r"Packaged scenarios: ([^.]+)\.", proc.stdout)
+    assert listed is not None and listed.group(1).split(", ") == names

@@ -3,13 +3,18 @@
 Each command module exposes `HELP` (one line), `configure(parser)` and
 `run(args) -> int`, and keeps heavy imports inside `run` so `--help` stays fast.
 This module owns the exit-code contract: 0 success, 1 the check or
-run found a failure, 2 bad input (one line on stderr, no traceback).
+run found a failure, 2 bad input (one line on stderr, no traceback); a reader
+that closed stdout early (`tokenload analyze DIR | head`) ends the command
+quietly with 1 (as Python and rich do on a broken pipe). Options are never
+abbreviated: `--slo-ttf` is an unknown option, not `--slo-ttft`.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
 import sys
 from collections.abc import Sequence
 
@@ -20,7 +25,11 @@ COMMANDS: tuple[str, ...] = ("demo", "sim", "probe", "doctor", "run", "analyze",
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors as one line and exit code 2."""
+    """argparse that reports usage errors as one line and exit code 2, and takes no abbreviated option."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ConfigError(f"{self.prog}: {message} (see {self.prog} --help)")
@@ -64,6 +73,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tokenload: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        # The reader stopped reading: what is left to print is unwanted. Python flushes stdout at exit, into
+        # the same closed pipe; /dev/null takes it instead.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _stdout_closed() -> bool:
+    """Has the reader of stdout gone (a pipe whose read end is closed), rather than some socket?"""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll() on this platform, or no real stdout
+        return True
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
 """Run a load scenario with Locust and record every request.
 
-SCENARIO is a .toml file (see `scenarios/`) or a packaged name: demo, smoke,
-ramp, prompt-sweep, output-sweep, peak-vs-offpeak, coding-session. Locust runs headless
-in a child process; a live line on stderr shows the step, users, request rate,
+SCENARIO is a .toml file (see `scenarios/`) or the name of a packaged
+scenario (listed below). Locust runs headless in a child process; a live line on stderr shows the step, users, request rate,
 TTFT/TPOT p50/p95 of the current step and errors.
 
 `--web` runs the scenario in Locust's web UI instead (on 127.0.0.1 unless
@@ -70,17 +69,17 @@ from typing import TYPE_CHECKING, Any
 from tokenload.channel import add_channel_arguments
 from tokenload.commands.prometheus_flags import add_prometheus_arguments, linger, serve_from_args
 from tokenload.commands.slo_flags import add_slo_arguments, slo_from_args
-from tokenload.workload.scenario import SCHEMA_HELP
+from tokenload.workload.scenario import SCHEMA_HELP, packaged_names
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 HELP = "run a load scenario with Locust; prints the run directory last"
-__doc__ = f"{__doc__}\nScenario file {SCHEMA_HELP}"
+__doc__ = f"{__doc__}\nPackaged scenarios: {', '.join(packaged_names())}.\n\nScenario file {SCHEMA_HELP}"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", metavar="SCENARIO", help="scenario .toml or packaged name (demo, smoke, ramp, ...)")
+    parser.add_argument("scenario", metavar="SCENARIO", help=f"scenario .toml or packaged name ({', '.join(packaged_names())})")
     parser.add_argument("--out", metavar="DIR", help="run directory (default results/<scenario>-<timestamp>); "
                         "--worker: its log and spool (default results/<scenario>-worker-<timestamp>)")
     parser.add_argument("--users", type=int, help="cap users: constant load of N, a ramp up to N, or an open-loop pool of N")

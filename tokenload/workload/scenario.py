@@ -833,6 +833,11 @@ def packaged(name: str) -> Path:
     return packaged_file(f"{name}.toml")
 
 
+def packaged_names() -> list[str]:
+    """The names of the scenarios shipped with tokenload (`demo`, `ramp`, `search`, ...), sorted."""
+    return sorted(path.stem for path in packaged_file("").glob("*.toml"))
+
+
 def packaged_file(name: str) -> Path:
     """The path of a file shipped in tokenload's scenarios folder (scenarios, datasets)."""
     spec = importlib.util.find_spec("tokenload.scenarios")  # a data folder: found, not imported
