@@ -8,7 +8,9 @@ Decision order (the first that applies wins), so a user fixes causes before symp
    left out); latency is moot.
 2. `queue`: at the highest load at least half the median e2e is load-induced
    (1 - e2e_low / e2e_high >= 0.5): the channel queues or contends.
-3. `prefill` if TTFT is at least half of e2e at low load, else `decode`.
+3. `prefill` or `decode`: the phase whose SLO term the low-load medians miss (TTFT: prefill;
+   TPOT or e2e: decode), so the bound and the first fix name the same phase; when both or
+   neither miss, `prefill` if TTFT is at least half of e2e at low load, else `decode`.
 """
 
 from __future__ import annotations
@@ -80,6 +82,19 @@ def _e2e_advice(ttft: float, tpot: float, n_out: float, limit: float, ttft_limit
             f"TPOT <= {_g(need)} s; today {_g(tpot)} s: cap max_tokens at {cap} or use a smaller model"]
 
 
+def _phase(slo: Slo, low: dict[str, float], share_low: float) -> tuple[str, str]:
+    """(`prefill` or `decode`, why): the phase whose SLO term the low-load medians miss, else the larger share of e2e."""
+    prefill = slo.ttft_s is not None and low["ttft"] > slo.ttft_s
+    decode = ((slo.tpot_s is not None and low["tpot"] > slo.tpot_s)
+              or (slo.e2e_s is not None and low["ttft"] + low["tpot"] * low["output_tokens"] > slo.e2e_s))
+    if prefill and not decode:
+        return "prefill", f"at low load TTFT p50 {_g(low['ttft'])} s misses the SLO's {_g(slo.ttft_s or 0)} s"
+    if decode and not prefill:
+        return "decode", ("at low load TTFT meets the SLO and decode misses it" if slo.ttft_s is not None
+                          else "at low load decode misses the SLO")
+    return ("prefill" if share_low >= PREFILL_SHARE else "decode"), f"TTFT is {100 * share_low:.0f}% of e2e at low load"
+
+
 def diagnose_latency(
     *,
     slo: Slo,
@@ -117,13 +132,11 @@ def diagnose_latency(
     load_share = 1.0 - low["e2e"] / high["e2e"] if high["e2e"] > 0 else 0.0
     share_low = low["ttft"] / low["e2e"] if low["e2e"] > 0 else 0.0
     if error_rate > slo.max_error_rate:
-        bound = "errors"
+        bound, why = "errors", f"{100 * error_rate:.1f}% of requests failed, above the SLO's {slo.max_error_rate:.0%}"
     elif load_share >= QUEUE_SHARE:
-        bound = "queue"
-    elif share_low >= PREFILL_SHARE:
-        bound = "prefill"
+        bound, why = "queue", f"{100 * load_share:.0f}% of the median e2e at the highest load is load"
     else:
-        bound = "decode"
+        bound, why = _phase(slo, low, share_low)
 
     # (topic, line): the lines of the bound's own topic come first.
     advice: list[tuple[str, str]] = []
@@ -152,5 +165,6 @@ def diagnose_latency(
         advice.append((bound, f"at low load the medians (TTFT {_g(low['ttft'])} s, TPOT {_g(low['tpot'])} s, "
                       f"e2e {_g(low['e2e'])} s) meet the SLO ({slo.describe()})"))
     advice.sort(key=lambda item: item[0] != bound)
-    return {"bound": bound, "share_ttft": round(share_ttft, 4), "share_ttft_low_load": round(share_low, 4),
+    return {"bound": bound, "bound_reason": why, "share_ttft": round(share_ttft, 4),
+            "share_ttft_low_load": round(share_low, 4),
             "load_share_of_e2e": round(load_share, 4), "error_rate": round(error_rate, 6), "advice": [line for _, line in advice]}

@@ -92,7 +92,7 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         extra = f", exponent {ttft_fit['exponent']:.2f}" if ttft_fit["model"] == "power" else ""
         rows.append(("TTFT vs input", f"{ttft_fit['model']}: {slope_text(ttft_fit)}, "
                                       f"intercept {ttft_fit['intercept_s']:.3g} s{extra}, R² {ttft_fit['r2']:.3f} "
-                                      f"(n={ttft_fit['n']:,}, steps {_steps(ttft_fit['steps_used'])})", None))
+                                      f"(n={ttft_fit['n']:,}, {_steps(ttft_fit['steps_used'])})", None))
         rows.append(("Prefill sub-linear?", ttft_fit["sublinear"], None))
     else:
         rows.append(("TTFT vs input", ttft_fit.get("note", "not fitted"), False))
@@ -108,7 +108,7 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         tail = (f"; with typical TTFT/TPOT it misses by > {100 * formula['typical_values_tolerance']:.0f}% "
                 f"from {where}" if where else "")
         if formula.get("not_judged_steps"):
-            tail += (f"; steps {_steps(formula['not_judged_steps'])} not judged (prompt lengths vary, too few requests "
+            tail += (f"; {_steps(formula['not_judged_steps'])} not judged (prompt lengths vary, too few requests "
                      "to predict TTFT from them)")
         rows.append(("Formula TTFT + TPOT × N", "with each step's median TPOT and typical TTFT (at each request's own "
                                                 "input length where lengths vary within a step) it predicts e2e within "
@@ -129,9 +129,8 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                      None if (run.get("completeness") or {}).get("note") else True))
     if summary.get("auto_stop"):
         rows.append(("Auto-stop", summary["auto_stop"]["verdict"], None))
-    share = diag.get("share_ttft")
     bound = diag["bound"] or "not determined (no request finished)"
-    rows.append(("Bound", bound + (f" (TTFT is {100 * share:.0f}% of e2e)" if share is not None else ""), None))
+    rows.append(("Bound", bound + (f" ({diag['bound_reason']})" if diag.get("bound_reason") else ""), None))
     if diag["advice"]:
         rows.append(("First fix", diag["advice"][0], None))
     rows += caching.verdict_rows(summary)
@@ -148,9 +147,13 @@ def _classes(summary: dict[str, Any]) -> str:
 
 
 def _steps(steps: Sequence[int]) -> str:
+    """'step 3', 'steps 1–4', 'steps 1, 3', 'no step'."""
     if not steps:
-        return "none"
-    return f"{steps[0]}–{steps[-1]}" if list(steps) == list(range(steps[0], steps[-1] + 1)) else ", ".join(map(str, steps))
+        return "no step"
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    run = list(steps) == list(range(steps[0], steps[-1] + 1))
+    return f"steps {steps[0]}–{steps[-1]}" if run else "steps " + ", ".join(map(str, steps))
 
 
 def verdict_table(summary: dict[str, Any], title: str | None = None) -> Table:

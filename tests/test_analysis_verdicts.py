@@ -141,3 +141,34 @@ def test_usage_below_the_streamed_deltas_is_a_finding(tmp_path: Path) -> None:
     f = _summary(tmp_path, law, df)["fidelity"]
     assert f["usage_below_deltas"] == int((df.loc[df.index[:7], "status"] == "ok").sum()) > 0
     assert any("usage undercounts" in finding for finding in f["findings"])
+
+
+def test_the_bound_names_the_phase_whose_slo_term_is_missed(tmp_path: Path) -> None:
+    """TTFT 1.3 s (the SLO asks 1 s) is 12% of a 10 s answer: the bound was "decode" by TTFT's share while the
+    first fix said to shorten the prompt. The phase that misses the SLO is the bound, and the verdict says why."""
+    from tokenload.slo import Slo
+
+    law = Law(users=(1, 2), capacity=NO_QUEUE, prefill_a=0.5, prefill_b=0.0005, tpot_s=0.05,
+              output_tokens=(150, 250), input_tokens=(100, 3000))
+    df = generate(law, n=300, seed=4)
+    run = write_run(tmp_path / "run", df, manifest_for(law, df))
+    summary = analyze_run(run, Slo(ttft_s=1.0, tpot_s=None, e2e_s=None), write=False)
+    d = summary["diagnosis"]
+    assert d["share_ttft"] < 0.25 and d["bound"] == "prefill", d
+    assert "shorten the prompt" in d["advice"][0]
+    rows = dict((label, text) for label, text, _ in verdict_rows(summary))
+    assert rows["Bound"].startswith("prefill (at low load TTFT p50 1.")
+    # e2e missed as well as TTFT: the larger share of e2e decides, as before
+    both = analyze_run(run, Slo(ttft_s=1.0, e2e_s=3.0), write=False)["diagnosis"]
+    assert both["bound"] == "decode" and both["bound_reason"].startswith("TTFT is ")
+    # the TPOT term alone missed: decode
+    decode = analyze_run(run, Slo(ttft_s=2.0, tpot_s=0.04, e2e_s=None), write=False)["diagnosis"]
+    assert decode["bound"] == "decode" and "decode misses" in decode["bound_reason"]
+
+
+def test_one_step_is_named_as_one(tmp_path: Path) -> None:
+    """A run of one load level fitted on "steps 1–1"."""
+    law = Law(users=(1,), capacity=NO_QUEUE, input_tokens=(100, 3000))
+    df = generate(law, n=200, seed=5)
+    rows = dict((label, text) for label, text, _ in verdict_rows(_summary(tmp_path, law, df)))
+    assert rows["TTFT vs input"].endswith(", step 1)") and "1–1" not in " ".join(rows.values())

@@ -186,6 +186,15 @@ def test_the_readme_is_short() -> None:
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move reference to docs/"
 
 
+def test_the_readme_documentation_table_lists_every_page() -> None:
+    """docs/slo.md was reachable only from other pages."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## Documentation"):]
+    rows = set(re.findall(r"^\| \[([\w./-]+\.md)\]", table, flags=re.MULTILINE))
+    pages = {f"docs/{path.name}" for path in (ROOT / "docs").glob("*.md")} | {"ARCHITECTURE.md"}
+    assert pages - rows == set(), pages - rows
+
+
 def test_no_page_cites_files_outside_the_repository() -> None:
     cited = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in doc_files()
              for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if _CITED.search(line)]

@@ -26,12 +26,13 @@ def _at_hour(hour: float, day: int = 0, period_s: float = DAY_S) -> float:
 
 
 def _synthetic_db(path: Path, ttft_of_hour: dict[int, float], per_hour: int = 8, days: int = 2,
-                  active_users: int = 1, seed: int = 0, channel: str = CHANNEL) -> None:
+                  active_users: int = 1, seed: int = 0, channel: str = CHANNEL, hours: range | list[int] = range(24)
+                  ) -> None:
     """A history whose median TTFT per hour is known: `ttft_of_hour[h]` (default 1.0 s) with 5% noise."""
     rng = np.random.default_rng(seed)
     rows = []
     for day in range(days):
-        for hour in range(24):
+        for hour in hours:
             for k in range(per_hour):
                 ttft = ttft_of_hour.get(hour, 1.0) * float(rng.lognormal(0, 0.05))
                 rows.append({"request_id": f"{seed}-{active_users}-{day}-{hour}-{k}", "status": "ok",
@@ -125,6 +126,18 @@ def test_too_few_data_and_a_flat_channel_say_so(tmp_path: Path) -> None:
     with closing(open_store(flat)) as store:
         result = analyze_history(store.query())
     assert result["metrics"]["ttft"]["peak"] is None and "looks flat" in result["metrics"]["ttft"]["note"]
+
+
+def test_too_few_data_counts_the_hours_that_have_enough(tmp_path: Path) -> None:
+    """A first watch: one hour held 9 successful requests, the next 2: "only 1 of 24 hours" (it said 0, counting
+    the hours that had enough requests both in them and in the rest of the day)."""
+    db = tmp_path / "h.db"
+    _synthetic_db(db, {}, per_hour=9, days=1, hours=[7])
+    _synthetic_db(db, {}, per_hour=2, days=1, seed=1, hours=[8])
+    with closing(open_store(db)) as store:
+        result = analyze_history(store.query())
+    assert [h["ok"] for h in result["hours"]["ttft"][7:9]] == [9, 2]
+    assert result["metrics"]["ttft"]["note"].startswith(f"too few data to tell: only 1 of 24 hours have {MIN_PER_HOUR}+")
 
 
 def test_bad_history_options_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

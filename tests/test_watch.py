@@ -292,3 +292,16 @@ def test_a_server_metrics_url_that_is_no_metrics_stops_watch_before_any_sample(
                  "--server-metrics", server.url + "/metrics"]) == 2
     assert capsys.readouterr().err.startswith(f"tokenload: error: server metrics: {server.url}/metrics answered HTTP 404")
     assert [r.path for r in server.requests] == ["/metrics"]
+
+
+def test_a_bare_every_says_the_unit_it_was_read_in(tmp_path: Path) -> None:
+    """`--every 15` is 15 seconds: the start line says so (it printed "every 15")."""
+    done = subprocess.run([sys.executable, "-m", "tokenload", "watch", "--every", "15", "--samples", "1",
+                           "--base-url", "http://127.0.0.1:9", "--db", str(tmp_path / "h.db")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert " every 15 s (--every 15: a number without a unit is seconds) into " in done.stderr
+    spelled = subprocess.run([sys.executable, "-m", "tokenload", "watch", "--every", "90s", "--samples", "1",
+                              "--base-url", "http://127.0.0.1:9", "--db", str(tmp_path / "h2.db")],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert " every 1.5 min into " in spelled.stderr

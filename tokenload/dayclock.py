@@ -41,3 +41,11 @@ def parse_duration(text: str, what: str) -> float:
     if not match or float(match.group(1)) <= 0:
         raise ValueError(f"{what} {text!r} is not a positive duration; write e.g. 90s, 15m, 24h or 7d")
     return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def duration_text(seconds: float) -> str:
+    """Seconds in the largest unit they fill: 15 -> `15 s`, 900 -> `15 min`, 5400 -> `1.5 h`, 0.5 -> `500 ms`."""
+    for name, size in (("d", DAY_S), ("h", 3600.0), ("min", 60.0), ("s", 1.0)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {name}"
+    return f"{seconds * 1000:.3g} ms"

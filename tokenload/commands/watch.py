@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tokenload.channel import resolve_from_args
-    from tokenload.dayclock import parse_duration
+    from tokenload.dayclock import duration_text, parse_duration
     from tokenload.errors import ConfigError
     from tokenload.history.sampler import Watcher, WatchPlan, parse_stress, status_line
     from tokenload.history.store import default_db_path, fingerprint_of, open_store
@@ -141,8 +141,9 @@ def run(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with closing(open_store(db_path)) as store:
-            print(f"watching {fingerprint_of(channel)} every {args.every} into {store.path}", file=sys.stderr,
-                  flush=True)
+            bare = "" if args.every.strip()[-1:].isalpha() else f" (--every {args.every.strip()}: a number without a unit is seconds)"
+            print(f"watching {fingerprint_of(channel)} every {duration_text(every)}{bare} into {store.path}",
+                  file=sys.stderr, flush=True)
             watcher = Watcher(store, channel, plan, probe, stop=stop, metrics=metrics,
                               on_sample=lambda result: print(status_line(result), flush=True))
             taken = watcher.run(max_samples=args.samples, on_stress=lambda line: print(line, flush=True))

@@ -148,7 +148,7 @@ class Window:
 
 def find_windows(table: Sequence[dict[str, Any]]) -> tuple[Window | None, Window | None, str | None]:
     """The peak and off-peak windows of one metric's hour table, or why there are none."""
-    enough = sum(1 for r in table if r["level"] is not None)
+    enough = sum(1 for r in table if r["ok"] >= MIN_PER_HOUR)
     if enough < MIN_HOURS:
         return None, None, (f"too few data to tell: only {enough} of 24 hours have {MIN_PER_HOUR}+ successful "
                             f"requests (need {MIN_HOURS}); keep watching")
