@@ -48,6 +48,8 @@ CONNECTION_COLUMNS: tuple[str, ...] = ("connect_s", "reconnects", "send_lag_s", 
 # What the answer was against what was asked: fidelity (tokenload.analysis.fidelity) and `truncated`
 # (cut for length below the max_tokens asked), carried through when the run has them.
 ANSWER_COLUMNS: tuple[str, ...] = ("chunks", "max_tokens", "output_tokens_source", "ttfb_s", "truncated")
+# When the run counted each request's SLO verdict: a search's probe counted those judged by its decision.
+JUDGED_COLUMNS: tuple[str, ...] = ("judged_at",)
 
 
 @dataclass
@@ -159,7 +161,7 @@ def load_run(run_dir: str | Path) -> Run:
     missing = [c for c in REQUIRED_COLUMNS if c not in schema_names]
     if missing:
         raise ConfigError(f"{parquet} lacks required column(s): {', '.join(missing)}")
-    carried = (*OPTIONAL_COLUMNS, *WORKLOAD_COLUMNS, *CONNECTION_COLUMNS, *ANSWER_COLUMNS)
+    carried = (*OPTIONAL_COLUMNS, *WORKLOAD_COLUMNS, *CONNECTION_COLUMNS, *ANSWER_COLUMNS, *JUDGED_COLUMNS)
     wanted = [*ANALYSIS_COLUMNS, *(c for c in carried if c in schema_names)]
     try:
         df = pq.read_table(parquet, columns=wanted).to_pandas()
@@ -184,8 +186,8 @@ def _when_cut(run: Run, last_sent: float) -> None:
 
 
 def _without_warmup(raw: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
-    """`out` plus the workload, connection and answer columns of `raw`, without the warm-up rows."""
-    for col in (*WORKLOAD_COLUMNS, *CONNECTION_COLUMNS, *ANSWER_COLUMNS):
+    """`out` plus the workload, connection, answer and judged columns of `raw`, without the warm-up rows."""
+    for col in (*WORKLOAD_COLUMNS, *CONNECTION_COLUMNS, *ANSWER_COLUMNS, *JUDGED_COLUMNS):
         if col in raw:
             out[col] = raw[col].to_numpy()
     if "phase" in out:

@@ -49,36 +49,52 @@ def _recount(rows: pd.DataFrame, slo: Slo) -> Evidence:
     return evidence
 
 
+def _waited(rows: pd.DataFrame) -> pd.Series:
+    """Each request's TTFT, or for a stream the run cut before its first token how long it had waited (until
+    its `cut_at`): a lower bound."""
+    cut = rows["in_flight"].astype(bool) & rows["ttft_s"].isna()
+    waited = rows["cut_at"].astype(float) - rows["started_at"].astype(float)
+    return rows["ttft_s"].astype(float).where(~cut, waited)
+
+
 def _judged_at(rows: pd.DataFrame, slo: Slo) -> pd.Series:
-    """When the run counted each request: at its end, or (its first token late for the SLO, or in time for an
-    SLO of TTFT alone) `ttft_s` after it was sent, whichever came first."""
+    """When the run counted each request: its record's `judged_at`, or for a run without it, at its end or
+    (its first token late for the SLO, or in time for an SLO of TTFT alone) `ttft_s` after it was sent,
+    whichever came first."""
     at = rows["finished_at"].astype(float).fillna(rows["started_at"].astype(float))
-    if slo.ttft_s is None:
-        return at
-    deadline = rows["started_at"].astype(float) + slo.ttft_s
-    if slo.first_token_decides:
-        return at.where(at < deadline, deadline)
-    waited = rows["ttft_s"].astype(float)
-    if "duration_s" in rows:  # a cut stream never had a first token: late if it waited past ttft_s
-        waited = waited.fillna(rows["duration_s"].astype(float))
-    return at.where(~(waited > slo.ttft_s), deadline)
+    if slo.ttft_s is not None:
+        deadline = rows["started_at"].astype(float) + slo.ttft_s
+        if slo.first_token_decides:
+            at = at.where(at < deadline, deadline)
+        else:
+            at = at.where(~(_waited(rows) > slo.ttft_s), deadline)
+    if "judged_at" in rows:
+        return rows["judged_at"].astype(float).fillna(at)
+    return at
 
 
 def _trial_rows(rows: pd.DataFrame, slo: Slo, probes: list[Probe], i: int) -> pd.DataFrame:
-    """Probe `i`'s rows of its step: all of them, unless a second trial held on in the same step (`bisect`
-    `Search.continues`); then each trial has the requests counted between its start and the next one's."""
-    same = [q for q in probes if q.step == probes[i].step and q.run_id == probes[i].run_id]
+    """The rows of probe `i`'s step that its verdict counted: judged before it was decided and, for a second
+    trial held on in its first trial's step (`bisect` `Search.continues`), after the first trial's decision.
+    A probe recorded without its decision's time (an older run) keeps every row of its trial's span."""
+    p = probes[i]
+    same = [q for q in probes if q.step == p.step and q.run_id == p.run_id]
+    k = next(j for j, q in enumerate(same) if q is p)
+    at = _judged_at(rows, slo)
+    if p.decided_at:
+        since = same[k - 1].decided_at if k else -math.inf
+        return rows[(at > since) & (at <= p.decided_at)]
     if len(same) < 2:
         return rows
-    k = next(j for j, q in enumerate(same) if q is probes[i])
-    at = _judged_at(rows, slo)
     since = same[k].started_at if k else -math.inf
     until = same[k + 1].started_at if k + 1 < len(same) else math.inf
     return rows[(at >= since) & (at < until)]
 
 
 def _binding_detail(rows: pd.DataFrame, binding: str | None, slo: Slo) -> str:
-    """`TTFT p90 1.1 s > 0.5 s`: the binding term's value at the target share (what the SLO asks of it)."""
+    """`TTFT p90 1.1 s > 0.5 s`: the binding term's value at the target share (what the SLO asks of it), over
+    the requests the verdict counted; `≥` when some of them were cut still waiting for their first token
+    (their wait until the cut is a lower bound)."""
     if binding is None:
         return "no SLO term decided it"
     if binding == "errors":
@@ -87,11 +103,21 @@ def _binding_detail(rows: pd.DataFrame, binding: str | None, slo: Slo) -> str:
         return f"load errors {errors} of {n} requests > {slo.max_error_rate:.0%}"
     limit = slo.thresholds.get(binding)
     ok = rows[rows["status"].eq("ok")] if len(rows) else rows
-    values = ok[COLUMN[binding]].dropna().to_numpy(dtype=float) if len(ok) else np.array([])
+    finished = ok[~ok["in_flight"].astype(bool)] if len(ok) else ok
+    values = finished[COLUMN[binding]].dropna().to_numpy(dtype=float) if len(finished) else np.array([])
+    censored = np.array([])
+    if binding == "ttft" and limit is not None and len(ok):
+        cut = ok[ok["in_flight"].astype(bool)]
+        waited = _waited(cut)
+        # counted as the run counted them: a first token (in time or late), or a wait past the limit
+        values = np.concatenate([values, cut["ttft_s"].dropna().to_numpy(dtype=float)])
+        censored = waited[cut["ttft_s"].isna() & (waited > limit)].to_numpy(dtype=float)
     pct = round(100 * slo.target)
-    if not len(values) or limit is None:
+    every = np.concatenate([values, censored])
+    if not len(every) or limit is None:
         return f"{LABEL[binding]} over {limit:g} s" if limit is not None else LABEL[binding]
-    return f"{LABEL[binding]} p{pct} {float(np.percentile(values, pct)):.3g} s > {limit:g} s"
+    bound = "≥ " if len(censored) else ""
+    return f"{LABEL[binding]} p{pct} {bound}{float(np.percentile(every, pct)):.3g} s > {limit:g} s"
 
 
 def search_summary(run: Run, slo: Slo) -> dict[str, Any] | None:
@@ -115,6 +141,9 @@ def search_summary(run: Run, slo: Slo) -> dict[str, Any] | None:
             ci = wilson_interval(ev.met, ev.judged)
             entry.update(n=ev.judged, attainment=ev.attainment, ci=list(ci) if ci else None,
                          goodput_rps=ev.met / p.duration_s if p.duration_s else None)
+            if p.decided_at and (ev.judged, ev.met) != (p.n, round((p.attainment or 0.0) * p.n)):
+                entry["recount"] = (f"the run decided on {p.n} requests ({_share(p.attainment)}); its records "
+                                    f"hold {ev.judged} ({_share(ev.attainment)}) judged by then")
             details[p.level] = _binding_detail(rows, p.binding, slo)
         probes.append(entry)
     capacity, first_failing = search.capacity, search.first_failing
@@ -148,6 +177,10 @@ def _probe_entry(p: Probe, over: str) -> dict[str, Any]:
             "attainment": p.attainment, "ci": p.ci, "error_rate": p.error_rate, "binding": p.binding,
             "duration_s": p.duration_s, "tokens": p.tokens, "step": p.step, "run_id": p.run_id,
             "confident": p.confident, "early": p.early, "served": p.served}
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _tokens(n: int) -> str:

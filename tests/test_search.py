@@ -8,7 +8,7 @@ import pytest
 
 from analysis.search import verdict_text
 from tokenload.search.bisect import Probe, Search
-from tokenload.search.evidence import LATE, MIN_FAIL_REQUESTS, ON_TIME, Evidence, decide, wilson_interval
+from tokenload.search.evidence import LATE, MIN_FAIL_REQUESTS, ON_TIME, Evidence, cut_wait, decide, wilson_interval
 from tokenload.slo import Slo
 from tokenload.workload.scenario import default_max_probes
 
@@ -428,3 +428,15 @@ def test_a_search_can_be_the_watchers_stress_run_within_its_budget(tmp_path) -> 
     assert _capacity(tmp_path) == ", capacity 8 users (boundary in [8, 9])"
     assert _capacity(tmp_path / "nothing") == ""
 
+
+
+def test_a_cut_stream_without_a_first_token_is_late_by_its_wait_until_the_cut() -> None:
+    # a stream cut open has no end (duration_s None): how long it waited is cut_at - started_at
+    cut = {"in_flight": True, "status": "cancelled", "error_kind": None, "ttft_s": None, "duration_s": None,
+           "started_at": 100.0, "cut_at": 100.8}
+    early_cut = {**cut, "cut_at": 100.3}
+    ev = Evidence()
+    for r in (cut, early_cut):
+        ev.count(TTFT_ONLY, r)
+    assert (ev.judged, ev.met, ev.missed_by["ttft"]) == (1, 0, 1)  # the one cut at 0.3 s decided nothing
+    assert cut_wait(cut) == pytest.approx(0.8) and cut_wait({**cut, "cut_at": None}) is None

@@ -109,6 +109,9 @@ class RequestRecord(SpecRecord, total=False):
     turn: int | None  # 1-based turn of a [session] conversation
     context_tokens: int | None  # the whole context sent (system prompt and history), local estimate
     phase: Literal["warmup", "measure"]
+    # when the run's live statistics counted its SLO verdict: at its end, or in a search where its first token
+    # decided it (late, or in time under an SLO of TTFT alone); None for warm-up and a stream cut undecided
+    judged_at: float | None
 
 
 SPEC_COLUMNS: tuple[str, ...] = tuple(SpecRecord.__annotations__)

@@ -119,7 +119,8 @@ class Prober:
             attainment=decision.attainment,
             ci=list(decision.ci) if decision.ci is not None else None, error_rate=decision.error_rate,
             binding=decision.binding, duration_s=round(elapsed_s - self._start_s, 3), tokens=tokens,
-            step=phase.step, confident=decision.confident, started_at=self._started_at, run_id=self.run_id,
+            step=phase.step, confident=decision.confident, started_at=self._started_at, decided_at=time.time(),
+            run_id=self.run_id,
             error_kinds=dict(evidence.error_kinds), missed_by=dict(evidence.missed_by)))
         rate_limited = evidence.error_kinds.get(ek.RATE_LIMITED, 0)
         if decision.verdict == "fail" and decision.binding == "errors" and evidence.load_errors \

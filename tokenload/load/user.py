@@ -232,10 +232,11 @@ class LLMUser(User):
         session = StreamSession(adapter, time.perf_counter(), estimated_input_tokens=plan.estimated_input_tokens,
                                 max_tokens=plan.max_tokens, on_text=None if answer is None else keep_answer)
         counted: str | None = None  # how the request's SLO verdict was counted in flight, by its first token
+        judged_at: float | None = None  # when it was counted (its record's judged_at)
         if ctx.late_s is not None and phase == MEASURE:
             def count_in_flight(how: str, streaming: int | None = None) -> None:
-                nonlocal counted
-                counted = how
+                nonlocal counted, judged_at
+                counted, judged_at = how, time.time()
                 self.environment.tokenload_tokens.in_flight(ctx.run_id, step, how, streaming)
 
             session.timeline.late_s, session.timeline.on_late = ctx.late_s, partial(count_in_flight, LATE)
@@ -273,6 +274,7 @@ class LLMUser(User):
                 "rl_tokens_limit": info.tokens_limit, "rl_tokens_remaining": info.tokens_remaining,
                 "session_id": plan.session_id, "turn": plan.turn, "context_tokens": plan.estimated_input_tokens,
                 "phase": phase,
+                "judged_at": judged_at if judged_at is not None or in_flight or phase != MEASURE else time.time(),
             })
             if in_flight and record["status"] == "ok":
                 record["status"] = CANCELLED

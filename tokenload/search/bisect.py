@@ -67,6 +67,7 @@ class Probe:
     early: int = 0  # of `n`, hits counted at their first token (`Evidence.early`) and not finished when decided
     served: int | None = None  # the channel's concurrency while requests waited (`Evidence.served`)
     started_at: float = 0.0
+    decided_at: float = 0.0  # unix time of the verdict: the requests counted by then are its evidence
     run_id: str = ""  # the run whose records hold this probe (a resumed search holds earlier runs' probes)
     error_kinds: dict[str, int] = field(default_factory=dict)
     missed_by: dict[str, int] = field(default_factory=dict)

@@ -97,6 +97,18 @@ def late_first_token(slo: Slo, ttft_s: float | None, waited_s: float | None) -> 
     return waited_s is not None and not math.isnan(waited_s) and waited_s > limit
 
 
+def cut_wait(record: dict[str, Any]) -> float | None:
+    """How long a stream the run cut open (`in_flight`) had been waiting: until the cut (`cut_at`, or its
+    `duration_s`); None when its record does not say."""
+    duration = record.get("duration_s")
+    if duration is not None and not math.isnan(duration):
+        return float(duration)
+    started, cut = record.get("started_at"), record.get("cut_at")
+    if started is None or cut is None or math.isnan(started) or math.isnan(cut):
+        return None
+    return float(cut) - float(started)
+
+
 @dataclass
 class Evidence:
     """What one probe's measured requests showed so far (counted where the requests finish, or where their
@@ -186,7 +198,7 @@ class Evidence:
             self.early -= 1
         if record.get("in_flight"):
             ttft = record.get("ttft_s")
-            if late_first_token(slo, ttft, record.get("duration_s")):
+            if late_first_token(slo, ttft, cut_wait(record)):
                 self.late()
             elif slo.first_token_decides and ttft is not None and not math.isnan(ttft):
                 self.judged += 1
