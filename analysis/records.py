@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from tokenload.errors import ConfigError
-from tokenload.record import SPEC_COLUMNS
+from tokenload.record import SPEC_COLUMNS, STORM_PROBE
 from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
 
 # The contract's "at least" columns (defined in tokenload.record). All must exist (a missing one is
@@ -35,8 +35,9 @@ ANALYSIS_COLUMNS: tuple[str, ...] = (
     "step", "active_users", *FLOAT_COLUMNS, *CATEGORY_COLUMNS,
 )
 # Workload columns (sessions, prompt caching, warm-up), carried through when the run has them.
-# Rows of the run-level warm-up (`phase == "warmup"`, scenario `[load] warmup_requests` / `warmup_s`) are dropped here,
-# so no statistic ever includes them.
+# Rows of the run-level warm-up (`phase == "warmup"`, scenario `[load] warmup_requests` / `warmup_s`) and the
+# error-storm breaker's probes (`storm_probe`, sent while the users were paused) are dropped here, so no statistic
+# ever includes them.
 WORKLOAD_COLUMNS: tuple[str, ...] = (
     "phase", "session_id", "turn", "context_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
 )
@@ -191,7 +192,7 @@ def _without_warmup(raw: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
         if col in raw:
             out[col] = raw[col].to_numpy()
     if "phase" in out:
-        out = out[out["phase"].ne(WARMUP_PHASE).to_numpy()].reset_index(drop=True)
+        out = out[~out["phase"].isin((WARMUP_PHASE, STORM_PROBE)).to_numpy()].reset_index(drop=True)
     return out
 
 

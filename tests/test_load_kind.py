@@ -147,7 +147,8 @@ def test_a_broken_channel_stops_smoke_after_a_handful_with_doctors_fix(tmp_path:
 def test_the_storm_breaker_pauses_probes_and_stops(tmp_path: Path, processes: int) -> None:
     """Every request gets an instant 500: users pause after storm_s, two probes fail, the run stops, saying why.
 
-    With workers, the master pauses them by message and probes the channel itself.
+    With workers, the master pauses them by message and probes the channel itself. The probes are records of
+    their own phase: the records hold every request the simulator saw (its truth file).
     """
     scenario = write_scenario(tmp_path, SHORT + """
 [load]
@@ -167,8 +168,11 @@ storm_probes = 2
     assert manifest["stop_reason"].startswith("error storm:") and "2 probe requests" in manifest["stop_reason"]
     storm = manifest["storms"][0]
     assert storm["failed_probes"] == 2 and storm["outcome"] == "stopped"
-    assert (df.started_at > storm["paused_at"] + 0.5).sum() == 0  # nothing sent while paused
-    assert len(truth) == len(df) + 2  # the records plus the two probes
+    probes = df[df.phase == "storm_probe"]
+    assert (df[df.phase != "storm_probe"].started_at > storm["paused_at"] + 0.5).sum() == 0  # no user sent
+    assert len(truth) == len(df) and len(probes) == 2 and (probes.error_kind == "server_error").all()
+    assert (probes.started_at > storm["paused_at"]).all() and probes.request_id.is_unique
+    assert set(manifest["scheduler_lag"]["workers"]) == set(df[df.phase != "storm_probe"].worker)
 
 
 def test_the_storm_breaker_resumes_when_a_probe_succeeds(tmp_path: Path) -> None:

@@ -154,23 +154,28 @@ def _relay(protocol: str) -> Any:
     return answer
 
 
+def _two_users(tmp_path: Path, max_tokens: int, step_s: float, drain_s: float) -> Path:
+    """2 users with 16-token prompts for one step."""
+    return write_scenario(tmp_path, f"""
+[prompt]
+tokens = 16
+[output]
+max_tokens = {max_tokens}
+[load]
+kind = "constant"
+users = 2
+step_s = {step_s}
+[stop]
+drain_s = {drain_s}
+""")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_the_load_path_records_the_relays_counts_ids_and_truncation(fake_server: FakeServer, tmp_path: Path,
                                                                      protocol: str) -> None:
     """Real `tokenload run` (Locust, the load transport and its shape counting): the same record as probe's."""
-    scenario = write_scenario(tmp_path, """
-[prompt]
-tokens = 16
-[output]
-max_tokens = 32
-[load]
-kind = "constant"
-users = 2
-step_s = 2
-[stop]
-drain_s = 2
-""")
+    scenario = _two_users(tmp_path, max_tokens=32, step_s=2, drain_s=2)
     fake_server.route(_relay(protocol))
     base = fake_server.url + ("" if protocol == "anthropic" else "/v1")
     result = run_cli(scenario, base, tmp_path / "run", "--protocol", protocol, "--api-key", KEY)
@@ -188,6 +193,33 @@ drain_s = 2
     assert summary["run"]["truncated"] == int(df.truncated.sum()) > 0
     assert any(topic == "Answers cut short" and str(len(df[df.truncated])) in finding
                for topic, finding, _ in verdict_rows(summary))
+
+
+@pytest.mark.slow
+def test_a_stream_cut_before_the_relays_counts_records_the_input_in_the_servers_tokens(
+        fake_server: FakeServer, tmp_path: Path) -> None:
+    """LiteLLM's Anthropic route sends the input count only at the end (here 3 server tokens per locally
+    estimated one, as llama.cpp's Gemma counted 35 where the local estimate said 11): a stream the run's end
+    cuts never gets it. Its record says `estimate` and counts in the server's tokens, calibrated on the answers
+    that got their count, not the raw local estimate."""
+    posts = itertools.count(1)
+
+    def relay(received: Received) -> Script:
+        slow = received.method == "POST" and next(posts) > 6
+        prompt = received.json()["messages"][-1]["content"] if received.method == "POST" else ""
+        text = prompt if isinstance(prompt, str) else " ".join(part["text"] for part in prompt)
+        return stream_script("anthropic", TOKENS, 0.0, 3.0 if slow else 0.005, start_usage=RELAY_START,
+                             delta_usage={"input_tokens": 3 * estimate_tokens(text)})
+
+    fake_server.route(relay)
+    scenario = _two_users(tmp_path, max_tokens=8, step_s=3, drain_s=0.5)
+    result = run_cli(scenario, fake_server.url, tmp_path / "run", "--protocol", "anthropic", "--api-key", KEY)
+    assert result.returncode == 0, result.stderr[-2000:]
+    df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    done, cut = df[df.status == "ok"], df[df.status == "cancelled"]
+    assert (done.input_tokens_source == "server").all() and len(cut) == 2, df[["status", "input_tokens"]]
+    assert (cut.input_tokens_source == "estimate").all()
+    assert (cut.input_tokens == 3 * cut.context_tokens).all(), cut[["input_tokens", "context_tokens"]]
 
 
 # ---------------------------------------------------------------------------------- storm breaker
@@ -241,8 +273,10 @@ def test_a_backend_dying_under_4_users_trips_the_storm_breaker(fake_server: Fake
     failing_since = df[df.status == "error"].started_at.min()
     # the failures started; within one window (plus a failure's 2 s and the breaker's tick) every user paused
     assert storm["paused_at"] - failing_since <= 3 + 2 + 2, storm
-    assert (df.started_at > storm["paused_at"] + 0.5).sum() == 0  # nothing sent while paused
+    users = df[df.phase != "storm_probe"]
+    assert (users.started_at > storm["paused_at"] + 0.5).sum() == 0  # nothing the users sent while paused
     assert storm["outcome"] == "stopped" and manifest["stop_reason"].startswith(f"error storm: {storm['detail']}")
+    assert len(df) == next(posts) - 1 and (df.phase == "storm_probe").sum() == 1  # what the relay saw, probe too
     summary = analyze_run(tmp_path / "run", write=False)
     outage = summary["outage"]
     assert outage is not None and outage["served_before"] == 8 and outage["http_status"] == 500
@@ -272,9 +306,11 @@ def test_a_hung_backend_behind_a_live_relay_trips_the_storm_breaker(fake_server:
     result = run_cli(scenario, fake_server.url, tmp_path / "run", "--protocol", "anthropic", "--api-key", KEY,
                      timeout=120)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    records = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    df = records[records.phase != "storm_probe"]  # what the users sent
     assert manifest["storms"], (manifest["stop_reason"], result.stderr[-1500:])
     storm = manifest["storms"][0]
+    assert (records.phase == "storm_probe").sum() == storm["failed_probes"] == 1
     failed = df[df.status == "error"]
     assert set(failed.error_kind) == {"timeout_first_token"} and failed.http_status.isna().all()  # no status seen
     # hanging since the 9th request was sent; within one window (plus one 3 s timeout and a tick) all paused

@@ -26,13 +26,14 @@ columns.
 from __future__ import annotations
 
 import types
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypedDict, Union, get_args, get_origin, get_type_hints
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 Int32 = Annotated[int, "int32"]  # an int stored as Arrow int32 (plain `int` is int64)
 Status = Literal["ok", "error", "cancelled"]
+STORM_PROBE: Final = "storm_probe"  # the `phase` of the error-storm breaker's probe requests
 
 
 class SpecRecord(TypedDict, total=False):
@@ -108,7 +109,9 @@ class RequestRecord(SpecRecord, total=False):
     session_id: str | None
     turn: int | None  # 1-based turn of a [session] conversation
     context_tokens: int | None  # the whole context sent (system prompt and history), local estimate
-    phase: Literal["warmup", "measure"]
+    # measure; warmup (a run's or a step's first requests, left out of every statistic); storm_probe (the
+    # error-storm breaker's probe, sent while the users were paused: also left out)
+    phase: Literal["warmup", "measure", "storm_probe"]
     # when the run's live statistics counted its SLO verdict: at its end, or in a search where its first token
     # decided it (late, or in time under an SLO of TTFT alone); None for warm-up and a stream cut undecided
     judged_at: float | None

@@ -51,10 +51,11 @@ from tokenload.load import stoprules
 from tokenload.load.drain import ANSWERED, DRAIN_MESSAGE, Drain, derive, initial
 from tokenload.load.plan import Phase, build_plan
 from tokenload.load.probing import Prober
-from tokenload.load.records import SEGMENTS_DIR, write_json
+from tokenload.load.records import SEGMENTS_DIR, AsideWriter, write_json
 from tokenload.load.state import Budget, LoadState, shares
 from tokenload.load.stoprules import Counts, FailureStreak, Live
 from tokenload.load.tokenstats import Snapshot, current_run
+from tokenload.record import STORM_PROBE, RequestRecord
 from tokenload.workload.scenario import Scenario
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,8 @@ class RunControl:
         self.plan = build_plan(scenario)
         run_id = str(getattr(environment.parsed_options, "run_id", "") or "")
         self.prober = Prober(scenario, run_dir, run_id) if scenario.load.search is not None else None
+        self.run_id, self.run_dir = run_id, run_dir
+        self._probes: AsideWriter | None = None  # the breaker's probe records, from its first probe on
         environment.stop_timeout = self._stop_timeout()
         self.state = state
         self.path = run_dir / SEGMENTS_DIR / CONTROL_FILE
@@ -330,13 +333,28 @@ class RunControl:
             self.state.pause(paused)
 
     def _probe(self) -> tuple[bool, str]:
-        """One small streaming request, outside the records: is the channel answering again?"""
+        """One small streaming request: is the channel answering again? Recorded (phase `storm_probe`), so the
+        records hold every request the channel saw."""
         if self.channel is None:
             return True, "no channel to probe"
         from tokenload.transport.httpx_client import stream_exchange
 
         record, _ = stream_exchange(self.channel, "Reply with OK.", 1, answered=True)
+        self._keep_probe(record)
         return record["status"] == "ok", record["error_kind"] or "ok"
+
+    def _keep_probe(self, record: RequestRecord) -> None:
+        if self._probes is None:
+            self._probes = AsideWriter(self.run_dir, "breaker")
+        duration = record["duration_s"]
+        record.update({
+            "request_id": f"{self.run_id or 'run'}-breaker-{self._probes.written + 1:04d}", "run_id": self.run_id,
+            "worker": "breaker", "step": self.steps[-1]["step"] if self.steps else 0,
+            "active_users": 0,  # every user was paused
+            "scheduled_at": record["started_at"], "late_s": 0.0, "held_s": 0.0, "in_flight": False,
+            "finished_at": None if duration is None else record["started_at"] + duration, "phase": STORM_PROBE,
+        })
+        self._probes.write(record)
 
     def finish(self, reason: str) -> None:
         """The run ends (`reason`): close its step; a plan that ended by itself derives its drain (a search

@@ -148,6 +148,16 @@ class SegmentWriter(RecordBuffer):
             self.sealed = True
 
 
+class AsideWriter(SegmentWriter):
+    """Records a process sends beside its users' (the error-storm breaker's probes), each written at once as a
+    segment of its own under a worker id of its own, whose state is always done (nothing of it is ever pending)."""
+
+    def write(self, record: RequestRecord) -> None:
+        self.append(record)
+        self.flush({"aside": True}, done=True)
+        self.closed = self.sealed  # done for the merge, yet open for the next one until the run is sealed
+
+
 class SegmentTail:
     """Reads each segment of a run once, as it appears: the records of every process, live.
 
@@ -181,6 +191,11 @@ def worker_states(seg_dir: Path) -> dict[str, dict[str, Any]]:
             continue  # a state file is rewritten atomically; unreadable means not ours
         states[data.get("worker", path.name[: -len(".state.json")])] = data
     return states
+
+
+def process_lags(states: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each process's scheduler-lag stats from its state, by worker id (an `AsideWriter` runs no users: none)."""
+    return {w: s.get("lag", {}) for w, s in states.items() if not s.get("aside")}
 
 
 def wait_for_workers(run_dir: Path, expected: list[str], timeout_s: float) -> list[str]:

@@ -119,7 +119,7 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
     warnings: list[str] = []
     finished = [s for s, f in zip(table.column("status").to_pylist(), table.column("in_flight").to_pylist()) if not f]
     ok_share = finished.count("ok") / len(finished) if finished else 0.0
-    scheduler_lag = lag.summarise({w: s.get("lag", {}) for w, s in states.items()}, ok_share)
+    scheduler_lag = lag.summarise(records.process_lags(states), ok_share)
     if scheduler_lag.get("warning"):
         warnings.append(scheduler_lag["warning"])
     if scheduler_lag.get("stalls"):

@@ -357,7 +357,7 @@ def _with_client_lag(live: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     requests = int(live.get("requests") or 0)
     ok_share = (requests - int(live.get("errors") or 0)) / requests if requests else 0.0
     states = records.worker_states(run_dir / records.SEGMENTS_DIR)
-    summary = lag.summarise({w: s.get("lag", {}) for w, s in states.items()}, ok_share)
+    summary = lag.summarise(records.process_lags(states), ok_share)
     return {**live, "client_bound": summary.get("warning"), "client_stalls": (summary.get("stalls") or {}).get("note")}
 
 

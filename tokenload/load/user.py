@@ -257,6 +257,8 @@ class LLMUser(User):
             if ctx.warmup is not None:
                 ctx.warmup.finished(sent_at)
             record = session.record()
+            if record["input_tokens_source"] == "estimate" and record["input_tokens"]:  # in the server's tokens
+                record["input_tokens"] = ctx.prompts.calibration.scaled(record["input_tokens"])
             duration = record["duration_s"]
             info = parse_rate_headers(session.timeline.response_headers, time.time())
             pushback = not in_flight and pushed_back(record["http_status"], record["error_kind"])

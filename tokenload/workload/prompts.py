@@ -64,6 +64,10 @@ class Calibration:
             self.server += server_tokens
             self.local += local_estimate
 
+    def scaled(self, local_estimate: int) -> int:
+        """A local estimate in the server's tokens (unchanged until a server count was observed)."""
+        return max(1, round(local_estimate * self.ratio)) if local_estimate > 0 else local_estimate
+
     @property
     def ratio(self) -> float:
         if not self.local:
