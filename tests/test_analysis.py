@@ -16,8 +16,13 @@ from tokenload.analysis.report import verdict_rows
 from tokenload.analysis.synthetic import Law, generate, manifest_for, write_synthetic_run
 from tokenload.cli import main
 from tokenload.errors import ConfigError
+from tokenload.slo import Slo
 
 NO_QUEUE = 10_000  # a capacity the ramp never reaches
+
+
+# The brief's product: answers within 3 s (TTFT <= 1 s), TPOT not judged on its own.
+BRIEF_SLO = Slo(ttft_s=1.0, tpot_s=None, e2e_s=3.0)
 
 
 def summary_of(tmp_path: Path, law: Law, n: int = 10_000, seed: int = 0, **kwargs) -> dict:
@@ -125,7 +130,7 @@ def test_error_rate_rule(tmp_path: Path) -> None:
 
 
 def test_slo_rule_alone_from_tpot_contention(tmp_path: Path) -> None:
-    s = summary_of(tmp_path, Law(capacity=NO_QUEUE, tpot_batch_growth=0.05))
+    s = summary_of(tmp_path, Law(capacity=NO_QUEUE, tpot_batch_growth=0.05), slo=BRIEF_SLO)
     assert s["breakpoint"]["reason"] == "slo"
     assert s["breakpoint"]["active_users"] == 16
     assert not s["breakpoint_rules"]["knee"]["fired"]
@@ -143,7 +148,7 @@ def test_no_breakpoint_says_why(tmp_path: Path) -> None:
 
 def test_diagnosis_decode_bound_brief_example(tmp_path: Path) -> None:
     law = Law(prefill_a=1.5, prefill_b=0.0, tpot_s=0.3, output_tokens=(40, 40), capacity=NO_QUEUE, noise=0.0)
-    d = summary_of(tmp_path, law, n=3000)["diagnosis"]
+    d = summary_of(tmp_path, law, n=3000, slo=BRIEF_SLO)["diagnosis"]
     assert d["bound"] == "decode"
     assert close(d["share_ttft"], 1.5 / 13.2)
     assert "you need TPOT <= 0.0375 s; today 0.3 s: cap max_tokens" in d["advice"][0]

@@ -159,7 +159,7 @@ def test_the_bound_names_the_phase_whose_slo_term_is_missed(tmp_path: Path) -> N
     rows = dict((label, text) for label, text, _ in verdict_rows(summary))
     assert rows["Bound"].startswith("prefill (at low load TTFT p50 1.")
     # e2e missed as well as TTFT: the larger share of e2e decides, as before
-    both = analyze_run(run, Slo(ttft_s=1.0, e2e_s=3.0), write=False)["diagnosis"]
+    both = analyze_run(run, Slo(ttft_s=1.0, tpot_s=None, e2e_s=3.0), write=False)["diagnosis"]
     assert both["bound"] == "decode" and both["bound_reason"].startswith("TTFT is ")
     # the TPOT term alone missed: decode
     decode = analyze_run(run, Slo(ttft_s=2.0, tpot_s=0.04, e2e_s=None), write=False)["diagnosis"]

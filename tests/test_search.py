@@ -235,7 +235,7 @@ def test_the_default_max_probes_covers_the_range_the_bisection_and_the_second_tr
 
 # ------------------------------------------------------------------- evidence
 
-SLO = Slo(ttft_s=0.5, e2e_s=None, target=0.9, max_error_rate=0.05)
+SLO = Slo(ttft_s=0.5, tpot_s=None, e2e_s=None, target=0.9, max_error_rate=0.05)
 
 
 def evidence(met: int, judged: int, load_errors: int = 0) -> Evidence:
@@ -331,7 +331,7 @@ def test_every_set_threshold_is_judged_and_unset_ones_are_not() -> None:
     assert ev.met == 1 and ev.missed_by == {"tpot": 1}
 
 
-TTFT_ONLY = Slo(ttft_s=0.5, e2e_s=None, target=0.9, max_error_rate=0.05)
+TTFT_ONLY = Slo(ttft_s=0.5, tpot_s=None, e2e_s=None, target=0.9, max_error_rate=0.05)
 
 
 def test_only_an_slo_of_ttft_alone_is_decided_at_the_first_token() -> None:

@@ -15,7 +15,11 @@ one that already exceeded a threshold misses it; one that had not is left out
 (censored), never counted as a success.
 
 The `[slo]` table of a scenario and the `--slo-*` flags of every command give
-the same names and the same defaults (`DEFAULT`).
+the same names and the same defaults (`DEFAULT`): TTFT <= 1 s (longer reads as
+"nothing happened") and TPOT <= 0.2 s (slower than about 5 tokens/s the text
+falls behind a reader) for 90% of requests. No end-to-end bound by default: a
+total latency depends on how long the answer is, which only the user knows
+(a 3 s bound failed every 256-token answer of a healthy channel).
 """
 
 from __future__ import annotations
@@ -37,9 +41,9 @@ class Slo:
     """Per-request thresholds in seconds (None: not part of the SLO) and the share that must meet them."""
 
     ttft_s: float | None = 1.0
-    tpot_s: float | None = None
+    tpot_s: float | None = 0.2
     itl_s: float | None = None
-    e2e_s: float | None = 3.0
+    e2e_s: float | None = None
     target: float = 0.90
     max_error_rate: float = 0.05
 
