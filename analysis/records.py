@@ -43,9 +43,9 @@ WORKLOAD_COLUMNS: tuple[str, ...] = (
 )
 WARMUP_PHASE = "warmup"
 # Connection setup (`connect_s`, 0 on a reused connection; `reconnects`), the client's wait to get each request
-# out (`send_lag_s`) and the tokens read with the first one (`first_read_tokens`), carried through when the run
-# has them.
-CONNECTION_COLUMNS: tuple[str, ...] = ("connect_s", "reconnects", "send_lag_s", "first_read_tokens")
+# out (`send_lag_s`), the tokens read with the first one (`first_read_tokens`) and whether both ends of the TTFT
+# are the kernel's stamps (`ttft_exact`), carried through when the run has them.
+CONNECTION_COLUMNS: tuple[str, ...] = ("connect_s", "reconnects", "send_lag_s", "first_read_tokens", "ttft_exact")
 # What the answer was against what was asked: fidelity (tokenload.analysis.fidelity) and `truncated`
 # (cut for length below the max_tokens asked), carried through when the run has them.
 ANSWER_COLUMNS: tuple[str, ...] = ("chunks", "max_tokens", "output_tokens_source", "ttfb_s", "truncated")

@@ -92,9 +92,19 @@ def _observations(rows: pd.DataFrame, metric: str, cut: float) -> tuple[np.ndarr
     if metric == "ttft":
         seen = np.isfinite(value)
         use = ok & (seen | open_)
+        inexact = inexact_ttft(rows)
+        if (use & seen & ~inexact).any():  # the exact ones stand for the step; with none (HTTPS) all count
+            use &= ~inexact
         return np.where(seen, value, waited_s)[use], seen[use], (early & ~seen)[use]
     use = ok & (~open_ & np.isfinite(value) | open_)
     return np.where(open_, waited_s, value)[use], ~open_[use], (early & open_)[use]
+
+
+def inexact_ttft(rows: pd.DataFrame) -> np.ndarray:
+    """Per row: its `ttft_s` may hold the client's own delay (`ttft_exact` False; a run before the column: none)."""
+    if "ttft_exact" not in rows:
+        return np.zeros(len(rows), dtype=bool)
+    return rows["ttft_exact"].eq(False).to_numpy(dtype=bool)
 
 
 def latency_stats(rows: pd.DataFrame, cut: float, percentiles: Sequence[float], seed: int = 0,
@@ -208,6 +218,9 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
         # First tokens read with later ones carry the newest one's arrival: their TTFT is an upper bound.
         bound = pd.to_numeric(measured["first_read_tokens"], errors="coerce").gt(1)
         table["ttft_upper_bounds"] = bound.groupby(measured["step"]).sum()
+    if "ttft_exact" in measured:
+        # First tokens whose TTFT may hold the client's delay: left out of the percentiles where exact ones exist.
+        table["ttft_inexact"] = pd.Series(inexact_ttft(measured), index=measured.index).groupby(measured["step"]).sum()
 
     meets, known = meets_slo(measured, slo, cut)
     table["slo_attainment"] = _share(meets, known, measured["step"])
@@ -283,12 +296,13 @@ STEP_KEYS: tuple[str, ...] = (
     "load_error_rate", "start", "end", "duration_s", "slo_n", "slo_ci", "goodput_rps", "goodput_share", "ttft_n", "tpot_n", "e2e_n",
     "ttft_censored", "e2e_censored", "e2e_p50_s", "itl_p50_s", "itl_p99_s", "input_tokens_p50",
     "output_tokens_p50", "ttft_slope_s_per_token", "decided", "new_connections", "connect_p50_s", "connect_p95_s",
-    "reconnects", "send_lag_p99_s", "ttft_upper_bounds",
+    "reconnects", "send_lag_p99_s", "ttft_upper_bounds", "ttft_inexact",
 )
 
 INT_KEYS: frozenset[str] = frozenset({"active_users", "requests", "slo_n", "errors", "ok", "censored", "open_at_step_end",
                                       "warmup_excluded", "load_errors", "input_errors", "config_errors",
-                                      "planned_users", "new_connections", "reconnects", "ttft_upper_bounds"})
+                                      "planned_users", "new_connections", "reconnects", "ttft_upper_bounds",
+                                      "ttft_inexact"})
 
 
 def step_keys(percentiles: Sequence[float]) -> list[str]:

@@ -142,7 +142,8 @@ def _late_reads(joined: pd.DataFrame, lag: dict[str, Any]) -> list[str]:
     stood still (a stall the manifest kept, from its due time minus one probe interval to its end).
     """
     later = []
-    for writes, err in zip(joined.token_writes, joined.err_after):
+    offsets = joined.token_offsets_s if "token_offsets_s" in joined else joined.token_writes
+    for writes, err in zip(offsets, joined.err_after):
         gaps = np.asarray(writes) - writes[0]
         k = int(np.argmin(np.abs(gaps - err)))
         later.append(k if k and abs(gaps[k] - err) < MATCH_S else 0)
@@ -200,7 +201,8 @@ def main() -> int:
     if "send_lag_s" not in ok:  # a version before send_lag_s: its t0 was the connection-ready stamp
         ok["send_lag_s"] = ok["connect_s"]
     joined = ok.merge(truth, left_on="server_request_id", right_on="request_id", suffixes=("", "_truth"))
-    joined["truth_ttft"] = joined.first_token - joined.arrival
+    # The stamp server's own TTFT is on the clients' clock (the wall clock here may be stepped).
+    joined["truth_ttft"] = joined.ttft_s_truth if "ttft_s_truth" in joined else joined.first_token - joined.arrival
     joined["first"] = joined.started_at == joined.groupby("user_id").started_at.transform("min")
     joined["err_after"] = joined.ttft_s - joined.truth_ttft
     joined["err_intended"] = joined.err_after + joined.send_lag_s

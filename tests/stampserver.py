@@ -20,6 +20,11 @@ small receive buffer until then (`rcvbuf`): a large request cannot be written un
 the server starts reading, the client-side wait a request's t0 must not include.
 `early_headers` writes the first response's headers as soon as the connection is
 accepted, before the request is read: they reach the client before its write returns.
+`headers_with_first` holds the headers and the events before the first token back and
+writes them with it (as servers that send nothing until the first token do).
+The truth's `ttft_s` and `token_offsets_s` are on the monotonic clock, the clients' own: this
+machine's wall clock may be stepped (here +0.5 ms every 0.1 s), and `first_token - arrival`
+on it then runs 0.5% long.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class StampServer:
     read_delay_s: float = 0.0
     rcvbuf: int | None = None
     early_headers: bool = False
+    headers_with_first: bool = False
     truth: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -74,7 +80,7 @@ class StampServer:
         while len(self.truth) < requests and time.monotonic() < deadline:
             time.sleep(0.01)
         with self._lock:
-            return {t["request_id"]: t["first_token"] - t["arrival"] for t in self.truth}
+            return {t["request_id"]: t["ttft_s"] for t in self.truth}
 
     def __enter__(self) -> StampServer:
         return self
@@ -106,41 +112,48 @@ class StampServer:
                     request = _read_request(conn, buffered)
                     if request is None:
                         return
-                    size, arrival, buffered = request
-                    self._answer(conn, size, arrival, headers_sent)
+                    size, arrival, arrival_mono, buffered = request
+                    self._answer(conn, size, arrival, arrival_mono, headers_sent)
                     headers_sent = False
             except OSError:
                 return
 
-    def _answer(self, conn: socket.socket, size: int, arrival: float, headers_sent: bool) -> None:
+    def _answer(self, conn: socket.socket, size: int, arrival: float, arrival_mono: float, headers_sent: bool) -> None:
         request_id = f"msg_stamp{next(self._ids):05d}"
         # Non-zero delays mark the token writes; their times come from the arrival, not from these.
         writes = anthropic_stream([f"t{i} " for i in range(self.tokens)], 1.0, 1.0, message_id=request_id)
-        if not headers_sent:
-            conn.sendall(_HEADERS[:-2] + f"x-request-id: {request_id}\r\n\r\n".encode())
+        held = b"" if headers_sent else _HEADERS[:-2] + f"x-request-id: {request_id}\r\n\r\n".encode()
         token_writes: list[float] = []
-        due = arrival + self.ttft_s
+        offsets: list[float] = []
+        due = arrival_mono + self.ttft_s
         for i, (delay, data) in enumerate(writes):
+            held += f"{len(data):x}\r\n".encode() + data + b"\r\n" + (b"0\r\n\r\n" if i == len(writes) - 1 else b"")
+            if self.headers_with_first and not delay and not token_writes:
+                continue
             if delay:
-                time.sleep(max(0.0, due - time.time()))
+                time.sleep(max(0.0, due - time.monotonic()))
                 token_writes.append(time.time())
+                offsets.append(time.monotonic() - arrival_mono)
                 due += self.tpot_s
-            conn.sendall(f"{len(data):x}\r\n".encode() + data + b"\r\n" + (b"0\r\n\r\n" if i == len(writes) - 1 else b""))
+            conn.sendall(held)
+            held = b""
         with self._lock:
             self.truth.append({"request_id": request_id, "arrival": arrival, "first_token": token_writes[0],
-                               "token_writes": token_writes, "bytes": size})
+                               "token_writes": token_writes, "ttft_s": offsets[0], "token_offsets_s": offsets,
+                               "bytes": size})
 
 
-def _read_request(conn: socket.socket, buffered: bytes) -> tuple[int, float, bytes] | None:
-    """(request size, kernel arrival of its last byte, bytes after it) or None at the connection's end."""
-    data, arrival = buffered, time.time()
+def _read_request(conn: socket.socket, buffered: bytes) -> tuple[int, float, float, bytes] | None:
+    """(request size, kernel arrival of its last byte, the same on the monotonic clock, bytes after it) or None at
+    the connection's end."""
+    data, arrival, mono = buffered, time.time(), time.monotonic()
     while b"\r\n\r\n" not in data or len(data) < _length(data):
-        chunk, stamp = _recv_stamped(conn)
+        chunk, arrival, mono = _recv_stamped(conn)
         if not chunk:
             return None
-        data, arrival = data + chunk, stamp
+        data += chunk
     size = _length(data)
-    return size, arrival, data[size:]
+    return size, arrival, mono, data[size:]
 
 
 def _length(data: bytes) -> int:
@@ -155,13 +168,16 @@ def _length(data: bytes) -> int:
     return end + 4
 
 
-def _recv_stamped(conn: socket.socket) -> tuple[bytes, float]:
+def _recv_stamped(conn: socket.socket) -> tuple[bytes, float, float]:
+    """Bytes, the kernel's arrival stamp (unix time) and that stamp on the monotonic clock (the clients' clock:
+    the wall clock may be stepped, intervals are measured on this one)."""
     data, ancillary, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(16))
+    shift = time.monotonic() - time.time()
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == _TIMESTAMPNS:
             sec, nsec = struct.unpack("qq", payload[:16])
-            return data, sec + nsec * 1e-9
-    return data, time.time()
+            return data, sec + nsec * 1e-9, sec + nsec * 1e-9 + shift
+    return data, time.time(), time.monotonic()
 
 
 def main() -> int:

@@ -190,6 +190,29 @@ def test_first_tokens_read_with_later_ones_are_counted_per_step(tmp_path: Path) 
         assert row["ttft_upper_bounds"] == int(rows["first_read_tokens"].gt(1).sum()) > 0
 
 
+def test_inexact_ttfts_are_left_out_of_a_steps_percentiles_and_counted(tmp_path: Path) -> None:
+    """A TTFT that may hold the client's delay (`ttft_exact` False: here read 0.5 s late) stays out of the
+    step's TTFT percentiles, which are those of the exact ones, and the step counts it; a step with no exact
+    TTFT at all (HTTPS) keeps every one."""
+    law = Law(capacity=NO_QUEUE, users=(1, 2))
+    df = generate(law, n=400, seed=10)
+    rng = np.random.default_rng(10)
+    late = rng.uniform(0, 1, len(df)) < 0.2
+    exact_ttft = df["ttft_s"].copy()
+    df["ttft_s"] = np.where(late, df["ttft_s"] + 0.5, df["ttft_s"])
+    df["ttft_exact"] = np.where(df["step"].eq(2), None, np.where(late, False, True)).astype(object)
+    df.loc[df["step"].eq(2), "ttft_exact"] = False
+    s = analyze_run(write_run(tmp_path / "run", df, manifest_for(law, df)), write=False)
+    first, second = s["steps"]
+    rows = df["step"].eq(first["step"]) & df["status"].eq("ok")
+    kept = exact_ttft[rows & ~late]
+    assert first["ttft_inexact"] == int((rows & late).sum()) > 0
+    assert first["ttft_n"] == len(kept)
+    assert first["ttft_p50_s"] == pytest.approx(float(np.median(kept)), abs=2e-3)
+    in_second = df["step"].eq(second["step"]) & df["status"].eq("ok")
+    assert second["ttft_inexact"] == second["ttft_n"] == int(in_second.sum())
+
+
 def test_verdict_table_prints_findings_verbatim(tmp_path: Path) -> None:
     """A finding that names a scenario section (`[session]`) is text, not rich markup to strip."""
     from rich.console import Console

@@ -29,6 +29,10 @@ definition testable on a hand-written timeline:
   into one buffer stamped with the newest, so a first token read after the server's next token write
   had arrived carries that write's arrival: above 1, `ttft_s` is an upper bound (exact only if the
   server wrote those tokens together), too long by at most the gap to the newest of them.
+- `ttft_exact`: both ends of `ttft_s` carry the kernel's stamps: t0 its stamp of the request's last byte
+  leaving (plain HTTP where the kernel stamps sends, Linux 6.12+) and the first token its arrival, read
+  alone (`first_read_tokens` 1); no pause of the client (a garbage collection, a busy core) can be in it.
+  False: one end may hold the client's own delay; None without a first token.
 - `input_tokens`: the whole prompt the server processed, cached part included (OpenAI's
   `prompt_tokens`; Anthropic's `input_tokens` + cache reads + cache writes), so every protocol
   counts the same thing; the cached parts stay in their own columns. A 0 is not a count (a
@@ -87,6 +91,9 @@ class Timeline:
     request_id: str | None = None
     connect_s: float | None = None  # TCP + TLS setup before t0; 0.0 on a reused connection
     send_lag_s: float | None = None  # from the intended start (the old t0) to the request's last byte sent (t0)
+    # t0 is the kernel's stamp of the request's last byte leaving and the body's reads carry kernel arrival stamps
+    # (plain HTTP where the kernel stamps sends): no pause of this process can be in the TTFT
+    stamped: bool = False
     reconnects: int = 0  # resends on a fresh connection after a reused one died before any response byte
     # The response headers (names lower-cased), kept for the rate-limit headers the load side and doctor read.
     response_headers: dict[str, str] | None = None
@@ -117,16 +124,18 @@ class Timeline:
         if self.on_text is not None:
             self.on_text(text, kind)
 
-    def sent(self, t: float, intended: float, connect_s: float | None) -> None:
-        """The request's last byte was handed to the kernel at `t`: t0 is now.
+    def sent(self, t: float, intended: float, connect_s: float | None, stamped: bool = False) -> None:
+        """The request's last byte was out at `t` (`perf_counter`): t0 is then.
 
         `intended` is when the request was handed to the transport (its `t0` until
-        now, passed in because a resend on a fresh connection sends twice).
+        now, passed in because a resend on a fresh connection sends twice); `stamped`:
+        `t` is the kernel's stamp of the byte leaving, not the moment the write returned.
         """
         self.t0 = t
-        self.started_at = time.time()
+        self.started_at = time.time() - (time.perf_counter() - t)
         self.send_lag_s = max(0.0, t - intended)
         self.connect_s = connect_s
+        self.stamped = stamped
 
     def fail(self, kind: str, message: str) -> None:
         """Record the first error only: later ones are consequences of it."""
@@ -211,6 +220,7 @@ def measure(tl: Timeline, estimated_input_tokens: int | None = None, max_tokens:
         "send_lag_s": tl.send_lag_s,
         "reconnects": tl.reconnects,
         "first_read_tokens": times.count(times[0]) if times else None,
+        "ttft_exact": None if tl.t_first_token is None else tl.stamped and times.count(times[0]) == 1,
         "eos_only": eos_unstreamed and streamed == 0,
         "truncated": (tl.error_kind is None and tl.stop_reason in LENGTH_STOPS and tl.output_tokens is not None
                       and max_tokens is not None and tl.output_tokens < max_tokens),

@@ -91,6 +91,10 @@ class RequestRecord(SpecRecord, total=False):
     # tokens stamped with the first token's time (read with it, the first included): above 1, the stamp is the
     # newest write's arrival and ttft_s an upper bound (the kernel merged writes the client read late)
     first_read_tokens: int | None
+    # both ends of ttft_s carry the kernel's stamps (t0: the request's last byte leaving; the first token: its
+    # arrival, read alone): exact. False: one end may hold the client's own delay (HTTPS, a kernel without send
+    # stamps, first_read_tokens > 1); the analysis leaves it out of a step's TTFT percentiles when it can
+    ttft_exact: bool | None
     eos_only: bool  # the answer was only the end-of-sequence token (counted, never streamed): no latency
     # ended for length below the max_tokens asked (server's count): the server cut it (a full context slot)
     truncated: bool

@@ -465,7 +465,18 @@ static PyObject *ChunkedBody_call(ChunkedBody *self, PyObject *args, PyObject *k
     msg.msg_controllen = sizeof control;
     ssize_t n = recvmsg(self->fd, &msg, MSG_DONTWAIT);
     if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) Py_RETURN_NONE; /* a spurious wake-up */
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+            /* A spurious wake-up, or a send stamp that came late (reader.sent_stamps): it wakes the watcher as an
+             * error until it is read off the error queue. */
+            char drain[256];
+            struct msghdr err;
+            memset(&err, 0, sizeof err);
+            do {
+                err.msg_control = drain;
+                err.msg_controllen = sizeof drain;
+            } while (recvmsg(self->fd, &err, MSG_ERRQUEUE | MSG_DONTWAIT) >= 0);
+            Py_RETURN_NONE;
+        }
         PyErr_SetFromErrno(PyExc_OSError);
         finish_with_current_error(self);
         Py_RETURN_NONE;

@@ -30,8 +30,9 @@ first-token and stall timeouts come from one libev timer per stream (`_Deadline`
 One `Transport` (one connection pool, one SSL context) serves every user of a
 process, so spawning a user costs nothing here. It writes the request itself
 on a pooled socket (geventhttpclient's `HTTPClient.request` would hide when the
-connection became ready and when the request was out), so t0 is taken once
-`sendall` has handed the request's last byte to the kernel. Everything before
+connection became ready and when the request was out), so t0 is the kernel's stamp
+of the request's last byte leaving (plain HTTP, Linux 6.12+; else when the write
+returned: a pause of the process right after it would shorten TTFT). Everything before
 it is the client's own wait, recorded as `send_lag_s` from the moment the user
 handed the request over: a pooled or new connection (its setup is its own field
 too, `connect_s`, 0 on a reused connection), the event loop's turn (hundreds of
@@ -72,7 +73,7 @@ from tokenload.channel import Channel
 from tokenload.failures import classify_exception
 from tokenload.protocols.base import PreparedRequest
 from tokenload.stream import StreamSession
-from tokenload.transport.reader import READ_SIZE, HubReader, recv_stamped, stamp_arrivals
+from tokenload.transport.reader import READ_SIZE, SEND_CMSG, HubReader, recv_stamped, sent_stamps, stamp_arrivals
 
 _perf = time.perf_counter
 # A server that compresses although asked not to: decoded, not failed. wbits 32+15 reads gzip and zlib headers.
@@ -105,7 +106,8 @@ class Transport:
             network_timeout=max(channel.first_token_timeout_s, channel.idle_timeout_s) + 1.0,
         )
         self._base = f"{parts.scheme}://{parts.netloc}"
-        self._used: weakref.WeakSet[Any] = weakref.WeakSet()  # sockets that carried a request before
+        # Sockets that carried a request before: the bytes written on each since its sends were stamped (None: not).
+        self._sent: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
         self._heads: dict[int, tuple[Mapping[str, str], str]] = {}
         self._open = _InFlight() if count_streams else None
         self._answered = False  # a connection to the channel was opened: a refusal now means it went down
@@ -136,11 +138,9 @@ class Transport:
                 sock = self._pool.get_socket() if attempt == 0 else _fresh_socket(self._pool)
                 connecting = False
                 self._answered = True
-                reused = sock in self._used
+                reused = sock in self._sent
                 if not reused:
-                    self._used.add(sock)
-                    if self._plain:
-                        stamp_arrivals(sock._sock)
+                    self._sent[sock] = 0 if self._plain and stamp_arrivals(sock._sock) else None
                 ready = _perf()
                 timeline.reconnects = attempt
                 # The first-token deadline counts from here: a write the server never takes times out too.
@@ -172,15 +172,15 @@ class Transport:
                 return
             if rest:
                 response.feed(rest)
+            stamp = _perf() if arrived is None else arrived
             while True:
-                chunk = _read_available(response, self._plain)
-                now = _perf()
+                chunk, stamp = _read_available(response, self._plain, stamp)
                 if decoder is not None:
                     chunk = decoder.decompress(chunk) if chunk else decoder.flush()
                 if not chunk:
-                    session.on_end(now)
+                    session.on_end(stamp)
                     break
-                session.on_data(now, chunk)
+                session.on_data(stamp, chunk)
         except _Expired as exc:
             session.on_failure(_perf(), exc.kind, exc.message)
         except (OSError, HTTPException, zlib.error) as exc:  # refused, DNS, resets, TLS, invalid HTTP or gzip
@@ -209,8 +209,8 @@ class Transport:
         return f"{cached[1]}{len(request.body)}\r\n\r\n"
 
     def _send(self, sock: Any, data: bytes, *, retry: bool,
-              on_sent: Callable[[float], None]) -> tuple[HTTPSocketPoolResponse, float | None, bytes | None] | None:
-        """Write the request (`on_sent(t)` once its last byte is with the kernel) and read the response
+              on_sent: Callable[..., None]) -> tuple[HTTPSocketPoolResponse, float | None, bytes | None] | None:
+        """Write the request (`on_sent(t0, stamped=...)`, `_write`) and read the response
         headers; None when a reused socket died unheard.
 
         Also returns when the bytes that completed the headers arrived (plain HTTP,
@@ -221,9 +221,8 @@ class Transport:
         server closed without a byte) returns None so the caller can resend once.
         """
         try:
-            sock.sendall(data)
-            on_sent(_perf())
-            first, arrived = _first_read(sock) if self._plain else (b"", None)
+            awaited = self._write(sock, data, on_sent)
+            first, arrived = _first_read(sock, awaited, on_sent) if self._plain else (b"", None)
         except BaseException as exc:
             self._pool.release_socket(sock)
             if retry and isinstance(exc, OSError | HTTPConnectionClosed) and not isinstance(exc, TimeoutError):
@@ -240,6 +239,38 @@ class Transport:
                 return None
             raise
         return response, arrived if in_first else None, rest
+
+
+    def _write(self, sock: Any, data: bytes, on_sent: Callable[..., None]) -> int | None:
+        """Write the request and call `on_sent(t0, stamped=...)`: the kernel's stamp of its last byte leaving (True)
+        where sends are stamped, else the moment the write returned (False: a pause of this process right after
+        the write would be in it).
+
+        Returns the last byte's number when its stamp has not come yet (a shut window holds it back:
+        `_first_read` waits for it), else None.
+        """
+        written = self._sent.get(sock)
+        if written is None:
+            sock.sendall(data)
+            on_sent(_perf(), stamped=False)
+            return None
+        raw = sock._sock
+        view = memoryview(data)
+        while view:
+            try:
+                sent = raw.sendmsg((view,), SEND_CMSG)
+            except BlockingIOError:
+                sent_stamps(raw)  # a stamp of the part written so far wakes the wait until it is read
+                get_hub().wait(sock._write_event)
+                continue
+            view = view[sent:]
+            written += sent
+        returned = _perf()
+        self._sent[sock] = written
+        last = (written - 1) & 0xFFFFFFFF  # the kernel numbers bytes in 32 bits
+        stamp = sent_stamps(raw).get(last)
+        on_sent(returned if stamp is None else stamp, stamped=stamp is not None)
+        return last if stamp is None else None
 
 
 class _Expired(Exception):
@@ -384,14 +415,18 @@ class _Late(_LoopTimer):
 
 
 
-def _first_read(sock: Any) -> tuple[bytes, float]:
+def _first_read(sock: Any, awaited: int | None = None,
+                on_sent: Callable[..., None] | None = None) -> tuple[bytes, float]:
     """The response's first bytes on a plain socket and when they arrived (kernel stamp).
 
     Read here rather than by the response's header parser so that body bytes that
     came with the headers (a server that sends both at once) keep their arrival time.
+    `awaited`: the request's last byte, whose send stamp had not come when the write
+    returned: `on_sent` gets it once it comes, by the time the response does.
     """
+    on_stamp = None if awaited is None or on_sent is None else (awaited, on_sent)
     try:
-        data, arrived = _recv_plain(sock)
+        data, arrived = _recv_plain(sock, on_stamp)
     except ConnectionResetError as exc:
         raise HTTPConnectionClosed("connection closed.") from exc
     if not data:
@@ -413,8 +448,10 @@ def _cancel_socket_wait(sock: Any, exc: BaseException) -> bool:
     return True
 
 
-def _read_available(response: HTTPSocketPoolResponse, plain: bool) -> bytes:
-    """The body bytes that have arrived, waiting for at least one `recv` if none have.
+def _read_available(response: HTTPSocketPoolResponse, plain: bool, stamp: float) -> tuple[bytes, float]:
+    """The body bytes that have arrived, waiting for at least one `recv` if none have, and when: on plain
+    HTTP the kernel's arrival stamp of the read that brought them (`stamp` for bytes already buffered),
+    on HTTPS the moment they were read.
 
     geventhttpclient's public `read(n)` loops until n bytes arrive, which batches
     small SSE events; this reads exactly once per call. It uses the response's
@@ -423,31 +460,44 @@ def _read_available(response: HTTPSocketPoolResponse, plain: bool) -> bytes:
     buf = response._body_buffer
     while not buf:
         if response.message_complete:
-            return b""
+            return b"", stamp
         sock = response._sock
         if sock is None:
-            return b""
+            return b"", stamp
         # HTTPS reads go through gevent's SSL socket and its own per-read timeout.
-        data = _recv_plain(sock)[0] if plain else sock.recv(READ_SIZE)
+        data, stamp = _recv_plain(sock) if plain else (sock.recv(READ_SIZE), _perf())
         response.feed(data)  # raises HTTPParseError on invalid chunk framing
         if not data:
             if not response.message_complete:
                 raise ConnectionResetError(errno.ECONNRESET, "connection closed before the end of the body")
-            return b""
+            return b"", stamp
     chunk = bytes(buf)
     del buf[:]
-    return chunk
+    return chunk, stamp
 
 
-def _recv_plain(sock: Any) -> tuple[bytes, float]:
+def _recv_plain(sock: Any, on_stamp: tuple[int, Callable[..., None]] | None = None) -> tuple[bytes, float]:
     """One stamped read on the real non-blocking socket (`_sock`, `recv_stamped`), waiting on its
-    read watcher (`_read_event`) when nothing is there yet: no per-read gevent `Timeout`."""
+    read watcher (`_read_event`) when nothing is there yet: no per-read gevent `Timeout`.
+
+    A wake-up with nothing to read may be a send stamp (`sent_stamps`): read off, and
+    handed to `on_stamp`'s callback when it is the byte that one waits for."""
     raw = sock._sock
     while True:
         try:
-            return recv_stamped(raw)
+            read = recv_stamped(raw)
         except BlockingIOError:
+            stamps = sent_stamps(raw)
+            if on_stamp is not None and on_stamp[0] in stamps:
+                on_stamp[1](stamps[on_stamp[0]], stamped=True)
+                on_stamp = None
             get_hub().wait(sock._read_event)
+            continue
+        if on_stamp is not None:  # the response came first: the stamp is there now, or will never be
+            stamp = sent_stamps(raw).get(on_stamp[0])
+            if stamp is not None:
+                on_stamp[1](stamp, stamped=True)
+        return read
 
 
 def _fresh_socket(pool: ConnectionPool) -> Any:

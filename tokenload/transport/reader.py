@@ -53,6 +53,16 @@ READ_SIZE = 64 * 1024  # bytes asked for per read (the transport's header and HT
 _SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
 _CMSG = socket.CMSG_SPACE(16) if _SO_TIMESTAMPNS is not None else 0
 _TIMESPEC = struct.Struct("qq").unpack
+# The kernel's stamp of a request's last byte leaving for the wire (`SO_TIMESTAMPING`, Linux: 37; the software stamp
+# at the device, on loopback the moment the peer's kernel stamps its arrival), reported on the socket's error queue
+# with the byte's number since the stamps were turned on (OPT_ID). RX_FILTER keeps reads to their one stamp
+# (refused before Linux 6.12: no send stamps then). Asked for per write (`SEND_CMSG`), so only request bytes have one.
+_SO_TIMESTAMPING: int | None = getattr(socket, "SO_TIMESTAMPING", 37 if sys.platform.startswith("linux") else None)
+_SOF_TX_SOFTWARE, _SOF_SOFTWARE, _SOF_OPT_ID, _SOF_OPT_TSONLY, _SOF_OPT_RX_FILTER = 1 << 1, 1 << 4, 1 << 7, 1 << 11, 1 << 17
+SEND_CMSG = [(socket.SOL_SOCKET, _SO_TIMESTAMPING or 0, struct.pack("I", _SOF_TX_SOFTWARE))]
+_ERRQUEUE_SPACE = 256
+_RECVERR = frozenset({(socket.IPPROTO_IP, 11), (socket.IPPROTO_IPV6, 25)})  # IP_RECVERR, IPV6_RECVERR
+_EE_DATA = struct.Struct("12xI").unpack_from  # sock_extended_err.ee_data: the stamped byte's number
 # A kernel stamp further back than this is taken for a clock step, not a late read.
 _PLAUSIBLE_S = 60.0
 
@@ -71,11 +81,20 @@ def compiled() -> bool:
     return _chunked is not None
 
 
-def stamp_arrivals(raw: socket.socket) -> None:
-    """Have the kernel stamp what `raw` receives from now on (`recv_stamped`); once per connection."""
+def stamp_arrivals(raw: socket.socket) -> bool:
+    """Have the kernel stamp what connected `raw` receives from now on (`recv_stamped`) and, where it can, when
+    what it sends leaves (`sent_stamps`); once per connection. True when sends are stamped."""
     if _SO_TIMESTAMPNS is not None:
         with contextlib.suppress(OSError):
             raw.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    if _SO_TIMESTAMPING is None:
+        return False
+    try:
+        raw.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPING,
+                       _SOF_SOFTWARE | _SOF_OPT_ID | _SOF_OPT_TSONLY | _SOF_OPT_RX_FILTER)
+    except OSError:
+        return False
+    return True
 
 
 def recv_stamped(raw: socket.socket) -> tuple[bytes, float]:
@@ -86,12 +105,35 @@ def recv_stamped(raw: socket.socket) -> tuple[bytes, float]:
     """
     data, ancillary, _, _ = raw.recvmsg(READ_SIZE, _CMSG)
     now = _perf()
+    shift = now - _wall()  # taken before anything is allocated: a collection here would shift the stamp
     if ancillary and ancillary[0][1] == _SO_TIMESTAMPNS:
         seconds, nanos = _TIMESPEC(ancillary[0][2])
-        kernel = seconds + nanos * 1e-9 + (now - _wall())
+        kernel = seconds + nanos * 1e-9 + shift
         if now - _PLAUSIBLE_S < kernel < now:
             return data, kernel
     return data, now
+
+
+def sent_stamps(raw: socket.socket) -> dict[int, float]:
+    """The kernel's send stamps waiting on `raw`'s error queue, taken off it: {byte number: when it left
+    (`perf_counter`)}. Read whenever its socket wakes with nothing to read: a waiting stamp wakes it (an error)."""
+    out: dict[int, float] = {}
+    while True:
+        try:
+            _, ancillary, _, _ = raw.recvmsg(0, _ERRQUEUE_SPACE, socket.MSG_ERRQUEUE)
+        except OSError:  # BlockingIOError: the queue is empty
+            return out
+        now = _perf()
+        shift = now - _wall()
+        kernel = byte = None
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPING:
+                seconds, nanos = _TIMESPEC(payload[:16])
+                kernel = seconds + nanos * 1e-9 + shift
+            elif (level, kind) in _RECVERR:
+                byte = _EE_DATA(payload)[0]
+        if kernel is not None and byte is not None and now - _PLAUSIBLE_S < kernel <= now:
+            out[byte] = kernel
 
 
 class HubReader:
@@ -147,11 +189,14 @@ class HubReader:
 
     def _run_compiled(self, body: Any) -> None:
         """`run` with the compiled core reading (`__init__` fed it the bytes that came with the headers)."""
-        if not body.complete:
-            try:
-                self._wait(body)
-            finally:  # a deadline or a stopped user: the record keeps every token counted
-                body.flush()
+        try:
+            if not body.complete:
+                try:
+                    self._wait(body)
+                finally:  # a deadline or a stopped user: the record keeps every token counted
+                    body.flush()
+        finally:  # the body holds `_finish`: kept, the pair is a cycle only a full collection frees, per request
+            self.body = None
         # The body's end, for the connection pool: the response's own parser never saw the body.
         self.response._on_message_complete()
         self.session.on_end(body.last)
@@ -184,7 +229,8 @@ class HubReader:
         """The socket is readable: one stamped read, parsed into the session (runs in the hub)."""
         try:
             data, t = recv_stamped(self.raw)
-        except BlockingIOError:  # a spurious wake-up
+        except BlockingIOError:  # a spurious wake-up, or a late send stamp (an error wakes the watcher until read)
+            sent_stamps(self.raw)
             return
         except OSError as exc:
             self._finish(exc)
