@@ -57,7 +57,7 @@ from tokenload.load.arrivals import Arrivals, TraceArrivals
 from tokenload.load.control import EarlyMessages, RunControl, install_step_listener
 from tokenload.load.drain import DRAIN_GRACE_S, DRAIN_MESSAGE
 from tokenload.load.handoff import bind, resolve_scenario_channel
-from tokenload.load.lag import LagProbe
+from tokenload.load.lag import LagProbe, freeze_heap
 from tokenload.load.rundirs import default_run_dir, finalise, new_run_id, write_run_info
 from tokenload.load.state import LoadState
 from tokenload.load.user import ProcessContext
@@ -308,6 +308,8 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
     probe.start()
     environment.tokenload_probe = probe  # type: ignore[attr-defined]
     gevent.spawn(_flush_forever, environment)
+    freeze_heap()
+    environment.events.spawning_complete.add_listener(freeze_heap)
 
 
 def _flush(environment: Environment, done: bool = False) -> None:
