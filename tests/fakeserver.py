@@ -17,6 +17,7 @@ HTTPS, with the TLS handshake held back by `handshake_delay_s`.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import json
@@ -539,3 +540,15 @@ class FakeServer:
             for task in pending:
                 task.cancel()
         # "drop": just close, leaving a chunked body without its last chunk.
+
+
+def server_arguments(doc: str) -> argparse.Namespace:
+    """The command line of a timed server run as its own process (stampserver, loopserver): where its truth goes
+    at SIGTERM, its first token's delay, the gap between tokens, how many, which protocol."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--truth", required=True, help="JSON lines written here at SIGTERM")
+    parser.add_argument("--ttft-s", type=float, default=0.2)
+    parser.add_argument("--tpot-s", type=float, default=0.01)
+    parser.add_argument("--tokens", type=int, default=4)
+    parser.add_argument("--protocol", choices=("anthropic", "openai-chat"), default="anthropic")
+    return parser.parse_args()

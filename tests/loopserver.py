@@ -24,7 +24,7 @@ import time
 from itertools import count
 from typing import Any
 
-from fakeserver import anthropic_stream, chat_stream
+from fakeserver import anthropic_stream, chat_stream, server_arguments
 
 _HEADERS = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nx-request-id: {}\r\n\r\n"
 
@@ -108,13 +108,7 @@ async def _serve(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main() -> int:
     """Serve until SIGTERM, then write the truth as JSON lines."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--truth", required=True, help="JSON lines written here at SIGTERM")
-    parser.add_argument("--ttft-s", type=float, default=0.2)
-    parser.add_argument("--tpot-s", type=float, default=0.01)
-    parser.add_argument("--tokens", type=int, default=4)
-    parser.add_argument("--protocol", choices=("anthropic", "openai-chat"), default="anthropic")
-    args = parser.parse_args()
+    args = server_arguments(__doc__)
     truth = asyncio.run(_serve(args))
     with open(args.truth, "w") as out:
         out.write("".join(json.dumps(t) + "\n" for t in truth))

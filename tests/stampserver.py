@@ -20,6 +20,8 @@ small receive buffer until then (`rcvbuf`): a large request cannot be written un
 the server starts reading, the client-side wait a request's t0 must not include.
 `early_headers` writes the first response's headers as soon as the connection is
 accepted, before the request is read: they reach the client before its write returns.
+`protocol = "openai-chat"` streams Chat Completions instead, and a request's own
+`x-request-id` names its answer (a client that keeps no response header can be joined).
 `headers_with_first` holds the headers and the events before the first token back and
 writes them with it (as servers that send nothing until the first token do).
 The truth's `ttft_s` and `token_offsets_s` are on the monotonic clock, the clients' own: this
@@ -29,7 +31,6 @@ on it then runs 0.5% long.
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import socket
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from fakeserver import anthropic_stream
+from fakeserver import anthropic_stream, chat_stream, server_arguments
 
 _TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _HEADERS = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -56,6 +57,7 @@ class StampServer:
     rcvbuf: int | None = None
     early_headers: bool = False
     headers_with_first: bool = False
+    protocol: str = "anthropic"  # or "openai-chat" (no role-only chunk: the first chunk with choices is a token)
     truth: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -112,16 +114,20 @@ class StampServer:
                     request = _read_request(conn, buffered)
                     if request is None:
                         return
-                    size, arrival, arrival_mono, buffered = request
-                    self._answer(conn, size, arrival, arrival_mono, headers_sent)
+                    size, arrival, arrival_mono, named, buffered = request
+                    self._answer(conn, size, arrival, arrival_mono, headers_sent, named)
                     headers_sent = False
             except OSError:
                 return
 
-    def _answer(self, conn: socket.socket, size: int, arrival: float, arrival_mono: float, headers_sent: bool) -> None:
-        request_id = f"msg_stamp{next(self._ids):05d}"
+    def _answer(self, conn: socket.socket, size: int, arrival: float, arrival_mono: float, headers_sent: bool,
+                named: str | None = None) -> None:
+        """`named`: the request's own `x-request-id`, the id of its answer (else one of the server's)."""
+        request_id = named or f"msg_stamp{next(self._ids):05d}"
         # Non-zero delays mark the token writes; their times come from the arrival, not from these.
-        writes = anthropic_stream([f"t{i} " for i in range(self.tokens)], 1.0, 1.0, message_id=request_id)
+        tokens = [f"t{i} " for i in range(self.tokens)]
+        writes = (chat_stream(tokens, 1.0, 1.0, role_chunk=False, completion_id=request_id)
+                  if self.protocol == "openai-chat" else anthropic_stream(tokens, 1.0, 1.0, message_id=request_id))
         held = b"" if headers_sent else _HEADERS[:-2] + f"x-request-id: {request_id}\r\n\r\n".encode()
         token_writes: list[float] = []
         offsets: list[float] = []
@@ -143,9 +149,9 @@ class StampServer:
                                "bytes": size})
 
 
-def _read_request(conn: socket.socket, buffered: bytes) -> tuple[int, float, float, bytes] | None:
-    """(request size, kernel arrival of its last byte, the same on the monotonic clock, bytes after it) or None at
-    the connection's end."""
+def _read_request(conn: socket.socket, buffered: bytes) -> tuple[int, float, float, str | None, bytes] | None:
+    """(request size, kernel arrival of its last byte, the same on the monotonic clock, its x-request-id, bytes
+    after it) or None at the connection's end."""
     data, arrival, mono = buffered, time.time(), time.monotonic()
     while b"\r\n\r\n" not in data or len(data) < _length(data):
         chunk, arrival, mono = _recv_stamped(conn)
@@ -153,7 +159,7 @@ def _read_request(conn: socket.socket, buffered: bytes) -> tuple[int, float, flo
             return None
         data += chunk
     size = _length(data)
-    return size, arrival, mono, data[size:]
+    return size, arrival, mono, _header(data, b"x-request-id"), data[size:]
 
 
 def _length(data: bytes) -> int:
@@ -161,11 +167,17 @@ def _length(data: bytes) -> int:
     end = data.find(b"\r\n\r\n")
     if end < 0:
         return 1 << 62
-    for line in data[:end].split(b"\r\n")[1:]:
+    length = _header(data, b"content-length")
+    return end + 4 + (int(length) if length else 0)
+
+
+def _header(data: bytes, wanted: bytes) -> str | None:
+    """The value of the complete request head's header `wanted` (lower case), or None."""
+    for line in data[:data.find(b"\r\n\r\n")].split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return end + 4 + int(value)
-    return end + 4
+        if name.strip().lower() == wanted:
+            return value.strip().decode("latin-1")
+    return None
 
 
 def _recv_stamped(conn: socket.socket) -> tuple[bytes, float, float]:
@@ -182,15 +194,11 @@ def _recv_stamped(conn: socket.socket) -> tuple[bytes, float, float]:
 
 def main() -> int:
     """Serve until SIGTERM, then write the truth as JSON lines (the benchmark's independent server)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--truth", required=True, help="JSON lines written here at SIGTERM")
-    parser.add_argument("--ttft-s", type=float, default=0.2)
-    parser.add_argument("--tpot-s", type=float, default=0.01)
-    parser.add_argument("--tokens", type=int, default=4)
-    args = parser.parse_args()
+    args = server_arguments(__doc__)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with StampServer(ttft_s=args.ttft_s, tpot_s=args.tpot_s, tokens=args.tokens) as server:
+    threading.stack_size(256 * 1024)  # a thread per connection: thousands of them
+    with StampServer(ttft_s=args.ttft_s, tpot_s=args.tpot_s, tokens=args.tokens, protocol=args.protocol) as server:
         print(server.base_url, flush=True)
         stop.wait()
         with server._lock:

@@ -97,6 +97,7 @@ def _errors(server: StampServer, records: list[dict[str, Any]]) -> list[float]:
     return [r["ttft_s"] - truth[r["server_request_id"]] for r in records]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reader", READERS)
 def test_a_pause_right_after_the_write_is_not_in_the_ttft(reader: str) -> None:
     """The server sends nothing until its first token (0.3 s), so no header arrival bounds t0: stamped when the
@@ -109,6 +110,7 @@ def test_a_pause_right_after_the_write_is_not_in_the_ttft(reader: str) -> None:
     assert all(r["ttft_exact"] for r in records), [(r["ttft_exact"], r["first_read_tokens"], r["ttfb_s"]) for r in records]
 
 
+@pytest.mark.slow
 def test_full_collections_of_a_large_heap_while_first_tokens_arrive_move_no_ttft() -> None:
     """40 streams whose first tokens (0.2 s) come while the client does nothing but collect a heap of a million
     lists from 0.1 s to 0.4 s: every first token keeps its arrival (the next comes 0.5 s later, never in the
