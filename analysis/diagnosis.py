@@ -16,10 +16,12 @@ Decision order (the first that applies wins), so a user fixes causes before symp
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from tokenload.analysis.windows import level_text
-from tokenload.errors import FIXES, error_class
+from tokenload.errors import error_class
+from tokenload.failures import fix_for
 from tokenload.slo import Slo
 
 QUEUE_SHARE = 0.5
@@ -33,10 +35,10 @@ def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
-def _error_advice(total: int, by_kind: dict[str, int]) -> list[str]:
+def _error_advice(total: int, by_kind: dict[str, int], said: Mapping[str, str | None]) -> list[str]:
     lines = []
     for kind, count in sorted(by_kind.items(), key=lambda kv: -kv[1])[:3]:
-        fix = FIXES.get(kind, "inspect the failing requests in requests.parquet")
+        fix = fix_for(kind, said.get(kind)) or "inspect the failing requests in requests.parquet"
         lines.append(f"{count} of {total} requests failed with {kind} ({100 * count / total:.1f}%): {fix}")
     return lines
 
@@ -107,12 +109,15 @@ def diagnose_latency(
     ttft_fit: dict[str, Any],
     breakpoint: dict[str, Any] | None,
     open_requests: int = 0,
+    said: Mapping[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """Return the contract's `diagnosis` {bound, share_ttft, advice} plus the numbers it rests on.
 
     `low` and `high` hold p50 ttft/tpot/e2e, median output/input tokens and active
-    users of the low-load steps and of the highest-load step.
+    users of the low-load steps and of the highest-load step; `said`: each error kind's most frequent message,
+    which can change its fix (a refused connection is no home page).
     """
+    said = said or {}
     # Input errors (a prompt over the context, a refused field) say nothing about the channel's
     # capacity or configuration: they are advised on but do not make the run errors-bound.
     counted = sum(n for kind, n in errors_by_kind.items() if error_class(kind) != "input")
@@ -121,7 +126,7 @@ def diagnose_latency(
         if requests == 0:
             lines = ["no requests were recorded: check that the load generator reached the channel (tokenload doctor)"]
         else:
-            lines = _error_advice(requests, errors_by_kind)
+            lines = _error_advice(requests, errors_by_kind, said)
             if open_requests:
                 lines.append(f"no request finished: {open_requests} of {requests} were still open when the run ended "
                              "(their TTFT and e2e are censored): the channel is slower than the run's steps; lengthen "
@@ -141,7 +146,7 @@ def diagnose_latency(
     # (topic, line): the lines of the bound's own topic come first.
     advice: list[tuple[str, str]] = []
     if errors_total:
-        advice += [("errors", line) for line in _error_advice(requests, errors_by_kind)]
+        advice += [("errors", line) for line in _error_advice(requests, errors_by_kind, said)]
     if load_share >= QUEUE_SHARE:
         good = breakpoint.get("last_good_load_level") if breakpoint else None
         unit = str((breakpoint or {}).get("load_unit", "users"))

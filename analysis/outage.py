@@ -39,7 +39,7 @@ import pandas as pd
 
 from tokenload import errors as ek
 from tokenload.analysis.windows import level_text
-from tokenload.failures import upstream_failure
+from tokenload.failures import fix_for, upstream_failure
 from tokenload.rundir import REQUESTS_FILE
 from tokenload.slo import Slo
 
@@ -126,25 +126,26 @@ def _judge(earlier: pd.DataFrame, failed: pd.DataFrame, slo: Slo) -> dict[str, A
             "served_before": int(len(served))}
 
 
-def _words(run_dir: Path | None, kinds: pd.Series, since: float, until: float | None) -> tuple[int | None, str | None]:
-    """(HTTP status, message) most often given for the outage's most common kind, read from requests.parquet."""
-    if run_dir is None:
-        return None, None
+def channel_words(run_dir: Path | None, since: float = -np.inf,
+                  until: float | None = None) -> dict[str, tuple[int | None, str | None]]:
+    """Each error kind's (HTTP status, message) most often given between `since` and `until` (finished_at), read
+    from requests.parquet (the analysis frame holds no messages): an outage's words, and the diagnosis's."""
+    if run_dir is None or not (run_dir / REQUESTS_FILE).exists():
+        return {}
     import pyarrow.parquet as pq
 
     path = run_dir / REQUESTS_FILE
-    names = set(pq.read_schema(path).names)
-    if not {"error_message", "http_status", "finished_at"} <= names:
-        return None, None
+    if not {"error_message", "http_status", "finished_at"} <= set(pq.read_schema(path).names):
+        return {}
     rows = pq.read_table(path, columns=["error_kind", "http_status", "error_message", "finished_at"]).to_pandas()
-    kind = kinds.mode().iloc[0]
-    rows = rows[(rows["error_kind"] == kind) & (rows["finished_at"] >= since)
+    rows = rows[rows["error_kind"].notna() & (rows["finished_at"] >= since)
                 & (rows["finished_at"] <= (until if until is not None else np.inf))]
-    said = Counter(zip(rows["http_status"].fillna(-1).astype(int), rows["error_message"].fillna("")))
-    if not said:
-        return None, None
-    (status, message), _ = said.most_common(1)[0]
-    return (None if status < 0 else status), (message or None)
+    words = {}
+    for kind, group in rows.groupby("error_kind"):
+        said = Counter(zip(group["http_status"].fillna(-1).astype(int), group["error_message"].fillna("")))
+        (status, message), _ = said.most_common(1)[0]
+        words[str(kind)] = (None if status < 0 else int(status)), (message or None)
+    return words
 
 
 def _describe(found: dict[str, Any], failed: pd.DataFrame, recovered: pd.Series | None, table: pd.DataFrame,
@@ -153,7 +154,8 @@ def _describe(found: dict[str, Any], failed: pd.DataFrame, recovered: pd.Series 
     began = found["began"]
     by_kind = failed["error_kind"].astype(str).value_counts()
     ended = None if recovered is None else float(recovered["finished_at"])
-    status, message = _words(run_dir, failed["error_kind"].astype(str), began, ended)
+    kind = str(by_kind.index[0])
+    status, message = channel_words(run_dir, began, ended).get(kind, (None, None))
     step = found["step"]
     row = table.loc[step] if step in table.index else None
     level = (level_text(row["load_level"], str(row["load_unit"])) if row is not None
@@ -169,9 +171,8 @@ def _describe(found: dict[str, Any], failed: pd.DataFrame, recovered: pd.Series 
                f"{found['served_before']} requests had succeeded before): from then {span} {len(failed)} requests "
                f"failed ({kinds_text}){said}. An outage, not a breakpoint: the errors began at a moment, not with "
                "the load")
-    kind = str(by_kind.index[0])
     fix = (RELAY_BACKEND_DOWN if message and upstream_failure(status, message)
-           else ek.FIXES.get(kind, "check the channel's logs for the moment it went down"))
+           else fix_for(kind, message) or "check the channel's logs for the moment it went down")
     advice = f"the channel went down at {began - zero:.1f} s ({kind}): {fix}; then run again"
     return {"at_s": round(began - zero, 3), "at": began, "step": found["step"], "active_users": found["active_users"],
             "served_before": found["served_before"], "failed": int(len(failed)),

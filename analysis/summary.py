@@ -26,7 +26,7 @@ from tokenload.analysis.fits import (
     spread_note,
     ttft_vs_input,
 )
-from tokenload.analysis.outage import find_outage
+from tokenload.analysis.outage import channel_words, find_outage
 from tokenload.analysis.ratelimits import rate_limits
 from tokenload.analysis.records import Run, cut_text
 from tokenload.analysis.steps import (
@@ -353,7 +353,8 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
         errors_by_kind=error_counts, share_ttft=share,
         low=_side(low, table.loc[low_steps].iloc[-1]) if len(low) else {},
         high=_side(high_rows, top) if top is not None else {},
-        ttft_fit=ttft_fit, breakpoint=bp["breakpoint"], open_requests=int(df["in_flight"].sum()))
+        ttft_fit=ttft_fit, breakpoint=bp["breakpoint"], open_requests=int(df["in_flight"].sum()),
+        said={kind: message for kind, (_, message) in channel_words(run.run_dir).items()} if error_counts else None)
     if outage is not None:  # the first fix: bring the channel back
         diagnosis["advice"].insert(0, outage["advice"])
 

@@ -690,15 +690,65 @@ def test_exit_1_only_for_what_the_user_can_fix_unless_strict(fake_server: Any, t
     assert "note channel fidelity: it ignores max_tokens: asked for 32, got 40 tokens; asked for 1, got 40" \
         in relaxed.stdout
     assert cli(tmp_path, *args, "--strict", env={"ANTHROPIC_AUTH_TOKEN": KEY}).returncode == 1
-    fake_server.route(relay(NO_DB))
-    unproved = cli(tmp_path, *args, env={"ANTHROPIC_AUTH_TOKEN": KEY})
-    assert unproved.returncode == 0 and "could not verify: HTTP 400" in unproved.stdout
+    fake_server.route(relay(json_script(429, {"error": {"message": "slow down", "type": "rate_limit_error"}},
+                                        (("retry-after", "30"),))))
+    busy = cli(tmp_path, *args, env={"ANTHROPIC_AUTH_TOKEN": KEY})
+    assert busy.returncode == 0 and "could not verify: the channel's rate limit is used up" in busy.stdout, busy.stdout
     assert cli(tmp_path, *args, "--strict", env={"ANTHROPIC_AUTH_TOKEN": KEY}).returncode == 1
+
+
+@pytest.mark.parametrize("script", [UPSTREAM_500, HUNG, NO_DB], ids=["backend-down", "backend-hung", "wrong-key-no-db"])
+def test_a_channel_that_cannot_serve_exits_1(fake_server: Any, tmp_path: Path, script: Script) -> None:
+    """The relay answers its own routes, but no request is served (its backend down or hung, or it refuses the
+    key as LiteLLM without a database does): the channel cannot serve, exit 1 (it was 0: "could not verify")."""
+    fake_server.route(relay(script))
+    proc = cli(tmp_path, "--base-url", fake_server.url, "--model", "claude-x", "--timeout", "1",
+               env={"ANTHROPIC_AUTH_TOKEN": KEY})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "could not verify" in proc.stdout and " FAIL " not in proc.stdout
+
+
+def test_a_healthy_channel_is_not_judged_against_an_slo_nobody_gave(fake_server: Any, tmp_path: Path) -> None:
+    """TPOT 0.02 s: a 256-token answer takes over 5 s, above the 3 s e2e default of run and analyze. Doctor was
+    given no SLO: it shows the arithmetic and exits 0 (it exited 1, "FAIL latency"); given one, it judges it."""
+    fake_server.route(relay(stream_script("anthropic", [f"w{i} " for i in range(32)], 0.05, 0.02,
+                                          stop_reason="max_tokens")))
+    args = ("--base-url", fake_server.url, "--model", "claude-x", "--timeout", "5", "--json")
+    plain = cli(tmp_path, *args, env={"ANTHROPIC_AUTH_TOKEN": KEY})
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    latency = next(c for c in json.loads(plain.stdout) if c["name"] == "latency")
+    ttft, tpot, total = (latency["details"][k] for k in ("ttft_s", "tpot_s", "projected_e2e_s"))
+    assert latency["status"] == OK and total == pytest.approx(ttft + 256 * tpot) and total > 3, latency
+    assert f"TTFT + TPOT x 256 = {ttft:.3f} + {tpot:.4f} x 256 = {total:.1f} s" in latency["saw"]
+    assert "no SLO given" in latency["saw"]
+    judged = cli(tmp_path, *args, "--slo-e2e", "3", env={"ANTHROPIC_AUTH_TOKEN": KEY})
+    latency = next(c for c in json.loads(judged.stdout) if c["name"] == "latency")
+    assert judged.returncode == 1 and latency["status"] == FAIL and "total above 3 s" in latency["saw"], latency
+
+
+def test_a_wrong_protocol_is_named_not_taken_for_a_wrong_base_url(fake_server: Any, tmp_path: Path) -> None:
+    """Responses asked of an Anthropic-only endpoint (404 everywhere but /v1/messages): "this endpoint speaks
+    anthropic: use --protocol anthropic", not "point --base-url at the API endpoint"; exit 1."""
+    def anthropic_only(received: Received) -> Script:
+        if received.path == "/v1/messages":
+            return json_script(400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                                 "message": "messages: field required"}})
+        return json_script(404, {"type": "error", "error": {"type": "not_found_error", "message": "Not Found"}})
+
+    fake_server.route(anthropic_only)
+    for base in (fake_server.url, fake_server.url + "/v1"):
+        results = run_doctor(tmp_path, base_url=base, api_key=KEY, protocol="openai-responses")
+        found = results["base_url"]
+        at = "" if base == fake_server.url else f" with --base-url {fake_server.url}"
+        assert found.status == FAIL and found.fix == f"this endpoint speaks anthropic: use --protocol anthropic{at}", found
+        assert "home page" not in found.fix and "speaks anthropic" in found.saw
+    proc = cli(tmp_path, "--base-url", fake_server.url, "--protocol", "openai-chat", env={"OPENAI_API_KEY": KEY})
+    assert proc.returncode == 1 and "use --protocol anthropic" in proc.stdout, proc.stdout
 
 
 def test_help_says_what_exit_1_means(tmp_path: Path) -> None:
     out = cli(tmp_path, "--help").stdout
-    assert "--strict" in out and "1 when a check you can fix failed" in out and "could not verify" in out.lower()
+    assert "--strict" in out and "1 when the channel cannot serve" in out and "could not verify" in out.lower()
 
 
 # ------------------------------------------------------------- prompt caching probe

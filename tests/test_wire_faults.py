@@ -42,7 +42,7 @@ from loadkit import free_port, run_cli, write_scenario
 from tokenload import errors as ek
 from tokenload.channel import Channel, redact_secrets, resolve
 from tokenload.doctor import Doctor, Limits, check_latency
-from tokenload.failures import classify_exception
+from tokenload.failures import classify_exception, fix_for
 from tokenload.measure import Timeline, measure
 from tokenload.transport.httpx_client import stream_once
 
@@ -404,6 +404,8 @@ def test_refused_connection_is_bad_base_url_under_load() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     [record] = _load(url, "anthropic", [{}])
     assert record["error_kind"] == ek.BAD_BASE_URL and "refused" in record["error_message"]
+    fix = fix_for(record["error_kind"], record["error_message"]) or ""
+    assert "host and port" in fix and "home page" not in fix  # nothing listened there: no page to mistake
 
 
 def test_a_refusal_after_the_channel_answered_is_connection_refused_a_load_error() -> None:

@@ -57,6 +57,7 @@ from tokenload import errors as ek
 from tokenload.channel import (
     ENV_VARS,
     KNOWN_ENV_VARS,
+    PROTOCOLS,
     SECRET_FIELDS,
     SETTINGS_CANDIDATES,
     Channel,
@@ -74,6 +75,7 @@ from tokenload.failures import (
     classify_exception,
     classify_http,
     context_limit,
+    fix_for,
     looks_like_html,
     upstream_failure,
 )
@@ -82,7 +84,6 @@ from tokenload.modelsize import size_from_id as model_size
 from tokenload.protocols import ADAPTERS, ProtocolAdapter
 from tokenload.protocols.base import Conversation
 from tokenload.record import RequestRecord
-from tokenload.slo import DEFAULT as DEFAULT_SLO
 from tokenload.tokens import synth_prompt
 from tokenload.transport.httpx_client import stream_exchange
 
@@ -140,10 +141,10 @@ _PROBE_PREFIX = "Count from 1 to 100, one number per word. Ignore the filler tex
 class Limits:
     """Thresholds and budgets; every one is a command-line flag."""
 
-    # The SLO's thresholds (`tokenload.slo.DEFAULT`, as on every command); None: not checked.
-    ttft_s: float | None = DEFAULT_SLO.ttft_s
-    tpot_s: float | None = DEFAULT_SLO.tpot_s
-    e2e_s: float | None = DEFAULT_SLO.e2e_s  # total for an answer of `expected_output_tokens`
+    # The SLO's thresholds the user gave (`--slo-*`); None: not judged, the numbers are reported.
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None  # total for an answer of `expected_output_tokens`
     expected_output_tokens: int = 256
     burst_s: float = 0.010  # every token inside this window = one buffered burst
     timeout_s: float = 20.0  # connect, first token and stall timeout of every request
@@ -183,8 +184,12 @@ class CheckResult:
 
 
 def exit_code(results: list[CheckResult], strict: bool = False) -> int:
-    """1 when a check the user can fix failed; with `strict`, also for any finding or check not proved."""
+    """1 when the channel cannot serve: a check the user can fix failed, or a request failed for good (a relay
+    whose backend is down or hung, a 5xx, no answer; not a rate limit or an overload, which pass); with `strict`,
+    also for any finding or check not proved."""
     if any(r.status == FAIL and not r.informational for r in results):
+        return 1
+    if any(r.status == UNVERIFIED and r.details.get("cannot_serve") and not r.informational for r in results):
         return 1
     if strict and any(r.status in (FAIL, UNVERIFIED) for r in results):
         return 1
@@ -378,10 +383,11 @@ def answer_kind(response: httpx.Response) -> str:
     return "api"
 
 
-def knock(ctx: Doctor, http: httpx.Client, base_url: str) -> httpx.Response:
-    """A cheap request at a base: POST an empty JSON body to its endpoint (an API answers 4xx JSON)."""
+def knock(ctx: Doctor, http: httpx.Client, base_url: str, protocol: str | None = None) -> httpx.Response:
+    """A cheap request at a base: POST an empty JSON body to its endpoint (an API answers 4xx JSON); `protocol`:
+    another protocol's endpoint than the channel's."""
     channel = ctx.channel
-    return http.post(endpoint_url(base_url, channel.protocol), headers=channel.headers(), content=b"{}")
+    return http.post(endpoint_url(base_url, protocol or channel.protocol), headers=channel.headers(), content=b"{}")
 
 
 def _s(value: float | None) -> str:
@@ -493,7 +499,7 @@ def failure_story(ctx: Doctor, record: RequestRecord, timeline: Timeline | None 
     if status is not None and 400 <= status < 500:
         return said, ("read the channel's message above; a relay can refuse a wrong key this way (LiteLLM without its "
                       "database answers HTTP 400 no_db_connection), so check the key too")
-    return said, ek.FIXES.get(kind or "", None)
+    return said, fix_for(kind, record["error_message"])
 
 
 def unverified(ctx: Doctor, name: str, title: str, exchange: tuple[RequestRecord, Timeline], *,
@@ -502,7 +508,9 @@ def unverified(ctx: Doctor, name: str, title: str, exchange: tuple[RequestRecord
     record, timeline = exchange
     story, fix = failure_story(ctx, record, timeline)
     details = {"http_status": record["http_status"], "error_kind": record["error_kind"],
-               "relay_backend_down": story.startswith("the relay answers but its backend does not")}
+               "relay_backend_down": story.startswith("the relay answers but its backend does not"),
+               # a push-back says the channel is busy now, not that it cannot serve
+               "cannot_serve": record["error_kind"] not in (ek.RATE_LIMITED, ek.OVERLOADED)}
     return CheckResult(name, title, UNVERIFIED, f"could not verify: {story}", fix, details, blocking=blocking)
 
 
@@ -673,6 +681,15 @@ def check_base_url(ctx: Doctor) -> CheckResult:
             details["suggested_base_url"] = answered
             if answered:
                 return fail(f"{saw}; {answered} answers like an API", f"set {ctx.where('base_url')} to {answered}")
+            speaks = _other_protocol(ctx, http)
+            if speaks is not None:
+                protocol, base = speaks
+                details.update(speaks=protocol, suggested_base_url=base)
+                at = "" if base == channel.base_url else f" at {base}"
+                return fail(f"{saw}; POST {endpoint_url(base, protocol)} answers like an API: this endpoint speaks "
+                            f"{protocol}{at}, not {channel.protocol}",
+                            f"this endpoint speaks {protocol}: use --protocol {protocol}"
+                            + (f" with --base-url {base}" if at else ""))
             return fail(saw + "; no common variant (/api added, /v1 removed, path dropped) answers like an API",
                         ek.FIXES[ek.BAD_BASE_URL] + "; copy the API base URL from the channel's documentation")
     if urlsplit(url).scheme == "http" and not is_local(url):
@@ -682,11 +699,22 @@ def check_base_url(ctx: Doctor) -> CheckResult:
                        f"POST {url} answered like an API (HTTP {response.status_code})", details=details)
 
 
-def _answers(ctx: Doctor, http: httpx.Client, base: str) -> bool:
+def _answers(ctx: Doctor, http: httpx.Client, base: str, protocol: str | None = None) -> bool:
     try:
-        return answer_kind(knock(ctx, http, base)) == "api"
+        return answer_kind(knock(ctx, http, base, protocol)) == "api"
     except httpx.HTTPError:
         return False
+
+
+def _other_protocol(ctx: Doctor, http: httpx.Client) -> tuple[str, str] | None:
+    """(protocol, base URL) of another protocol whose endpoint answers like an API at the base or a variant of it:
+    a wrong --protocol (Responses asked of an Anthropic-only relay) looks like a wrong path otherwise."""
+    base = ctx.channel.base_url
+    for candidate in (base, *base_variants(base)):
+        for protocol in PROTOCOLS:
+            if protocol != ctx.channel.protocol and _answers(ctx, http, candidate, protocol):
+                return protocol, candidate
+    return None
 
 
 def check_auth(ctx: Doctor) -> CheckResult:
@@ -815,20 +843,24 @@ def check_latency(ctx: Doctor) -> CheckResult:
             problems.append(f"TPOT above {lim.tpot_s:g} s/token")
             fixes.append("decode speed is set by model size and the channel's hardware: a smaller model"
                          f"{_smaller_models(ctx)} may meet the need")
-    if tpot is not None and lim.e2e_s is not None and not problems:
-        total = ttft + tpot * lim.expected_output_tokens
+        n_out = lim.expected_output_tokens
+        total = ttft + tpot * n_out
         details["projected_e2e_s"] = total
-        parts.append(f"{lim.expected_output_tokens} tokens would take {total:.1f} s")
-        if total > lim.e2e_s:
+        parts.append(f"a {n_out}-token answer takes TTFT + TPOT x {n_out} = {ttft:.3f} + {tpot:.4f} x {n_out} = "
+                     f"{total:.1f} s")
+        if lim.e2e_s is not None and not problems and total > lim.e2e_s:
             cap = max(1, int((lim.e2e_s - ttft) / tpot))
-            normal = "TTFT and TPOT are" if lim.tpot_s is not None else "TTFT is"
-            problems.append(f"total above {lim.e2e_s:g} s although {normal} normal: the output is long")
+            held = [term for term, limit in (("TTFT", lim.ttft_s), ("TPOT", lim.tpot_s)) if limit is not None]
+            normal = f" although {' and '.join(held)} {'are' if len(held) > 1 else 'is'} within the SLO" if held else ""
+            problems.append(f"total above {lim.e2e_s:g} s{normal}: the output is long")
             fixes.append(f"cap max tokens at about {cap} (TTFT + TPOT x {cap} = {lim.e2e_s:g} s)")
             if lim.tpot_s is None:  # TPOT is not judged on its own: a faster model is the other way
                 fixes.append(f"or a lower TPOT: a smaller model{_smaller_models(ctx)} decodes faster")
     saw = ", ".join(parts)
     if problems:
         return CheckResult("latency", "latency", FAIL, f"{'; '.join(problems)}: {saw}", "; ".join(fixes), details)
+    if lim.ttft_s is None and lim.tpot_s is None and lim.e2e_s is None:
+        saw += " (no SLO given, none judged: --slo-ttft, --slo-tpot, --slo-e2e judge them)"
     return CheckResult("latency", "latency", OK, saw, details=details)
 
 

@@ -82,6 +82,10 @@ _UPSTREAM = re.compile(r"\bupstream\b|api ?connection ?error|connection (error|r
 # chat route `litellm.APIConnectionError: ... Connection error.`; httpx `incomplete chunked read`, `Server disconnected`.
 _CUT = re.compile(r"payload is not completed|transfer ?encoding ?error|incomplete chunked|peer closed connection|"
                   r"server disconnected|remote ?protocol ?error|connection (was )?(closed|lost)", re.IGNORECASE)
+# This module's words for a wrong address rather than a wrong page: nothing accepted the connection there.
+_UNREACHED = re.compile(r"refused the connection|^DNS lookup of|^cannot reach ")
+UNREACHED_FIX = ("check the host and port in --base-url and that the channel is running: no server accepted the "
+                 "connection there")
 # Gateways say "my upstream failed" with the status alone: 502 Bad Gateway, 504 Gateway Timeout.
 _GATEWAY_STATUSES = frozenset({502, 504})
 _DNS_WORDS = ("name or service not known", "nodename nor servname", "name resolution", "getaddrinfo",
@@ -142,6 +146,14 @@ def classify_exception(exc: BaseException, url: str, *, connecting: bool = False
             isinstance(e, (OSError, HTTPException)) for e in chain):
         return ek.DISCONNECTED, f"{type(exc).__name__}: {_last_words(chain)}"
     return ek.CLIENT_ERROR, f"{type(exc).__name__}: {exc}"
+
+
+def fix_for(kind: str | None, message: str | None = None) -> str | None:
+    """The fix for a failure: its kind's (`tokenload.errors.FIXES`), unless its words say more: a wrong base URL
+    that nothing answered at (refused, no such host, no route) needs the address checked, not the home page."""
+    if kind == ek.BAD_BASE_URL and message and _UNREACHED.search(message):
+        return UNREACHED_FIX
+    return ek.FIXES.get(kind or "")
 
 
 def _is_timeout(chain: list[BaseException]) -> bool:

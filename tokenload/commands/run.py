@@ -261,7 +261,7 @@ def _print_summary(err: Console, path: Path) -> bool:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from tokenload.errors import FIXES
+    from tokenload.failures import fix_for
     from tokenload.rundir import MANIFEST_FILE
 
     columns = ["status", "error_kind", "http_status", "error_message", "in_flight", "ttft_s", "tpot_s", "e2e_s"]
@@ -280,7 +280,7 @@ def _print_summary(err: Console, path: Path) -> bool:
         first = group.iloc[0]
         status = "" if first.http_status != first.http_status else f" HTTP {int(first.http_status)}"
         err.print(f"  {len(group)} x {kind}{status}: {first.error_message}", markup=False, soft_wrap=True)
-        err.print(f"    fix: {FIXES.get(str(kind), '')}", markup=False, soft_wrap=True)
+        err.print(f"    fix: {fix_for(str(kind), first.error_message) or ''}", markup=False, soft_wrap=True)
     server = manifest.get("server_metrics") or {}
     if server:
         err.print(f"server metrics: {', '.join(server['sources'])} ({', '.join(server.get('servers') or []) or 'no known names'}; "
