@@ -32,6 +32,8 @@ MIN_RELATIVE_SPREAD = 0.5
 SHORTEST_FACTOR = 1.5
 # ...or, if fewer than this many have such lengths, this many of the shortest.
 SHORTEST_MIN = 5
+# More requests in flight than this on average: a TTFT that does not grow with input is most likely queueing.
+QUEUE_CONCURRENCY = 1.5
 
 
 def spread_note(x: np.ndarray, what: str, sweep: str) -> str | None:
@@ -184,14 +186,35 @@ def _r(value: float, digits: int = 6) -> float:
     return float(f"{value:.{digits}g}")
 
 
-def ttft_vs_input(n_tokens: np.ndarray, ttft: np.ndarray) -> dict[str, Any]:
+def flat_note(fit: LinearFit, concurrency: float | None = None) -> str | None:
+    """Why TTFT that does not grow with input length carries no prefill law (None when it grows).
+
+    Prefill can only take longer for a longer prompt: a slope whose 95% interval
+    reaches zero or below ("5.61 - 0.00174 n") describes what else set TTFT, most
+    often the wait for other requests (queueing), not prefill.
+    """
+    if fit.slope_ci[0] > 0:
+        return None
+    why = (f"TTFT does not grow with input length here (slope {fit.slope:.3g} s/token, 95% interval "
+           f"[{fit.slope_ci[0]:.3g}, {fit.slope_ci[1]:.3g}], R² {fit.r2:.2f}): something else sets it")
+    if concurrency is not None and concurrency > QUEUE_CONCURRENCY:
+        why += (f", most likely the wait for the other requests in flight ({concurrency:.0f} at once: queueing "
+                "or batching)")
+    return f"{why}; no fit: fit TTFT against input length at 1 user (the packaged prompt-sweep scenario does)"
+
+
+def ttft_vs_input(n_tokens: np.ndarray, ttft: np.ndarray, concurrency: float | None = None) -> dict[str, Any]:
     """The contract's `fits.ttft_vs_input`, plus both candidate models and the sub-linear verdict.
 
     For the power model `slope_s_per_token` is the local slope d(ttft)/dn at the
-    median input length, so it stays comparable with the linear slope.
+    median input length, so it stays comparable with the linear slope. TTFT that
+    does not grow with input length gets no fit (`flat_note`; `concurrency`, the
+    requests in flight at once, names queueing as the likely cause).
     """
     note = spread_note(n_tokens, "input length", "prompt-sweep")
     lin = linear_fit(n_tokens, ttft) if note is None else None
+    if lin is not None and (flat := flat_note(lin, concurrency)) is not None:
+        note, lin = flat, None
     pw = power_fit(n_tokens, ttft) if lin is not None else None
     if lin is None:
         return {"model": None, "slope_s_per_token": None, "intercept_s": None, "exponent": None,

@@ -8,6 +8,7 @@ draws as fast as a small one; statistics never come from the sample.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,10 +80,11 @@ def _load_axis(ax: Axes, views: Sequence[View]) -> None:
 
 
 def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
-                 lines: Callable[[Analysis], list[Curve]]) -> None:
-    """Points of the low-load steps in the run's colour, others grey; then each run's model lines."""
+                 lines: Callable[[Analysis], tuple[list[Curve], str | None]]) -> None:
+    """Points of the low-load steps in the run's colour, others grey; then each run's model lines, or why it has none."""
     per_run = MAX_POINTS // max(len(views), 1)
-    y_tops = []
+    y_tops: list[float] = []
+    notes: list[str] = []
     for i, (label, a) in enumerate(views):
         color = COLORS[i % len(COLORS)]
         used = a.ok["step"].isin(a.low_steps)
@@ -91,14 +93,17 @@ def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
         if len(rest):
             ax.scatter(rest[x_col], rest[y_col], s=3, color="0.7", alpha=0.3, rasterized=True,
                        label=f"{prefix}higher-load steps (not fitted)")
+        curves, why = lines(a)
         ax.scatter(low[x_col], low[y_col], s=3, color=color, alpha=0.25, rasterized=True,
-                   label=f"{prefix}low-load steps (fitted)")
+                   label=f"{prefix}low-load steps ({'fitted' if curves else 'no fit'})")
         if len(low):
             y_tops.append(float(np.percentile(low[y_col], 99.5)))
             xs = np.linspace(max(float(low[x_col].min()), 1.0), float(low[x_col].max()), 200)
-            for name, fn, style in lines(a):
+            for name, fn, style in curves:
                 ax.plot(xs, fn(xs), style, color=color if len(views) > 1 or style == "-" else "black",
                         lw=2, label=f"{prefix}{name}")
+        if not curves and why:
+            notes.append(f"{prefix}{why}")
     if y_tops:
         top = 1.3 * max(y_tops)
         ax.set_ylim(0, top)
@@ -108,13 +113,16 @@ def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
             ax.text(0.99, 0.02, f"{above} of {total} points lie above the top of this axis (not shown)",
                     transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
                     color="#b00020", bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "#b00020"})
+    if notes:  # under the axis, where it covers no point
+        ax.text(0.0, -0.12, "\n".join(textwrap.fill(n, 120) for n in notes), transform=ax.transAxes, ha="left",
+                va="top", fontsize=8, color="#b00020")
     legend(ax, loc="upper left", fontsize=8, markerscale=4, framealpha=0.9)
     ax.grid(alpha=0.3)
 
 
-def _ttft_lines(a: Analysis) -> list[Curve]:
+def _ttft_lines(a: Analysis) -> tuple[list[Curve], str | None]:
     fit = a.summary["fits"]["ttft_vs_input"]
-    out = []
+    out: list[Curve] = []
     lin = fit.get("linear")
     if lin:
         out.append((f"linear: {lin['intercept_s']:.3g} + {lin['slope_s_per_token']:.3g}·n s (R² {lin['r2']:.3f})",
@@ -124,27 +132,32 @@ def _ttft_lines(a: Analysis) -> list[Curve]:
         chosen = " [chosen]" if fit["model"] == "power" else ""
         out.append((f"power: {pw['a_s']:.3g} + {pw['b']:.3g}·n^{pw['exponent']:.2f} s (R² {pw['r2']:.3f}){chosen}",
                     lambda x, f=pw: f["a_s"] + f["b"] * np.power(x, f["exponent"]), "--"))
-    return out
+    return out, None if out else fit.get("note")
 
 
-def _e2e_lines(a: Analysis) -> list[Curve]:
+def _e2e_lines(a: Analysis) -> tuple[list[Curve], str | None]:
     fit = a.summary["fits"]["e2e_vs_output"]
-    out = []
+    out: list[Curve] = []
     if fit.get("slope_s_per_token") is not None:
         out.append((f"fit: {fit['intercept_s']:.3g} + {fit['slope_s_per_token']:.3g}·N s (R² {fit['r2']:.3f})",
                     lambda x, f=fit: f["intercept_s"] + f["slope_s_per_token"] * x, "-"))
     if fit.get("tpot_p50_s") is not None:
         out.append((f"formula: TTFT {fit['ttft_p50_s']:.3g} + TPOT {fit['tpot_p50_s']:.3g}·N s",
                     lambda x, f=fit: f["ttft_p50_s"] + f["tpot_p50_s"] * x, "--"))
-    return out
+    return out, None if out else fit.get("note")
 
 
 def plot_ttft_vs_input(views: Sequence[View], path: Path) -> Path:
     """TTFT against input tokens with the linear and power fits."""
+    return _save(ttft_figure(views), path)
+
+
+def ttft_figure(views: Sequence[View]) -> plt.Figure:
+    """The TTFT-vs-input chart as a figure, before it is saved (its lines and notes can be read back)."""
     fig, ax = plt.subplots(figsize=(9, 5.5))
     _scatter_fit(ax, views, "input_tokens", "ttft_s", _ttft_lines)
     ax.set(xlabel="input tokens", ylabel="TTFT (s)", title="TTFT vs input length (successful requests)")
-    return _save(fig, path)
+    return fig
 
 
 def plot_e2e_vs_output(views: Sequence[View], path: Path) -> Path:
@@ -167,6 +180,8 @@ class Panel:
     scale: float = 1.0
     # Columns drawn with their bootstrap 95% interval as a shaded band.
     bands: tuple[str, ...] = ()
+    # Per-request columns whose distribution stands for the series at a single load level: (column, legend name).
+    records: tuple[tuple[str, str], ...] = ()
 
 
 def _ci_band(t: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
@@ -189,8 +204,59 @@ def breakpoint_marker(summary: dict[str, Any]) -> tuple[float, str] | None:
     return float(bp["load_level"]), f"breakpoint {level_text(bp['load_level'], bp['load_unit'])} ({bp['reason']})"
 
 
-def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], title: str) -> plt.Figure:
-    """Per-concurrency curves: one panel per quantity, one colour per run, breakpoints marked."""
+def _one_level(views: Sequence[View], panels: Sequence[Panel], name: str, level: float) -> plt.Figure:
+    """Every run at one load level: a curve would be a dot on an axis one level wide, so each panel shows the
+    runs side by side: the requests' distribution as a box (median, quartiles, whiskers at the 5th and 95th
+    percentile) where the quantity is per request, the level's value as a bar where it is per window."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), squeeze=False)
+    names = [label for label, _ in views]
+    for ax, panel in zip(axes[0], panels):
+        series = panel.records or tuple((col, name) for col, name, _ in panel.series)
+        width = 0.8 / len(series)
+        for k, (column, name) in enumerate(series):
+            hatch = ("", "//", "..", "xx")[k % 4]
+            for i, (_, a) in enumerate(views):
+                at = i + (k - (len(series) - 1) / 2) * width
+                color = COLORS[i % len(COLORS)]
+                if panel.records:
+                    if column not in a.ok or not a.ok[column].notna().any():
+                        continue
+                    values = a.ok[column].dropna().to_numpy(dtype=float) * panel.scale
+                    box = ax.boxplot(values, positions=[at], widths=0.85 * width, whis=(5, 95), showfliers=False,
+                                     patch_artist=True, manage_ticks=False)
+                    for patch in box["boxes"]:
+                        patch.set(facecolor=color, alpha=0.45, hatch=hatch)
+                    for median in box["medians"]:
+                        median.set(color="black", lw=1.5)
+                elif len(a.table) and column in a.table:
+                    ax.bar(at, float(a.table[column].iloc[0]) * panel.scale, 0.85 * width, color=color, alpha=0.6,
+                           hatch=hatch, edgecolor="0.3")
+            if len(series) > 1:
+                ax.bar(np.nan, np.nan, color="white", edgecolor="0.3", hatch=hatch, label=name)
+        if panel.slo is not None:
+            ax.axhline(panel.slo, color="red", ls="-.", lw=1, label=f"SLO {panel.slo:g} s")
+        ax.set_xticks(range(len(views)), names)
+        ax.set_xlim(-0.6, len(views) - 0.4)
+        ax.set(title=panel.title, ylabel=panel.ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3, axis="y")
+        if ax.get_legend_handles_labels()[0]:
+            legend(ax, fontsize=7, framealpha=0.9)
+    what = ("boxes: median and quartiles, whiskers: 5th-95th percentile" if any(p.records for p in panels)
+            else "one window per run")
+    fig.suptitle(f"{name} at {level_text(level, load_unit(views))}, the only load level ({what})")
+    return fig
+
+
+def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], name: str, title: str) -> plt.Figure:
+    """Per-concurrency curves: one panel per quantity, one colour per run, breakpoints marked.
+
+    When every run measured the same single load level there is no curve to draw: `_one_level` (its
+    title starts with `name`).
+    """
+    levels = {float(x) for _, a in views if len(a.table) for x in a.table["load_level"]}
+    if len(levels) == 1:
+        return _one_level(views, panels, name, levels.pop())
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), squeeze=False)
     for ax, panel in zip(axes[0], panels):
         for i, (label, a) in enumerate(views):
@@ -234,13 +300,13 @@ def latency_figure(views: Sequence[View]) -> plt.Figure:
     slo = views[0][1].slo
     panels = [
         Panel("TTFT", "seconds", (("ttft_p50_s", "p50", "-"), ("ttft_p95_s", "p95", "--")), slo=slo.ttft_s,
-              bands=("ttft_p50_s", "ttft_p95_s")),
+              bands=("ttft_p50_s", "ttft_p95_s"), records=(("ttft_s", "TTFT"),)),
         Panel("TPOT", "seconds per token", (("tpot_p50_s", "p50", "-"), ("tpot_p95_s", "p95", "--")),
-              slo=slo.tpot_s, bands=("tpot_p50_s", "tpot_p95_s")),
+              slo=slo.tpot_s, bands=("tpot_p50_s", "tpot_p95_s"), records=(("tpot_s", "TPOT"),)),
         Panel("End-to-end", "seconds", (("e2e_p50_s", "p50", "-"), ("e2e_p95_s", "p95", "--")), slo=slo.e2e_s,
-              bands=("e2e_p50_s", "e2e_p95_s")),
+              bands=("e2e_p50_s", "e2e_p95_s"), records=(("e2e_s", "e2e"),)),
     ]
-    return _panels_vs_users(views, panels, f"Latency percentiles vs load ({load_unit(views)}; "
+    return _panels_vs_users(views, panels, "Latency", f"Latency percentiles vs load ({load_unit(views)}; "
                                            "bands: 95% bootstrap intervals)")
 
 
@@ -259,7 +325,7 @@ def throughput_figure(views: Sequence[View]) -> plt.Figure:
         Panel("Errors", "% of requests", (("error_rate", "all errors", "-"), ("load_error_rate", "load errors", "--")),
               scale=100.0),
     ]
-    return _panels_vs_users(views, panels, f"Throughput vs load ({load_unit(views)}; tokens counted in the "
+    return _panels_vs_users(views, panels, "Throughput", f"Throughput vs load ({load_unit(views)}; tokens counted in the "
                                            "window they were streamed)")
 
 
@@ -271,8 +337,9 @@ def plot_itl(views: Sequence[View], path: Path) -> Path:
 def itl_figure(views: Sequence[View]) -> plt.Figure:
     """The inter-token latency chart as a figure, before it is saved (its legends can be read back)."""
     panels = [Panel("Inter-token latency", "seconds between tokens",
-                    (("itl_p50_s", "median gap (median request)", "-"), ("itl_p99_s", "p99 gap (median request)", "--")))]
-    return _panels_vs_users(views, panels, f"Inter-token latency vs load ({load_unit(views)})")
+                    (("itl_p50_s", "median gap (median request)", "-"), ("itl_p99_s", "p99 gap (median request)", "--")),
+                    records=(("itl_p50_s", "each request's median gap"), ("itl_p99_s", "each request's p99 gap")))]
+    return _panels_vs_users(views, panels, "Inter-token latency", f"Inter-token latency vs load ({load_unit(views)})")
 
 
 def plot_cdfs(views: Sequence[View], path: Path, metrics: Sequence[str] = ("ttft", "tpot", "e2e")) -> Path:

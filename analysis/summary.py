@@ -333,7 +333,10 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
         problems.append(f"no low-load step selected ({low_reason}): fits skipped")
 
     alone, alone_reason = least_concurrent(low, df)
-    ttft_fit = ttft_vs_input(alone["input_tokens"].to_numpy(), alone["ttft_s"].to_numpy())
+    used = table.loc[low_steps] if low_steps else table.iloc[0:0]
+    in_flight = used["achieved_concurrency"].fillna(used["active_users"]) if len(used) else pd.Series(dtype=float)
+    ttft_fit = ttft_vs_input(alone["input_tokens"].to_numpy(), alone["ttft_s"].to_numpy(),
+                             concurrency=float(in_flight.median()) if len(in_flight) else None)
     ttft_fit.update(steps_used=low_steps, steps_used_reason=low_reason, requests_used=alone_reason)
     ttft_low = float(low["ttft_s"].median()) if len(low) else None
     tpot_low = float(low["tpot_s"].median()) if len(low) else None

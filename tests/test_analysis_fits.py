@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from tokenload.analysis.diagnosis import diagnose_latency
 from tokenload.analysis.fits import intercept_check, ttft_vs_input
@@ -60,3 +61,20 @@ def test_prefill_fit_uses_the_requests_that_ran_alone() -> None:
     fit = ttft_vs_input(alone_only["input_tokens"].to_numpy(), alone_only["ttft_s"].to_numpy())
     assert abs(fit["slope_s_per_token"] - 0.008) < 1e-6 and abs(fit["intercept_s"]) < 1e-6
     assert "at most 0 other request(s) in flight" in reason
+
+
+def test_ttft_that_does_not_grow_with_input_length_gets_no_fit() -> None:
+    """A falling line ("5.61 - 0.00174 n") or a flat cloud is what queueing looks like, not a prefill law: no fit,
+    and the note names the likely cause only where requests ran at once."""
+    rng = np.random.default_rng(7)
+    n = rng.uniform(100, 4000, 300)
+    falling = ttft_vs_input(n, 5.61 - 0.00174 * n + rng.normal(0, 0.5, n.size), concurrency=8)
+    assert falling["model"] is None and falling["slope_s_per_token"] is None
+    assert falling["note"].startswith("TTFT does not grow with input length here (slope -0.00")
+    assert "(8 at once: queueing or batching)" in falling["note"]
+    waits = ttft_vs_input(n, rng.exponential(3.0, n.size) + 0.0001 * n, concurrency=8)  # the wait dwarfs the prefill
+    assert waits["model"] is None and "queueing" in waits["note"]
+    alone = ttft_vs_input(n, rng.normal(1.0, 0.3, n.size), concurrency=1)
+    assert alone["model"] is None and "queueing" not in alone["note"]
+    growing = ttft_vs_input(n, 0.1 + 0.001 * n + rng.normal(0, 0.05, n.size), concurrency=1)
+    assert growing["model"] == "linear" and growing["slope_s_per_token"] == pytest.approx(0.001, rel=0.05)

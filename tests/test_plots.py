@@ -17,7 +17,7 @@ from matplotlib.lines import Line2D
 from tokenload.analysis import plots
 from tokenload.analysis.pipeline import analyze
 from tokenload.analysis.summary import Analysis
-from tokenload.analysis.synthetic import write_synthetic_run
+from tokenload.analysis.synthetic import Law, write_synthetic_run
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +52,41 @@ def test_legend_samples_show_the_dash_style(analysis: Analysis, draw: Callable[[
             assert (segments == 1) if solid else (segments >= 3), (text.get_text(), handle.get_linestyle(), segments)
             checked.append(solid)
     assert checked.count(False) >= runs and checked.count(True) >= runs  # p95 (dashed) beside p50 (solid)
+
+
+@pytest.fixture(scope="module")
+def one_level(tmp_path_factory: pytest.TempPathFactory) -> Analysis:
+    """A run of one load level (8 users) on a channel of 2 slots: TTFT is mostly the wait for a slot."""
+    law = Law(users=(8,), capacity=2, prefill_a=0.05, prefill_b=0.00002, input_tokens=(100, 2000))
+    return analyze(write_synthetic_run(tmp_path_factory.mktemp("one") / "run", law, n=600, seed=3), write=False)
+
+
+@pytest.mark.parametrize("draw", [plots.latency_figure, plots.throughput_figure, plots.itl_figure])
+@pytest.mark.parametrize("runs", [1, 2], ids=["report", "comparison"])
+def test_one_load_level_is_drawn_side_by_side_not_as_dots(one_level: Analysis,
+                                                         draw: Callable[[Sequence[plots.View]], Figure],
+                                                         runs: int) -> None:
+    """A curve of one level was one dot per run on an axis from 7.9 to 8.1 users: each run gets its place on
+    the x axis instead, with its requests' distribution (a box) or the level's value (a bar)."""
+    labels = [f"run {i + 1}" for i in range(runs)]
+    fig = draw([(label, one_level) for label in labels])
+    assert "at 8 users, the only load level" in fig.texts[0].get_text()
+    for ax in fig.axes:
+        assert [t.get_text() for t in ax.get_xticklabels()] == labels
+        dots = [line for line in ax.get_lines() if len(line.get_xdata()) == 1 and line.get_marker() not in ("", "None")]
+        assert not dots, ax.get_title()
+        shapes = [p for p in ax.patches if np.isfinite(p.get_extents().width)] + list(ax.collections)
+        assert len(shapes) >= runs, ax.get_title()
+
+
+def test_no_ttft_fit_is_drawn_where_queueing_sets_ttft(one_level: Analysis) -> None:
+    """At 8 users on 2 slots the wait for a slot dwarfs the prefill: the fit described queueing
+    ("5.61 - 0.00174 n"); now the summary and the chart say so instead of drawing a line."""
+    fit = one_level.summary["fits"]["ttft_vs_input"]
+    assert fit["model"] is None and "does not grow with input length" in fit["note"]
+    assert "queueing" in fit["note"] and "prompt-sweep" in fit["note"]
+    fig = plots.ttft_figure([("run", one_level)])
+    (ax,) = fig.axes
+    assert not [line for line in ax.get_lines() if line.get_label().startswith(("linear", "power"))]
+    assert any("does not grow with input length" in t.get_text() for t in ax.texts)
+    assert any("no fit" in t.get_text() for t in ax.get_legend().get_texts())
