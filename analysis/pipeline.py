@@ -19,7 +19,17 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tokenload.analysis import caching, plots, serverplot
 from tokenload.analysis.ratelimits import rate_limits_html
 from tokenload.analysis.records import REQUESTS_FILE, load_run
-from tokenload.analysis.report import figure, h, html_table, page, slope_text, steps_html, verdict_html, verdict_table
+from tokenload.analysis.report import (
+    figure,
+    h,
+    html_table,
+    page,
+    probes_html,
+    slope_text,
+    steps_html,
+    verdict_html,
+    verdict_table,
+)
 from tokenload.analysis.search import search_summary
 from tokenload.analysis.steps import StepOptions
 from tokenload.analysis.summary import Analysis, summarize
@@ -38,8 +48,10 @@ PLOTS: tuple[tuple[str, Callable[..., Path], str], ...] = (
      "TTFT, TPOT and end-to-end p50/p95 per load step with 95% bootstrap bands; x marks a step with too few "
      "requests to judge; dotted line: breakpoint, dash-dot: SLO."),
     ("throughput_vs_users.png", plots.plot_throughput_vs_users,
-     "Output and total tokens/s counted in each step's window, completed requests/s (all and good) and error "
-     "rates per load step."),
+     "Output and total tokens/s counted in each step's window (warm-up requests included: the channel served "
+     "them), completed requests/s (all, and the step's own requests within the SLO) and error rates per load "
+     "step; hollow: a window shorter than 5 of its requests (a search's short probe), whose count spans the "
+     "level's start and is no steady rate."),
     ("itl_vs_load.png", plots.plot_itl,
      "Inter-token latency per step: per request the median and the 99th-percentile gap between streamed tokens, "
      "then the median over the step's requests (stalls show as a p99 far above the median)."),
@@ -121,9 +133,9 @@ def analyze(run_dir: str | Path, slo: Slo | None = None, low_load_users: int | N
         options = options or StepOptions()
         if options.warmup_s is None:
             options = dataclasses.replace(options, warmup_s=scenario_warmup(run.manifest))
-        analysis = summarize(run, slo, low_load_users, options)
         # The probes are recounted against the SLO the run decided them by, whatever the flags say.
-        analysis.summary["search"] = search_summary(run, scenario_slo(run.manifest))
+        search = search_summary(run, scenario_slo(run.manifest), options.percentiles)
+        analysis = summarize(run, slo, low_load_users, options, search)
         if write:
             advance("writing summary.json")
             (path / "summary.json").write_text(json.dumps(analysis.summary, indent=2, default=str) + "\n",
@@ -147,9 +159,13 @@ def write_report(analysis: Analysis, out_dir: Path, advance: Callable[[str], Non
         if drawn is not None:
             figures.append(figure(drawn, serverplot.CAPTION))
     advance("writing report.html")
-    sections = [("Verdict", verdict_html(s)),
-                ("Diagnosis: " + (f"{s['diagnosis']['bound']}-bound" if s["diagnosis"]["bound"] else "bound not determined"),
-                 "<ul class='advice'>" + "".join(f"<li>{h(a)}</li>" for a in s["diagnosis"]["advice"]) + "</ul>")]
+    sections = [("Verdict", verdict_html(s))]
+    if s.get("search"):
+        sections.append(("Probes: each judged on its own requests, at its own load (times in seconds)",
+                         probes_html(s["search"], s["analysis_options"]["percentiles"])))
+    sections.append(("Diagnosis: " + (f"{s['diagnosis']['bound']}-bound" if s["diagnosis"]["bound"]
+                                      else "bound not determined"),
+                     "<ul class='advice'>" + "".join(f"<li>{h(a)}</li>" for a in s["diagnosis"]["advice"]) + "</ul>"))
     if s["problems"]:
         sections.append(("What is missing", "<div class='problems'><ul>" +
                          "".join(f"<li>{h(p)}</li>" for p in s["problems"]) + "</ul></div>"))

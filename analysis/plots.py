@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
+from tokenload.analysis.steps import STEADY_REQUESTS  # noqa: E402
 from tokenload.analysis.summary import Analysis  # noqa: E402
 from tokenload.analysis.windows import USERS, level_text  # noqa: E402
 
@@ -182,6 +183,8 @@ class Panel:
     bands: tuple[str, ...] = ()
     # Per-request columns whose distribution stands for the series at a single load level: (column, legend name).
     records: tuple[tuple[str, str], ...] = ()
+    # Window rates: a step whose window was too short for a steady state (`steady` false) gets a hollow marker.
+    rates: bool = False
 
 
 def _ci_band(t: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
@@ -265,9 +268,14 @@ def _panels_vs_users(views: Sequence[View], panels: Sequence[Panel], name: str, 
             t = a.table.sort_values(["load_level", "start"])
             color = COLORS[i % len(COLORS)]
             prefix = f"{label} " if len(views) > 1 else ""
-            for col, name, style in panel.series:
+            short = ~t["steady"].fillna(False).astype(bool) if panel.rates and "steady" in t else None
+            for k, (col, name, style) in enumerate(panel.series):
                 y = t[col] * panel.scale
                 ax.plot(t["load_level"], y, style, color=color, marker="o", ms=4, label=f"{prefix}{name}")
+                if short is not None and short.any():
+                    ax.plot(t["load_level"][short], y[short], "o", ms=8, mfc="white", mec=color,
+                            label=None if k else f"{prefix}window under {STEADY_REQUESTS} requests long: "
+                                                 "a transient, not a steady rate")
                 if col in panel.bands:
                     lo, hi = _ci_band(t, col)
                     ax.fill_between(t["load_level"], lo * panel.scale, hi * panel.scale, color=color, alpha=0.12,
@@ -318,10 +326,11 @@ def plot_throughput_vs_users(views: Sequence[View], path: Path) -> Path:
 def throughput_figure(views: Sequence[View]) -> plt.Figure:
     """The throughput chart as a figure, before it is saved (its legends can be read back)."""
     panels = [
-        Panel("Output throughput", "tokens / s", (("output_tok_s", "output tokens/s", "-"),)),
+        Panel("Output throughput", "tokens / s", (("output_tok_s", "output tokens/s", "-"),), rates=True),
         Panel("Total throughput", "tokens / s", (("total_tok_s", "input + output tokens/s", "-"),
-                                                 ("input_tok_s", "input tokens/s", "--"))),
-        Panel("Request rate", "requests / s", (("rps", "all", "-"), ("goodput_rps", "within SLO", "--"))),
+                                                 ("input_tok_s", "input tokens/s", "--")), rates=True),
+        Panel("Request rate", "requests / s", (("rps", "all", "-"), ("goodput_rps", "within SLO", "--")),
+              rates=True),
         Panel("Errors", "% of requests", (("error_rate", "all errors", "-"), ("load_error_rate", "load errors", "--")),
               scale=100.0),
     ]

@@ -36,8 +36,8 @@ ANALYSIS_COLUMNS: tuple[str, ...] = (
 )
 # Workload columns (sessions, prompt caching, warm-up), carried through when the run has them.
 # Rows of the run-level warm-up (`phase == "warmup"`, scenario `[load] warmup_requests` / `warmup_s`) and the
-# error-storm breaker's probes (`storm_probe`, sent while the users were paused) are dropped here, so no statistic
-# ever includes them.
+# error-storm breaker's probes (`storm_probe`, sent while the users were paused) are set apart here (`Run.aside`),
+# so no statistic ever includes them.
 WORKLOAD_COLUMNS: tuple[str, ...] = (
     "phase", "session_id", "turn", "context_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
 )
@@ -61,6 +61,9 @@ class Run:
     manifest: dict[str, Any]
     df: pd.DataFrame
     problems: list[str] = field(default_factory=list)
+    # The rows set apart (warm-up and storm probes, by `phase`), with the columns of `df`: in no statistic, but
+    # the channel served them, and what they cost is part of a search's spend.
+    aside: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def started_at(self) -> float | None:
@@ -170,7 +173,8 @@ def load_run(run_dir: str | Path) -> Run:
         raise ConfigError(f"{parquet} could not be read: {exc}") from exc
     problems: list[str] = []
     manifest = _read_manifest(path, problems)
-    run = Run(run_dir=path, manifest=manifest, df=_without_warmup(df, _normalise(df)), problems=problems)
+    measured, aside = _set_apart(df, _normalise(df))
+    run = Run(run_dir=path, manifest=manifest, df=measured, problems=problems, aside=aside)
     _when_cut(run, float(pd.to_numeric(df["started_at"], errors="coerce").max()) if len(df) else 0.0)
     return run
 
@@ -186,14 +190,16 @@ def _when_cut(run: Run, last_sent: float) -> None:
     df["cut_before_end"] = open_ & (df["cut_at"].to_numpy() < last_sent)
 
 
-def _without_warmup(raw: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
-    """`out` plus the workload, connection, answer and judged columns of `raw`, without the warm-up rows."""
+def _set_apart(raw: pd.DataFrame, out: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`out` plus the workload, connection, answer and judged columns of `raw`: (the measured rows, the warm-up
+    and storm-probe rows)."""
     for col in (*WORKLOAD_COLUMNS, *CONNECTION_COLUMNS, *ANSWER_COLUMNS, *JUDGED_COLUMNS):
         if col in raw:
             out[col] = raw[col].to_numpy()
-    if "phase" in out:
-        out = out[~out["phase"].isin((WARMUP_PHASE, STORM_PROBE)).to_numpy()].reset_index(drop=True)
-    return out
+    if "phase" not in out:
+        return out, out.iloc[:0]
+    aside = out["phase"].isin((WARMUP_PHASE, STORM_PROBE)).to_numpy()
+    return out[~aside].reset_index(drop=True), out[aside].reset_index(drop=True)
 
 
 def _normalise(df: pd.DataFrame) -> pd.DataFrame:

@@ -20,6 +20,7 @@ from rich.text import Text
 from tokenload.analysis import caching, fidelity
 from tokenload.analysis.breakpoint import breakpoint_text
 from tokenload.analysis.records import cut_text
+from tokenload.analysis.search import probe_text
 from tokenload.analysis.windows import level_text
 
 CSS = """
@@ -63,6 +64,8 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     if search:
         rows.append(("Capacity (search)", search["verdict"],
                      None if search["capacity"] is None and not search["below_range"] else not search["below_range"]))
+        rows += [(f"Probe {n}", probe_text(p, search["unit"], search["slo"]),
+                  {"pass": True, "fail": False}.get(p["verdict"])) for n, p in enumerate(search["probes"], start=1)]
     if complete.get("interrupted") or complete.get("truncated") or complete.get("storm"):
         rows.append(("Run incomplete", complete["note"], False))
     if summary.get("outage"):
@@ -71,12 +74,16 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         ("Requests", f"{run['requests']:,} ({run['ok']:,} ok, {run['errors']:,} errors{_classes(summary)}, "
                      f"{cut_text(run['in_flight'], run.get('cut_step_down', 0))})",
          run["errors"] == 0 if run["requests"] else False),
-        ("SLO attainment", f"{_fmt(100 * slo['attainment'] if slo['attainment'] is not None else None, '%')} "
-                           f"of {slo.get('judged', 0):,} judged requests; SLO: {slo.get('describe')}"
-                           + (f" ({slo['not_judged']:,} configuration/input errors not judged)"
-                              if slo.get("not_judged") else ""),
-         None if slo["attainment"] is None else slo["attainment"] >= slo["target"]),
     ]
+    if slo.get("per_probe"):
+        rows.append(("SLO", f"{slo.get('describe')}: judged per probe, each at its own load (the probes above); "
+                            "no attainment is pooled over probes of different loads", None))
+    else:
+        rows.append(("SLO attainment", f"{_fmt(100 * slo['attainment'] if slo['attainment'] is not None else None, '%')} "
+                                        f"of {slo.get('judged', 0):,} judged requests; SLO: {slo.get('describe')}"
+                                        + (f" ({slo['not_judged']:,} configuration/input errors not judged)"
+                                           if slo.get("not_judged") else ""),
+                     None if slo["attainment"] is None else slo["attainment"] >= slo["target"]))
     if run.get("truncated"):
         rows.append(("Answers cut short", f"{run['truncated']:,} answer(s) ended for length below the max_tokens "
                                           "asked: the server cut them (a full context slot); shorten the prompts "
@@ -87,7 +94,8 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                            if k.startswith("p") and k[1:2].isdigit())
         cut = (f"; {cut_text(p['censored'], p.get('censored_step_down', 0))}, censored when cut" if p.get("censored")
                else "")
-        rows.append((metric.upper(), f"{shown}{unit} (n={p.get('n', 0):,}{cut})", None))
+        pooled = "all probes pooled: " if search else ""
+        rows.append((metric.upper(), f"{pooled}{shown}{unit} (n={p.get('n', 0):,}{cut})", None))
     if ttft_fit.get("model"):
         extra = f", exponent {ttft_fit['exponent']:.2f}" if ttft_fit["model"] == "power" else ""
         rows.append(("TTFT vs input", f"{ttft_fit['model']}: {slope_text(ttft_fit)}, "
@@ -223,15 +231,42 @@ def _load_cell(step: dict[str, Any]) -> str:
     return text if step.get("decided", True) else f"{text} (too few to judge)"
 
 
+def _bounded(row: dict[str, Any], key: str) -> str:
+    """'1.23', '≥ 4.5' for a censored bound, 'n/a' when absent."""
+    value = row.get(key)
+    if value is None:
+        return "n/a"
+    return f"≥ {value:.3g}" if key in row.get("bounds", []) else f"{value:.3g}"
+
+
 def _with_ci(step: dict[str, Any], key: str) -> str:
     """'1.23 [1.1, 1.4]', '≥ 4.5' for a censored bound, 'n/a' when absent."""
     value = step.get(key)
-    if value is None:
-        return "n/a"
-    if key in step.get("bounds", []):
-        return f"≥ {value:.3g}"
+    if value is None or key in step.get("bounds", []):
+        return _bounded(step, key)
     ci = (step.get("ci") or {}).get(key)
     return f"{value:.3g}" + (f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else "")
+
+
+def probes_html(search: dict[str, Any], percentiles: Sequence[float] = (50, 95, 99)) -> str:
+    """A search's probes in the order they ran: verdict, evidence, latency percentiles of each probe's own
+    requests (≥: a lower bound, streams cut before they reached it), goodput, time and tokens spent."""
+    heads = ["#", "load", "trial", "verdict", "judged", "attainment [95% CI]"]
+    heads += [f"{m.upper()} p{p:g}" for m in ("ttft", "tpot", "e2e") for p in percentiles]
+    heads += ["goodput req/s", "duration s", "tokens", "counted", "warm-up", "cut"]
+    rows = []
+    for n, p in enumerate(search["probes"], start=1):
+        ci = p.get("ci")
+        attainment = "n/a" if p.get("attainment") is None else (
+            f"{p['attainment']:.1%}" + (f" [{ci[0]:.1%}, {ci[1]:.1%}]" if ci else ""))
+        split = p.get("tokens_split") or {}
+        rows.append([n, f"{p['level']} {search['unit']}", p.get("trial"),
+                     p["verdict"] + (f" ({p['binding']})" if p["verdict"] == "fail" and p.get("binding") else ""),
+                     p.get("n"), attainment, *(_bounded(p, f"{m}_p{q:g}_s") for m in ("ttft", "tpot", "e2e")
+                                               for q in percentiles),
+                     p.get("goodput_rps"), p.get("duration_s"), p.get("tokens"),
+                     split.get("counted"), split.get("warmup"), split.get("cut")])
+    return f"<div class='scroll'>{html_table(heads, rows, left=4)}</div>"
 
 
 def steps_html(steps: Sequence[dict[str, Any]], percentiles: Sequence[float] = (50, 95, 99)) -> str:

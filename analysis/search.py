@@ -13,12 +13,15 @@ The answer: `capacity` (the highest passing level below every failing one),
 or stayed undecided below the target]: the boundary lies there), `binding` (the SLO term the first failing level missed most), `served`
 (the most streams a failing level showed the channel running at once while other requests waited: its
 slot count, when it has slots), `shape` ("cliff" or "gradual"), the probes in order, and the tokens and time spent.
+The tokens are every token the run sent and received (input and output of every record: the counted requests,
+the warm-up ones and those cut open), split into those three parts, per probe and in all.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from tokenload.analysis.records import Run
+from tokenload.analysis.steps import METRICS, PERCENTILES, latency_stats, pkey
 from tokenload.search.bisect import Probe, Search
 from tokenload.search.evidence import Evidence, wilson_interval
 from tokenload.search.resume import SEARCH_FILE
@@ -91,6 +95,45 @@ def _trial_rows(rows: pd.DataFrame, slo: Slo, probes: list[Probe], i: int) -> pd
     return rows[(at >= since) & (at < until)]
 
 
+SPEND_PARTS: tuple[str, ...] = ("counted", "warmup", "cut", "storm_probe")
+
+
+def _spend(run: Run) -> pd.DataFrame:
+    """Every record of the run, warm-up ones and storm probes included: its step, when it was sent, its tokens
+    (input + output) and which part of the spend it is (`SPEND_PARTS`: a measured request that ended, a warm-up
+    one, one cut open, an error-storm probe)."""
+    frames = []
+    for rows in (run.df, run.aside):
+        if len(rows):
+            tokens = rows["input_tokens"].fillna(0.0) + rows["output_tokens"].fillna(0.0)
+            phase = rows["phase"].astype("object").to_numpy() if "phase" in rows else np.full(len(rows), None)
+            aside = np.isin(phase, SPEND_PARTS)
+            part = np.where(rows["in_flight"].to_numpy(), "cut", np.where(aside, phase, "counted"))
+            frames.append(pd.DataFrame({"step": rows["step"], "started_at": rows["started_at"], "tokens": tokens,
+                                        "part": part}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        {"step": [], "started_at": [], "tokens": [], "part": []})
+
+
+def _split(spend: pd.DataFrame) -> dict[str, int]:
+    by_part = spend.groupby("part")["tokens"].sum()
+    return {part: int(by_part.get(part, 0)) for part in SPEND_PARTS}
+
+
+def _trial_spend(spend: pd.DataFrame, probes: list[Probe], i: int) -> pd.DataFrame:
+    """Probe `i`'s share of its step's spend: all of it, or where trials share the step (`_trial_rows`), what was
+    sent from this trial's start to the next one's (the step's warm-up goes to the first)."""
+    p = probes[i]
+    rows = spend[spend["step"].eq(p.step)]
+    same = [q for q in probes if q.step == p.step and q.run_id == p.run_id]
+    if len(same) < 2:
+        return rows
+    k = next(j for j, q in enumerate(same) if q is p)
+    since = same[k].started_at if k else -math.inf
+    until = same[k + 1].started_at if k + 1 < len(same) else math.inf
+    return rows[(rows["started_at"] >= since) & (rows["started_at"] < until)]
+
+
 def _binding_detail(rows: pd.DataFrame, binding: str | None, slo: Slo) -> str:
     """`TTFT p90 1.1 s > 0.5 s`: the binding term's value at the target share (what the SLO asks of it), over
     the requests the verdict counted; `≥` when some of them were cut still waiting for their first token
@@ -120,8 +163,9 @@ def _binding_detail(rows: pd.DataFrame, binding: str | None, slo: Slo) -> str:
     return f"{LABEL[binding]} p{pct} {bound}{float(np.percentile(every, pct)):.3g} s > {limit:g} s"
 
 
-def search_summary(run: Run, slo: Slo) -> dict[str, Any] | None:
-    """The `search` block of a searched run (None for any other run)."""
+def search_summary(run: Run, slo: Slo, percentiles: Sequence[float] = PERCENTILES) -> dict[str, Any] | None:
+    """The `search` block of a searched run (None for any other run); each probe of this run with the
+    `percentiles` of its own requests' latencies (censoring-aware, `steps.latency_stats`)."""
     path = Path(run.run_dir) / SEARCH_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -133,28 +177,36 @@ def search_summary(run: Run, slo: Slo) -> dict[str, Any] | None:
     df = run.df
     probes: list[dict[str, Any]] = []
     details: dict[float, str] = {}
+    spend = _spend(run)
+    earlier = 0  # tokens of the probes an earlier run (`--resume`) decided, as that run counted them
     for i, p in enumerate(search.probes):
         entry = _probe_entry(p, over)
-        if (not p.run_id or p.run_id == run_id) and "step" in df:
+        entry["this_run"] = not p.run_id or p.run_id == run_id
+        if entry["this_run"] and "step" in df:
             rows = _trial_rows(df[df["step"].eq(p.step)], slo, search.probes, i)
             ev = _recount(rows, slo)
             ci = wilson_interval(ev.met, ev.judged)
+            split = _split(_trial_spend(spend, search.probes, i))
             entry.update(n=ev.judged, attainment=ev.attainment, ci=list(ci) if ci else None,
-                         goodput_rps=ev.met / p.duration_s if p.duration_s else None)
+                         goodput_rps=ev.met / p.duration_s if p.duration_s else None,
+                         tokens=sum(split.values()), tokens_split=split, **_latency(rows, run.cut, percentiles))
             if p.decided_at and (ev.judged, ev.met) != (p.n, round((p.attainment or 0.0) * p.n)):
                 entry["recount"] = (f"the run decided on {p.n} requests ({_share(p.attainment)}); its records "
                                     f"hold {ev.judged} ({_share(ev.attainment)}) judged by then")
             details[p.level] = _binding_detail(rows, p.binding, slo)
+        else:
+            earlier += p.tokens
         probes.append(entry)
     capacity, first_failing = search.capacity, search.first_failing
     upper = search.bounds()[1]  # the lowest level failing for steering: a decided fail or an undecided one below target
-    tokens = sum(p.tokens for p in search.probes)
+    split = {**_split(spend), "earlier_runs": earlier}
+    tokens = sum(split.values())
     duration = sum(p.duration_s for p in search.probes)
     out: dict[str, Any] = {
         "over": over, "unit": _unit(over),
         "capacity": _level(capacity, over), "first_failing": _level(first_failing, over),
         "interval": [_level(capacity if capacity is not None else 0.0, over), _level(upper, over)],
-        "binding": None, "shape": search.shape(), "probes": probes, "tokens": tokens,
+        "binding": None, "shape": search.shape(), "probes": probes, "tokens": tokens, "tokens_split": split,
         "duration_s": round(duration, 3), "range": [_level(search.min_level, over), _level(search.max_level, over)],
         "below_range": capacity is None and first_failing is not None and first_failing <= search.min_level,
         "above_range": first_failing is None and capacity is not None and capacity >= search.max_level,
@@ -170,6 +222,20 @@ def search_summary(run: Run, slo: Slo) -> dict[str, Any] | None:
                              and p.served < p.level), default=None)
     out["verdict"] = verdict_text(out)
     return out
+
+
+def _latency(rows: pd.DataFrame, cut: float, percentiles: Sequence[float]) -> dict[str, Any]:
+    """A probe's TTFT, TPOT and e2e percentiles (`ttft_p95_s`...), their `bounds` (lower bounds where streams cut
+    reach them) and `ttft_n`... (the finished measurements under each)."""
+    stats = latency_stats(rows, cut, percentiles, with_ci=False)
+    keys = [pkey(m, q) for m in METRICS for q in percentiles] + [f"{m}_n" for m in METRICS]
+    return {**{k: (None if isinstance(stats[k], float) and math.isnan(stats[k]) else stats[k]) for k in keys},
+            "bounds": stats["bounds"]}
+
+
+def decided_steps(search: dict[str, Any]) -> set[int]:
+    """The steps of this run whose probe the search decided (passed or failed) on its evidence."""
+    return {p["step"] for p in search["probes"] if p.get("this_run") and p["verdict"] in ("pass", "fail")}
 
 
 def _probe_entry(p: Probe, over: str) -> dict[str, Any]:
@@ -188,13 +254,18 @@ def _tokens(n: int) -> str:
 
 
 def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
 
 
 def verdict_text(s: dict[str, Any]) -> str:
     """"capacity 8 users (9 fails: TTFT p90 1.1 s > 0.5 s; boundary in [8, 9]; 7 probes, 3 min, 41k tokens)"."""
     unit = s["unit"]
     cost = f"{len(s['probes'])} probes, {_minutes(s['duration_s'])}, {_tokens(s['tokens'])} tokens"
+    split = s.get("tokens_split")
+    if split:
+        names = {"counted": "counted", "warmup": "warm-up", "cut": "cut", "storm_probe": "storm probes",
+                 "earlier_runs": "earlier runs"}
+        cost += f" ({', '.join(f'{_tokens(split[k])} {name}' for k, name in names.items() if split.get(k))})"
     cap, ff = s["capacity"], s["first_failing"]
     if s["below_range"]:
         head = f"capacity below {s['range'][0]} {unit}: the lowest level probed already fails"
@@ -220,6 +291,32 @@ def verdict_text(s: dict[str, Any]) -> str:
     if s["stopped"]:
         text += f"; {s['stopped']}"
     return text
+
+
+TRIALS = {1: "", 2: ", 2nd trial"}
+
+
+def probe_text(p: dict[str, Any], unit: str, slo: dict[str, Any]) -> str:
+    """"9 users: fail on TTFT; 5 of 11 met, 45% [21%, 72%]; TTFT p50 0.52 · p95 ≥ 1.1 s; 2.4 s, 2.1k tokens"."""
+    trial = p.get("trial", 1)
+    head = f"{p['level']} {unit}{TRIALS.get(trial, f', trial {trial}')}: {p['verdict']}"
+    if p["verdict"] == "pass" and not p.get("confident", True):
+        head = head.replace(": pass", ": steering pass (not confident)")
+    elif p["verdict"] == "fail" and p.get("binding"):
+        head += f" on {LABEL.get(p['binding'], p['binding'])}"
+    parts = [head]
+    if p.get("attainment") is not None:
+        ci = p.get("ci")
+        parts.append(f"{round(p['attainment'] * p['n'])} of {p['n']} met, {p['attainment']:.0%}"
+                     + (f" [{ci[0]:.0%}, {ci[1]:.0%}]" if ci else ""))
+    for metric in [m for m in METRICS if slo.get(f"{m}_s") is not None] or ["ttft", "e2e"]:
+        values = [(q, p.get(f"{metric}_{q}_s")) for q in ("p50", "p95") if p.get(f"{metric}_{q}_s") is not None]
+        if values:
+            shown = " · ".join(f"{q} {'≥ ' if f'{metric}_{q}_s' in p.get('bounds', []) else ''}{v:.3g}"
+                               for q, v in values)
+            parts.append(f"{LABEL.get(metric, metric)} {shown} {'s/token' if metric == 'tpot' else 's'}")
+    parts.append(f"{_minutes(p['duration_s'])}, {_tokens(p['tokens'])} tokens")
+    return "; ".join(parts)
 
 
 def compare_capacities(searches: list[tuple[str, dict[str, Any] | None]]) -> dict[str, Any] | None:

@@ -40,6 +40,8 @@ METRICS: tuple[str, ...] = ("ttft", "tpot", "e2e")
 FORMULA_STEP_TOLERANCE = 0.20
 # A step with fewer finished requests than this cannot decide a breakpoint or knee.
 MIN_STEP_REQUESTS = 20
+# A step's window rates (tokens/s, requests/s) are a steady state once it lasted this many median requests.
+STEADY_REQUESTS = 5
 # Goodput criteria (vLLM's `--goodput`): metric -> record column it bounds.
 GOODPUT_COLUMNS: dict[str, str] = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_max_s", "e2e": "e2e_s"}
 
@@ -162,8 +164,12 @@ def meets_slo(rows: pd.DataFrame, slo: Slo, cut: float,
 
 
 def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
-               options: StepOptions = DEFAULT_OPTIONS) -> pd.DataFrame:
-    """One row per step with the contract's `steps[]` columns and the extras (CIs, censoring, windows ...)."""
+               options: StepOptions = DEFAULT_OPTIONS, aside: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per step with the contract's `steps[]` columns and the extras (CIs, censoring, windows ...).
+
+    `aside`: the rows in no statistic (warm-up, such as a search's new users' first requests, and storm probes):
+    the channel served them, so the window's throughput and concurrency count them.
+    """
     table = windows.copy()
     table["start"] = table["start"] + (options.warmup_s or 0.0)
     table["duration_s"] = (table["end"] - table["start"]).where(lambda d: d > 0)
@@ -229,7 +235,11 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
     table["goodput_share"] = _share(good, known_good, measured["step"])
 
     good_all, _ = meets_slo(df, slo, cut, options.goodput)
-    timed = by_time(df, table, cut, good_all)
+    if aside is not None and len(aside):  # served, never good: they are judged by no criterion
+        served = pd.concat([df, aside[df.columns.intersection(aside.columns)]], ignore_index=True)
+        timed = by_time(served, table, cut, np.concatenate([good_all, np.zeros(len(aside), dtype=bool)]))
+    else:
+        timed = by_time(df, table, cut, good_all)
     table = table.join(timed)
     duration = table["duration_s"]
     table["output_tok_s"] = table["output_tokens_window"] / duration
@@ -249,6 +259,9 @@ def step_table(df: pd.DataFrame, slo: Slo, windows: pd.DataFrame, cut: float,
                                  for step, att, n in zip(table.index, table["slo_attainment"],
                                                          table["slo_n"].fillna(0))}, dtype=object)
     table["decided"] = (table["ok"].fillna(0) + table["errors"].fillna(0)) >= options.min_requests
+    # A window a few requests long holds the level's start (users ramping, the previous level's streams ending):
+    # its rates are a count over that transient, not a rate the channel sustains at the level.
+    table["steady"] = table["duration_s"] >= STEADY_REQUESTS * table["e2e_p50_s"]
     fillable = ["requests", "slo_n", "errors", "load_errors", "input_errors", "config_errors", "censored", "open_at_step_end",
                 "warmup_excluded", "ok", "output_tokens", "completions_window"]
     table[fillable] = table[fillable].fillna(0).astype(np.int64)
@@ -296,7 +309,7 @@ STEP_KEYS: tuple[str, ...] = (
     "load_error_rate", "start", "end", "duration_s", "slo_n", "slo_ci", "goodput_rps", "goodput_share", "ttft_n", "tpot_n", "e2e_n",
     "ttft_censored", "e2e_censored", "e2e_p50_s", "itl_p50_s", "itl_p99_s", "input_tokens_p50",
     "output_tokens_p50", "ttft_slope_s_per_token", "decided", "new_connections", "connect_p50_s", "connect_p95_s",
-    "reconnects", "send_lag_p99_s", "ttft_upper_bounds", "ttft_inexact",
+    "reconnects", "send_lag_p99_s", "ttft_upper_bounds", "ttft_inexact", "steady",
 )
 
 INT_KEYS: frozenset[str] = frozenset({"active_users", "requests", "slo_n", "errors", "ok", "censored", "open_at_step_end",
@@ -324,7 +337,7 @@ def steps_records(table: pd.DataFrame, errors_by_kind: pd.DataFrame,
                 record[key] = int(value) if pd.notna(value) else 0
             elif key in ("load_unit",):
                 record[key] = str(value)
-            elif key == "decided":
+            elif key in ("decided", "steady"):
                 record[key] = bool(value)
             elif key == "slo_ci":
                 record[key] = list(value) if isinstance(value, tuple) else None

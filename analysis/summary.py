@@ -29,6 +29,7 @@ from tokenload.analysis.fits import (
 from tokenload.analysis.outage import channel_words, find_outage
 from tokenload.analysis.ratelimits import rate_limits
 from tokenload.analysis.records import Run, cut_text
+from tokenload.analysis.search import decided_steps
 from tokenload.analysis.steps import (
     DEFAULT_OPTIONS,
     FORMULA_STEP_TOLERANCE,
@@ -314,8 +315,13 @@ def _attainment(df: pd.DataFrame, slo: Slo, cut: float) -> tuple[float | None, i
 
 
 def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = None,
-              options: StepOptions = DEFAULT_OPTIONS) -> Analysis:
-    """Compute every number of the report for one run."""
+              options: StepOptions = DEFAULT_OPTIONS, search: dict[str, Any] | None = None) -> Analysis:
+    """Compute every number of the report for one run.
+
+    `search`: a searched run's `search` block (`search.search_summary`). Its probes decide the capacity on
+    their own evidence, each at its own load: a step its search decided is decided here too, no step rule
+    looks for a breakpoint, and no SLO attainment is pooled over the probes' different loads.
+    """
     df = run.df
     ok = run.ok
     cut = run.cut
@@ -325,7 +331,10 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
     elif ok.empty:
         problems.append("no request succeeded: latency fits and percentiles need successful requests")
 
-    table = step_table(df, slo, step_windows(df, run.manifest, cut), cut, options) if len(df) else pd.DataFrame()
+    table = step_table(df, slo, step_windows(df, run.manifest, cut), cut, options,
+                       aside=run.aside) if len(df) else pd.DataFrame()
+    if search is not None and len(table):
+        table["decided"] |= table.index.isin(decided_steps(search))
     kinds = errors_by_kind(df)
     low_steps, low_reason = low_load_steps(table, low_load_users) if len(df) else ([], "no requests")
     low = ok[ok["step"].isin(low_steps)]
@@ -345,8 +354,14 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
 
     complete = completeness(run, table)
     outage = find_outage(df, table, slo, run.started_at, run.run_dir) if len(table) else None
-    bp = find_breakpoint(table, slo, complete=complete, outage=outage) if len(table) else {
-        "breakpoint": None, "breakpoint_note": "no requests: nothing to break", "rules": {}}
+    bp: dict[str, Any]
+    if search is not None:
+        bp = {"breakpoint": None, "rules": {}, "breakpoint_note": "a search: its probes decide the capacity on their "
+              "own evidence (search), not held long enough for the step rules"}
+    elif len(table):
+        bp = find_breakpoint(table, slo, complete=complete, outage=outage)
+    else:
+        bp = {"breakpoint": None, "breakpoint_note": "no requests: nothing to break", "rules": {}}
     error_counts = {str(k): int(v) for k, v in kinds.sum().items()} if len(kinds) else {}
     share = float(ok["ttft_s"].sum() / ok["e2e_s"].sum()) if len(ok) and ok["e2e_s"].sum() > 0 else None
     top = table[table["ok"] > 0].sort_values(["load_level", "start"]).iloc[-1] if len(ok) else None
@@ -361,7 +376,7 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
     if outage is not None:  # the first fix: bring the channel back
         diagnosis["advice"].insert(0, outage["advice"])
 
-    attainment, judged_n = _attainment(df, slo, cut) if len(df) else (None, 0)
+    attainment, judged_n = _attainment(df, slo, cut) if len(df) and search is None else (None, 0)
     duration = (run.ended_at - run.started_at) if run.started_at and run.ended_at else None
     summary: dict[str, Any] = {
         "run": {
@@ -382,7 +397,8 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
         "analysis_options": {"percentiles": list(options.percentiles), "warmup_s": options.warmup_s,
                              "goodput_s": options.goodput or None, "min_step_requests": options.min_requests},
         "slo": {**slo.to_dict(), "describe": slo.describe(), "attainment": attainment, "judged": judged_n,
-                "not_judged": sum(n for kind, n in error_counts.items() if not judged("error", kind))},
+                "not_judged": sum(n for kind, n in error_counts.items() if not judged("error", kind)),
+                "per_probe": search is not None},
         "fits": {"ttft_vs_input": ttft_fit, "e2e_vs_output": e2e_fit},
         "formula": _formula(ok, table) if len(ok) else {"mape_simple": None, "mape_exact": None, "holds": False,
                                                          "note": "no successful requests"},
@@ -402,6 +418,7 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
         "fidelity": fidelity_summary(df),
         "rate_limits": rate_limits(run.run_dir, run.ended_at),
         "problems": problems,
+        "search": search,
     }
     if complete["note"]:
         problems.append(complete["note"])

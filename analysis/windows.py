@@ -31,7 +31,8 @@ def level_text(level: float, unit: str) -> str:
     return f"{int(level)} user" + ("" if int(level) == 1 else "s")
 
 
-def _manifest_steps(manifest: dict[str, Any]) -> dict[int, dict[str, Any]]:
+def manifest_steps(manifest: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Step number -> the manifest's plan and record of it (users, rate, started_at, ended_at ...)."""
     steps: dict[int, dict[str, Any]] = {}
     for entry in [*(manifest.get("plan") or []), *(manifest.get("steps") or [])]:
         if isinstance(entry, dict) and isinstance(entry.get("step"), int):
@@ -45,7 +46,7 @@ def step_windows(df: pd.DataFrame, manifest: dict[str, Any], run_end: float) -> 
     A step's window is the manifest's [started_at, ended_at]; without those it runs
     from its first request to the next step's first request (the last to the run's end).
     """
-    planned = _manifest_steps(manifest)
+    planned = manifest_steps(manifest)
     grouped = df.groupby("step", sort=True)
     table = pd.DataFrame({"first_start": grouped["started_at"].min(), "users_seen": grouped["active_users"].max()})
     starts, ends, levels, units, users, rates = [], [], [], [], [], []
@@ -90,7 +91,9 @@ def _overlap(first: np.ndarray, last: np.ndarray, a: float, b: float) -> np.ndar
 
 
 def by_time(df: pd.DataFrame, windows: pd.DataFrame, cut: float, good: np.ndarray) -> pd.DataFrame:
-    """Per step window: tokens streamed, input tokens prefilled, completions (all and `good`), concurrency.
+    """Per step window: tokens streamed, input tokens prefilled, completions, concurrency, and the good completions:
+    the step's own requests that met the criteria (`good`) and ended in its window (a request is judged at the
+    load it was sent into, so goodput never exceeds the rate of the step's requests that met them).
 
     `cut` is when the run stopped: a request cut open occupies the channel until it was cut (its `cut_at`,
     else `cut`).
@@ -105,6 +108,7 @@ def by_time(df: pd.DataFrame, windows: pd.DataFrame, cut: float, good: np.ndarra
     in_flight = df["in_flight"].to_numpy()
     done = df["status"].eq("ok").to_numpy() & ~in_flight
     finished = df["finished_at"].to_numpy()
+    steps = df["step"].to_numpy()
     cut_at = df["cut_at"].to_numpy(dtype=np.float64) if "cut_at" in df else np.full(len(df), np.nan)
     occupied_to = np.where(in_flight, np.where(np.isfinite(cut_at), cut_at, cut),
                            np.where(np.isfinite(finished), finished, started))
@@ -122,6 +126,7 @@ def by_time(df: pd.DataFrame, windows: pd.DataFrame, cut: float, good: np.ndarra
         completions = int(ended_here.sum())
         busy = np.clip(np.minimum(occupied_to, b) - np.maximum(started, a), 0.0, None).sum()
         rows[step] = {"output_tokens_window": streamed, "input_tokens_window": prefilled,
-                      "completions_window": completions, "good_completions_window": int((ended_here & good).sum()),
+                      "completions_window": completions,
+                      "good_completions_window": int((ended_here & good & (steps == step)).sum()),
                       "achieved_concurrency": float(busy) / width}
     return pd.DataFrame.from_dict(rows, orient="index")

@@ -12,6 +12,7 @@ with closed-loop users, up to `slots` users never queue.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from fakeserver import FakeServer, Received, Script, chat_stream
@@ -27,6 +28,7 @@ class SlotServer(FakeServer):
         self.tpot_s = tpot_s
         self.busy = 0
         self.max_busy = 0
+        self.ttfts: list[float] = []  # each answer's first token from its request's arrival, the slot wait included
         self._slots: asyncio.Semaphore | None = None
         super().__init__()
         self.route(self._script)
@@ -43,7 +45,10 @@ class SlotServer(FakeServer):
     async def _answer(self, script: Script, reader: Any, writer: Any, release: Any) -> None:
         if self._slots is None:  # created on the server's own loop
             self._slots = asyncio.Semaphore(self.slots)
+        arrival = time.monotonic()
         async with self._slots:
+            # the role chunk goes at once, the first token after its delay
+            self.ttfts.append(time.monotonic() - arrival + sum(delay for delay, _ in script.writes[:2]))
             self.busy += 1
             self.max_busy = max(self.max_busy, self.busy)
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from simfixtures import DemoRun
@@ -37,6 +38,16 @@ def test_demo_writes_reports_and_comparison(demo_run: DemoRun) -> None:
         assert summary["fits"]["e2e_vs_output"]["n"] > 5
         assert summary["errors_by_kind"].get("client_error", 0) == 0
         assert len(list((out / phase / "plots").glob("*.png"))) >= 6
+        # a searched run: a stream cut at a step down is censored at its cut, so no latency's lower bound goes
+        # past the longest any request lasted (it read "p99 ≥ 11.5 s": censored at the run's end); the verdict
+        # judges each probe, with no attainment pooled over them
+        df = pd.read_parquet(out / phase / "requests.parquet")
+        longest = float((df["finished_at"].fillna(df["cut_at"]) - df["started_at"]).max())
+        for metric in ("ttft", "e2e"):
+            lat = summary["latency"][metric]
+            assert all(lat[q] <= longest + 1e-6 for q in lat["bounds"]), (phase, metric, lat, longest)
+        assert summary["slo"]["attainment"] is None and len(summary["search"]["probes"]) >= 3
+    assert "Probe 3" in proc.stderr and "SLO attainment" not in proc.stderr  # the verdict tables
     comparison = json.loads((out / "comparison" / "comparison.json").read_text())
     tpot = next(d for d in comparison["deltas"] if d["metric"] == "tpot")
     # The peak profile slows every decode step by 1.8x: the comparison must see it.

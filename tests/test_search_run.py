@@ -106,8 +106,39 @@ def test_the_search_finds_an_eight_slot_servers_capacity(tmp_path: Path) -> None
         assert p["n"] == len(counted)
         assert p["attainment"] == pytest.approx((counted["ttft_s"] <= 0.5).sum() / p["n"])
         assert "recount" not in p
-        assert p["tokens"] <= int(df.loc[df["step"] == p["step"], ["input_tokens", "output_tokens"]].sum().sum())
-    assert s["tokens"] == sum(p["tokens"] for p in s["probes"])
+    # the tokens are every token sent and received: every record's, warm-up and cut ones included, per probe
+    # (trials sharing a step share its records) and in all, split into counted, warm-up and cut
+    spent = df["input_tokens"].fillna(0) + df["output_tokens"].fillna(0)
+    for step, tokens in spent.groupby(df["step"]).sum().items():
+        assert sum(p["tokens"] for p in s["probes"] if p["step"] == step) == tokens
+    assert s["tokens"] == sum(p["tokens"] for p in s["probes"]) == spent.sum() == sum(s["tokens_split"].values())
+    assert s["tokens_split"]["warmup"] == spent[df["phase"].eq("warmup") & ~df["in_flight"]].sum() > 0
+    assert s["tokens_split"]["cut"] == spent[df["in_flight"]].sum()
+    assert f"{s['tokens'] / 1000:.0f}k tokens" in s["verdict"] and "warm-up" in s["verdict"]
+    # the whole run's TTFT: a stream cut at a step down is censored at its cut, not at the run's end, so the p99
+    # lies near the server's largest TTFT and no lower bound goes past it
+    ttft = summary["latency"]["ttft"]
+    longest = max(server.ttfts)
+    assert abs(ttft["p99"] - longest) <= 0.2 * longest, (ttft, longest)
+    assert all(ttft[q] <= longest for q in ttft["bounds"]), (ttft, longest)
+    # the report is organised by probe: each probe's verdict, evidence and percentiles, no pooled attainment
+    assert summary["slo"]["attainment"] is None and summary["breakpoint"] is None
+    rows = {topic: finding for topic, finding, _ in verdict_rows(summary)}
+    assert "SLO attainment" not in rows and "judged per probe" in rows["SLO"]
+    for n, p in enumerate(s["probes"], start=1):
+        assert rows[f"Probe {n}"].startswith(f"{p['level']} users") and f"{p['verdict']}" in rows[f"Probe {n}"]
+        assert p["ttft_p50_s"] is not None and f"TTFT p50 {p['ttft_p50_s']:.3g}" in rows[f"Probe {n}"]
+    html = (tmp_path / "run" / "report.html").read_text()
+    assert "<h2>Probes" in html and html.count("</tr>") >= len(s["probes"])
+    steps = {step["step"]: step for step in summary["steps"]}
+    for p in s["probes"]:
+        step = steps[p["step"]]
+        if p["verdict"] != "undecided":  # the search decided it: not "too few requests to judge"
+            assert step["decided"], step
+        # goodput: the step's own requests that met the SLO, never more
+        met = df[(df["step"] == p["step"]) & (df["phase"] == "measure") & (df["ttft_s"] <= 0.5)]
+        assert step["goodput_rps"] * step["duration_s"] <= len(met) + 0.01, step  # (both rounded)
+        assert step["steady"] == (step["duration_s"] >= 5 * step["e2e_p50_s"])
     assert server.max_busy <= 8
     # 16 users fail with the server's 8 slots streaming and the rest waiting: the count the run took while
     # requests waited is within the slots the server itself saw busy (its prompts' 0.23 s in a slot stream nothing)
