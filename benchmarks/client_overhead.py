@@ -299,9 +299,10 @@ def _spawn_cell(base_url: str, users: int, out: str) -> None:
     from locust.env import Environment
 
     from tokenload.channel import resolve
+    from tokenload.load import roles
     from tokenload.load.records import SegmentWriter
     from tokenload.load.state import LoadState
-    from tokenload.load.user import LLMUser, ProcessContext
+    from tokenload.load.user import PROCESS, LLMUser, ProcessContext
     from tokenload.protocols import adapter_for
     from tokenload.transport.gevent_client import Transport
     from tokenload.workload.prompts import PromptSource
@@ -317,13 +318,13 @@ def _spawn_cell(base_url: str, users: int, out: str) -> None:
     channel = resolve(protocol="anthropic", base_url=base_url, model=MODEL, env={}, home=Path(tempfile.mkdtemp())).channel
     scenario = load_scenario("smoke")
     env = Environment(user_classes=[LLMUser])
-    env.tokenload_process = ProcessContext(  # type: ignore[attr-defined]
+    runner = env.create_local_runner()
+    roles.attach(env).put(PROCESS, ProcessContext(
         run_id="bench", worker="local", tag=uuid.uuid4().hex[:8], protocol="anthropic",
         adapters={MODEL: adapter_for(channel)}, transport=Transport(channel),
         prompts=PromptSource(scenario, (MODEL,), random.getrandbits(31)),
         writer=SegmentWriter(Path(tempfile.mkdtemp()), "local"), state=LoadState(), arrivals=Parked(),  # type: ignore[arg-type]
-        extra_body={}, think_time_s=0.0)
-    runner = env.create_local_runner()
+        extra_body={}, think_time_s=0.0))
     cpu0 = time.process_time()
     runner.spawn_users({"LLMUser": users}, wait=False)
     gevent.sleep(0.5)  # every user's greenlet runs on_start and parks

@@ -21,7 +21,7 @@ from typing import Any
 from locust import events
 from locust.env import Environment
 
-from tokenload.load.courier import ACK_MESSAGE
+from tokenload.load.messages import ACK_MESSAGE
 from tokenload.locustfiles.llm import LLMUser, ScenarioShape
 
 __all__ = ["LLMUser", "ScenarioShape"]

@@ -28,7 +28,7 @@ from locust import argument_parser
 from locust.env import Environment
 import gevent
 
-from tokenload.load import courier, records
+from tokenload.load import courier, messages, records, roles
 from tokenload.load.rundirs import finalise, write_run_info
 from tokenload.workload.scenario import load_scenario
 
@@ -48,19 +48,20 @@ with socket.socket() as probe:
 write_run_info(run_dir, "run-1", load_scenario("smoke"), {})
 master_env = Environment()
 master = master_env.create_master_runner("127.0.0.1", port)
+roles.attach(master_env)
 received = []  # the batch numbers as the master's inbox saw them, copies included
 courier.receive(master_env, lambda run_id: run_dir if run_id == "run-1" else None)
-take = master.custom_messages[courier.BATCH_MESSAGE][0]
+take = master.custom_messages[messages.BATCH_MESSAGE][0]
 
 def counting(environment, msg, **kw):
     if msg.data["seq"] is not None:
         received.append(msg.data["seq"])
     take(environment=environment, msg=msg, **kw)
 
-master.custom_messages[courier.BATCH_MESSAGE] = (counting, False)
+master.custom_messages[messages.BATCH_MESSAGE] = (counting, False)
 worker_env = Environment()
 worker = worker_env.create_worker_runner("127.0.0.1", port)
-courier.follow_acks(worker_env)
+courier.follow_acks(roles.attach(worker_env))
 deadline = time.monotonic() + 20
 while not master.clients and time.monotonic() < deadline:
     gevent.sleep(0.1)
@@ -73,13 +74,13 @@ def rows(first, n):
 
 def flush(writer, done=False):
     writer.flush({"pid": 1}, done=done)
-    courier.pump(worker_env)
+    courier.pump(roles.of(worker_env))
 
 courier.RESEND_S = 0.0  # every pump sends every batch not yet acknowledged
 for r in rows(0, 5):
     writer.append(r)
 flush(writer)
-courier.pump(worker_env)  # no ack can have arrived (nothing yielded): batch 0 goes out again
+courier.pump(roles.of(worker_env))  # no ack can have arrived (nothing yielded): batch 0 goes out again
 for r in rows(5, 3):
     writer.append(r)
 flush(writer)
@@ -138,7 +139,9 @@ import json, socket, sys, time
 from locust.env import Environment
 import gevent
 
-from tokenload.load.control import STEP_MESSAGE, EarlyMessages, install_step_listener
+from tokenload.load import roles
+from tokenload.load.control import EarlyMessages, install_step_listener
+from tokenload.load.messages import STEP_MESSAGE
 from tokenload.load.state import LoadState
 from tokenload.workload.scenario import load_scenario
 
@@ -148,7 +151,8 @@ with socket.socket() as probe:
 master = Environment().create_master_runner("127.0.0.1", port)
 worker_env = Environment()
 worker = worker_env.create_worker_runner("127.0.0.1", port)
-inbox = EarlyMessages(worker)  # at the worker's start, as the plugin's init makes it
+role = roles.attach(worker_env)
+inbox = EarlyMessages(role)  # at the worker's start, as the plugin's init makes it
 deadline = time.monotonic() + 20
 while not master.clients and time.monotonic() < deadline:
     gevent.sleep(0.1)
@@ -157,7 +161,7 @@ master.send_message(STEP_MESSAGE, {"step": 1, "users": 6, "rate": None, "workers
                                    "plan_ends_at": time.time() + 20, "budget": {worker.client_id: [40, None]}})
 gevent.sleep(1.0)
 state = LoadState.for_scenario(load_scenario("smoke"))
-install_step_listener(worker_env, state, inbox)  # the join
+install_step_listener(role, state, inbox)  # the join
 print(json.dumps({"step": state.step, "budget": None if state.budget is None else state.budget.max_requests}))
 sys.stdout.flush()
 master.quit()

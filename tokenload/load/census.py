@@ -22,20 +22,20 @@ from typing import Any
 
 import gevent
 from locust.env import Environment
-from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 from tokenload.load.control import RunControl
+from tokenload.load.messages import LIVE_MESSAGE, LiveUsers
+from tokenload.load.roles import Role
 from tokenload.load.state import LoadState
 
-LIVE_MESSAGE = "tokenload_live_users"
 POLL_S = 1.0
 
 
 class Census:
     """Master side: users of healthy workers, users lost in the current step."""
 
-    def __init__(self, runner: MasterRunner, control: RunControl) -> None:
-        self.runner = runner
+    def __init__(self, role: Role, control: RunControl) -> None:
+        self.role = role
         self.control = control
         self.seen: dict[str, int] = {}
         self.lost: dict[str, int] = {}
@@ -49,12 +49,12 @@ class Census:
         step, planned = self.control.steps[-1]["step"], self.control.steps[-1]["users"]
         if step != self.step:
             self.step, self.lost = step, {}
-        for client in self.runner.clients.all:
-            if client.state == STATE_MISSING:
-                if client.id not in self.lost and client.id in self.seen:
-                    self.lost[client.id] = self.seen.pop(client.id)
+        for worker in self.role.workers():
+            if worker.missing:
+                if worker.id not in self.lost and worker.id in self.seen:
+                    self.lost[worker.id] = self.seen.pop(worker.id)
             else:
-                self.seen[client.id] = sum(client.user_classes_count.values())
+                self.seen[worker.id] = worker.users
         current = (step, max(0, planned - sum(self.lost.values())))
         if current == self.sent:
             return None
@@ -66,22 +66,21 @@ class Census:
             gevent.sleep(POLL_S)
             change = self.poll()
             if change is not None:
-                self.runner.send_message(LIVE_MESSAGE, {"step": change[0], "users": change[1]})
+                live: LiveUsers = {"step": change[0], "users": change[1]}
+                self.role.to_workers(LIVE_MESSAGE, live)
 
 
-def start_census(environment: Environment, control: RunControl) -> None:
+def start_census(role: Role, control: RunControl) -> None:
     """On the master: keep the census and tell the workers when a step's real user count changes."""
-    assert isinstance(environment.runner, MasterRunner)
-    gevent.spawn(Census(environment.runner, control).run)
+    gevent.spawn(Census(role, control).run)
 
 
-def follow_census(environment: Environment, state: LoadState) -> None:
+def follow_census(role: Role, state: LoadState) -> None:
     """On a worker: label records with the step's real user count once the master knows it."""
-    runner = environment.runner
-    assert isinstance(runner, WorkerRunner)
 
     def on_live(environment: Environment, msg: Any, **_: Any) -> None:
-        if msg.data["step"] == state.step:
-            state.users = msg.data["users"]
+        data: LiveUsers = msg.data
+        if data["step"] == state.step:
+            state.users = data["users"]
 
-    runner.register_message(LIVE_MESSAGE, on_live)
+    role.listen(LIVE_MESSAGE, on_live)

@@ -44,11 +44,20 @@ from pathlib import Path
 from typing import Any
 
 from locust.env import Environment
-from locust.runners import MasterRunner, WorkerRunner
 
 from tokenload.channel import Channel
-from tokenload.load import stoprules
-from tokenload.load.drain import ANSWERED, DRAIN_MESSAGE, Drain, derive, initial
+from tokenload.load import roles, stoprules
+from tokenload.load.drain import ANSWERED, Drain, derive, initial
+from tokenload.load.messages import (
+    BUDGET_MESSAGE,
+    DRAIN_MESSAGE,
+    FAILFAST_MESSAGE,
+    PAUSE_MESSAGE,
+    STEP_MESSAGE,
+    BudgetSpent,
+    ConfigErrors,
+    Step,
+)
 from tokenload.load.plan import Phase, build_plan
 from tokenload.load.probing import Prober
 from tokenload.load.records import SEGMENTS_DIR, AsideWriter, write_json
@@ -60,10 +69,6 @@ from tokenload.workload.scenario import Scenario
 
 log = logging.getLogger(__name__)
 
-STEP_MESSAGE = "tokenload_step"
-BUDGET_MESSAGE = "tokenload_budget_spent"
-FAILFAST_MESSAGE = "tokenload_config_errors"
-PAUSE_MESSAGE = "tokenload_pause"
 CONTROL_FILE = "control.json"
 INTERRUPTED = "interrupted"  # the stop reason of a Ctrl-C (or a lost parent): it drains for the floor only
 # Locust's request type for an LLM request (one Locust request per LLM request).
@@ -83,11 +88,11 @@ class EarlyMessages:
 
     NAMES = (STEP_MESSAGE, DRAIN_MESSAGE, PAUSE_MESSAGE)
 
-    def __init__(self, runner: WorkerRunner) -> None:
+    def __init__(self, role: roles.Role) -> None:
         self._listeners: dict[str, Callable[..., None]] = {}
         self._kept: list[tuple[str, Environment, Any]] = []
         for name in self.NAMES:
-            runner.register_message(name, self._receiver(name))
+            role.listen(name, self._receiver(name))
 
     def _receiver(self, name: str) -> Callable[..., None]:
         def receive(environment: Environment, msg: Any, **_: Any) -> None:
@@ -106,23 +111,21 @@ class EarlyMessages:
             self._listeners[name](environment, msg)
 
 
-def install_step_listener(environment: Environment, state: LoadState, inbox: EarlyMessages) -> None:
+def install_step_listener(role: roles.Role, state: LoadState, inbox: EarlyMessages) -> None:
     """On a worker: follow the master's phase announcements and pauses (those that came before this call
     included: `inbox`); report configuration errors."""
 
-    runner = environment.runner
-    assert isinstance(runner, WorkerRunner)
-
     def spent(budget: Budget) -> None:
-        runner.send_message(BUDGET_MESSAGE, {"worker": runner.client_id, "reason": budget.spent,
-                                             "sent": budget.sent, "tokens": budget.tokens})
+        report: BudgetSpent = {"worker": role.worker_id, "reason": budget.spent, "sent": budget.sent,
+                               "tokens": budget.tokens}
+        role.to_master(BUDGET_MESSAGE, report)
 
     def on_step(environment: Environment, msg: Any, **_: Any) -> None:
-        data = msg.data
+        data: Step = msg.data
         state.follow(data["step"], data["users"], None if data["rate"] is None else data["rate"] / max(1, data["workers"]))
         state.pacer.workers = max(1, data["workers"])
         state.started_at, state.plan_ends_at = data["started_at"], data["plan_ends_at"]
-        share = (data.get("budget") or {}).get(runner.client_id)
+        share = (data.get("budget") or {}).get(role.worker_id)
         if share is not None and (state.budget is None or data["step"] == 1):  # step 1: a (re)started test
             state.budget = Budget(share[0], share[1], spent)
         if data["step"] == 1:
@@ -130,7 +133,8 @@ def install_step_listener(environment: Environment, state: LoadState, inbox: Ear
             state.new_test()
 
     def config_errors(streak: int, last: dict[str, Any] | None) -> None:
-        runner.send_message(FAILFAST_MESSAGE, {"worker": runner.client_id, "streak": streak, "last": last})
+        report: ConfigErrors = {"worker": role.worker_id, "streak": streak, "last": last}
+        role.to_master(FAILFAST_MESSAGE, report)
 
     state.failfast.report = config_errors
     def on_drain(environment: Environment, msg: Any, **_: Any) -> None:
@@ -147,6 +151,7 @@ class RunControl:
                  channel: Channel | None = None, sources: Mapping[str, str] | None = None) -> None:
         """`sources`: where each channel field came from, for a fix in the user's terms (default: flags)."""
         self.environment = environment
+        self.role = roles.of(environment)
         # The drain in force: a fixed one, or the floor until `finish` derives it (`drain.py`).
         flag = getattr(environment.parsed_options, "stop_timeout", None)
         self.drain = initial(scenario.stop.drain_s, scenario.stop.drain_min_s, flag)
@@ -174,11 +179,9 @@ class RunControl:
         self.storms: list[dict[str, Any]] = []  # every breaker pause: when, why, probes, outcome
         self._window: deque[tuple[float, Counts]] = deque()  # the breaker's recent snapshots
         self._streak = FailureStreak(time.monotonic())  # the breaker's load failures in a row
-        runner = environment.runner
-        if isinstance(runner, MasterRunner):
-            for name, listener in ((BUDGET_MESSAGE, self._on_spent), (FAILFAST_MESSAGE, self._on_config_errors)):
-                runner.custom_messages.pop(name, None)  # a new run (web UI) takes over from the previous one
-                runner.register_message(name, listener)
+        # A new run (web UI) takes over from the previous one; a local process never gets these (no workers).
+        self.role.listen(BUDGET_MESSAGE, self._on_spent, replace=True)
+        self.role.listen(FAILFAST_MESSAGE, self._on_config_errors, replace=True)
 
     def _on_spent(self, environment: Environment, msg: Any, **_: Any) -> None:
         self.spent[msg.data["worker"]] = msg.data
@@ -217,30 +220,31 @@ class RunControl:
             self.environment.stop_timeout = self._stop_timeout()
         self._step_start = self._snapshot()
         self.steps.append({**asdict(phase), "started_at": time.time()})
-        runner = self.environment.runner
         stop = self.scenario.stop
-        timing = {"started_at": clock_zero + phase.start_s, "plan_ends_at": clock_zero + self.plan[-1].end_s}
-        if isinstance(runner, MasterRunner):
-            self.workers.update(runner.clients.keys())
-            message: dict[str, Any] = {**asdict(phase), "workers": max(1, runner.worker_count), **timing}
+        started_at, plan_ends_at = clock_zero + phase.start_s, clock_zero + self.plan[-1].end_s
+        if self.role.has_workers:
+            ids = sorted(worker.id for worker in self.role.workers())
+            self.workers.update(ids)
+            message: Step = {"step": phase.step, "start_s": phase.start_s, "end_s": phase.end_s, "users": phase.users,
+                             "rate": phase.rate, "workers": max(1, self.role.worker_count), "started_at": started_at,
+                             "plan_ends_at": plan_ends_at}
             if self.limited and not self.budgets:  # shares are fixed by the workers present at the start
-                ids = sorted(runner.clients.keys())
                 req, tok = shares(stop.max_requests, ids), shares(stop.max_tokens, ids)
                 self.budgets = {w: [req[w], tok[w]] for w in ids}
             if self.budgets:
                 message["budget"] = self.budgets
-            runner.send_message(STEP_MESSAGE, message)
+            self.role.to_workers(STEP_MESSAGE, message)
         else:
             self.state.follow(phase.step, phase.users, phase.rate)
-            self.state.started_at, self.state.plan_ends_at = timing["started_at"], timing["plan_ends_at"]
+            self.state.started_at, self.state.plan_ends_at = started_at, plan_ends_at
             if phase.step == 1:
-                self.state.run_started_at = timing["started_at"]
+                self.state.run_started_at = started_at
             if self.limited and self.state.budget is None:
                 self.state.budget = Budget(stop.max_requests or None, stop.max_tokens or None)
 
     def _config_streak(self) -> tuple[int, dict[str, Any] | None]:
         """Configuration errors in a row, summed over processes, and the latest one."""
-        if isinstance(self.environment.runner, MasterRunner):
+        if self.role.has_workers:
             reports = [r for r in self.config_errors.values() if r["streak"]]
             return sum(r["streak"] for r in reports), next((r["last"] for r in reports), None)
         return self.state.failfast.streak, self.state.failfast.last
@@ -301,8 +305,7 @@ class RunControl:
                 self._window.popleft()
             if now - self._window[0][0] < stop.storm_s * 0.9:  # not a whole window yet
                 return None
-            runner = self.environment.runner
-            detail = stoprules.storm(totals.minus(self._window[0][1]), stop, runner.user_count if runner else 0,
+            detail = stoprules.storm(totals.minus(self._window[0][1]), stop, self.role.user_count,
                                      self._streak.streak, self._streak.quiet_s(now))
             if detail is None:
                 return None
@@ -326,9 +329,8 @@ class RunControl:
         return storm
 
     def _pause(self, paused: bool) -> None:
-        runner = self.environment.runner
-        if isinstance(runner, MasterRunner):
-            runner.send_message(PAUSE_MESSAGE, {"paused": paused})
+        if self.role.has_workers:
+            self.role.to_workers(PAUSE_MESSAGE, {"paused": paused})
         else:
             self.state.pause(paused)
 
@@ -387,12 +389,10 @@ class RunControl:
         """Drain for `drain`, here and (ahead of their stop) on every worker."""
         self.drain = drain
         self.environment.stop_timeout = self.drain.drain_s
-        if isinstance(self.environment.runner, MasterRunner):
-            self.environment.runner.send_message(DRAIN_MESSAGE, {"drain_s": self.drain.drain_s})
+        self.role.to_workers(DRAIN_MESSAGE, {"drain_s": self.drain.drain_s})
 
     def live(self) -> dict[str, Any]:
         """The numbers for `tokenload run`'s live line: the current step so far."""
-        runner = self.environment.runner
         snap = self._snapshot()
         current = snap.since(self._step_start) if self._step_start is not None else {}
         started = self.steps[-1]["started_at"] if self.steps else self._started_at
@@ -400,7 +400,7 @@ class RunControl:
             "elapsed_s": time.time() - self._started_at,
             "step": self.steps[-1]["step"] if self.steps else 0,
             "target_users": self.steps[-1]["users"] if self.steps else 0,
-            "users": runner.user_count if runner else 0,
+            "users": self.role.user_count,
             "requests": snap.requests,
             "errors": snap.failures,
             "step_rps": current.get("requests", 0) / max(1e-9, time.time() - started),
@@ -409,9 +409,7 @@ class RunControl:
         }
 
     def write_live(self) -> None:
-        runner = self.environment.runner
-        if isinstance(runner, MasterRunner):
-            self.workers.update(runner.clients.keys())
+        self.workers.update(worker.id for worker in self.role.workers())
         write_json(self.path, {
             "started_at": self._started_at,
             "plan": [asdict(p) for p in self.plan],
@@ -423,3 +421,6 @@ class RunControl:
             "live": self.live(),
             "updated_at": time.time(),
         })
+
+
+CONTROL: roles.Part[RunControl] = roles.Part("run control")  # on the master or local process

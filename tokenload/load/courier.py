@@ -49,14 +49,13 @@ import gevent
 import pyarrow as pa
 from locust.env import Environment
 from locust.exception import RPCError
-from locust.runners import MasterRunner, WorkerRunner
+from locust.rpc import Message
 from pyarrow import feather
 
-from tokenload.load import records
+from tokenload.load import records, roles
+from tokenload.load.messages import ACK_MESSAGE, BATCH_MESSAGE, Ack, Batch
 from tokenload.load.rundirs import RUN_INFO, read_json
 
-BATCH_MESSAGE = "tokenload_batch"
-ACK_MESSAGE = "tokenload_ack"
 SPOOL_DIR = "spool"
 # A batch the master has not acknowledged after this long is sent again; each further copy waits twice as long as
 # the one before, at most RESEND_MAX_S (a 10 s cut: copies at 3 and 9 s, and the next at most 12 s after it heals,
@@ -87,8 +86,8 @@ def shares_run(run_dir: Path, run_id: str) -> bool:
 class Outbox:
     """Worker side: one run's spooled segments, sent to the master until it acknowledges each."""
 
-    def __init__(self, runner: WorkerRunner, run_id: str, writer: records.SegmentWriter) -> None:
-        self.runner = runner
+    def __init__(self, role: roles.Role, run_id: str, writer: records.SegmentWriter) -> None:
+        self.role = role
         self.run_id = run_id
         self.writer = writer
         self._sent: dict[int, tuple[float, float]] = {}  # segment number -> (when last sent (monotonic), wait)
@@ -133,10 +132,10 @@ class Outbox:
             return
 
     def _send(self, seq: int | None, data: bytes | None, state: dict[str, Any]) -> None:
-        self.runner.send_message(BATCH_MESSAGE, {"run_id": self.run_id, "worker": self.writer.worker, "seq": seq,
-                                                 "data": data, "state": state})
+        batch: Batch = {"run_id": self.run_id, "worker": self.writer.worker, "seq": seq, "data": data, "state": state}
+        self.role.to_master(BATCH_MESSAGE, batch)
 
-    def on_ack(self, data: dict[str, Any]) -> None:
+    def on_ack(self, data: Ack) -> None:
         """The master got a batch (or the state): free it; the link works, so what is still unacknowledged waits
         `RESEND_S` again (sent at the next pump if that is over)."""
         self._sent = {seq: (when, RESEND_S) for seq, (when, _) in self._sent.items()}
@@ -144,7 +143,8 @@ class Outbox:
         self._state_sent = (at, None if last is None else (last[0], RESEND_S))
         if data.get("sealed"):
             self.writer.sealed = True
-        freed = set() if data.get("seq") is None else {int(data["seq"])}
+        seq = data["seq"]
+        freed = set() if seq is None else {int(seq)}
         if data.get("state_at") is not None:
             self.state_acked = data["state_at"]
             # A state is acknowledged only once every batch it counts has arrived: those are in too, also when
@@ -165,41 +165,39 @@ def writer_for(environment: Environment, run_id: str, run_dir: Path, spool_root:
         return records.SegmentWriter(run_dir, worker)
     root = spool_root if spool_root is not None else Path(tempfile.mkdtemp(prefix="tokenload-spool-"))
     writer = records.SegmentWriter(root / SPOOL_DIR / run_id, worker)
-    runner = environment.runner
-    assert isinstance(runner, WorkerRunner)
-    _outboxes(environment)[run_id] = Outbox(runner, run_id, writer)
+    role = roles.of(environment)
+    _outboxes(role)[run_id] = Outbox(role, run_id, writer)
     return writer
 
 
-def _outboxes(environment: Environment) -> dict[str, Outbox]:
-    boxes: dict[str, Outbox] | None = getattr(environment, "tokenload_outboxes", None)
-    if boxes is None:
-        boxes = {}
-        environment.tokenload_outboxes = boxes  # type: ignore[attr-defined]
-    return boxes
+OUTBOXES: roles.Part[dict[str, Outbox]] = roles.Part("courier outboxes")  # run id -> its outbox, on a worker
+INBOX: roles.Part[Inbox] = roles.Part("courier inbox")  # on a master
 
 
-def pump(environment: Environment) -> None:
+def _outboxes(role: roles.Role) -> dict[str, Outbox]:
+    return role.get(OUTBOXES) or role.put(OUTBOXES, {})
+
+
+def pump(role: roles.Role) -> None:
     """Worker side, after each flush: send what the master has not acknowledged, for every run of this session."""
-    for box in _outboxes(environment).values():
+    for box in _outboxes(role).values():
         box.pump()
 
 
 def _on_ack(environment: Environment, msg: Any, **_: Any) -> None:
-    box = _outboxes(environment).get(msg.data["run_id"])
+    data: Ack = msg.data
+    box = _outboxes(roles.of(environment)).get(data["run_id"])
     if box is not None:
-        box.on_ack(msg.data)
+        box.on_ack(data)
 
 
-def follow_acks(environment: Environment) -> None:
+def follow_acks(role: roles.Role) -> None:
     """Worker side: the master's acknowledgements free the spool."""
-    runner = environment.runner
-    assert isinstance(runner, WorkerRunner)
-    runner.register_message(ACK_MESSAGE, _on_ack)
+    role.listen(ACK_MESSAGE, _on_ack)
 
 
 @contextlib.contextmanager
-def _listening(receive: Callable[[], Any], handlers: dict[str, Callable[..., None]],
+def _listening(receive: Callable[[], Message], handlers: dict[str, Callable[..., None]],
                environment: Environment) -> Iterator[None]:
     """Take `handlers`' messages from a socket whose Locust listener has stopped (the runner quit), others dropped."""
 
@@ -227,14 +225,14 @@ def settle(environment: Environment, timeout_s: float = SETTLE_S) -> list[str]:
     Locust's own receiver stopped at the master's quit, which comes before this worker's last batch; so
     this listens on the socket itself. Returns the spool files still unacknowledged (they stay on disk).
     """
-    boxes = list(_outboxes(environment).values())
-    runner = environment.runner
-    if not boxes or not isinstance(runner, WorkerRunner):
+    role = roles.of(environment)
+    boxes = list(_outboxes(role).values())
+    if not boxes:  # not a worker, or one that writes into its master's run directory itself
         return []
     deadline = time.monotonic() + timeout_s
-    with _listening(lambda: runner.client.recv(), {ACK_MESSAGE: _on_ack}, environment):
+    with _listening(role.next_message, {ACK_MESSAGE: _on_ack}, environment):
         while not all(box.settled for box in boxes) and time.monotonic() < deadline:
-            pump(environment)
+            pump(role)
             gevent.sleep(0.2)
     return [str(path) for box in boxes for path in box.unacked()]
 
@@ -242,8 +240,8 @@ def settle(environment: Environment, timeout_s: float = SETTLE_S) -> list[str]:
 class Inbox:
     """Master side: workers' batches into the run directory, each request id once, each batch acknowledged."""
 
-    def __init__(self, runner: MasterRunner, run_dir_of: Callable[[str], Path | None]) -> None:
-        self.runner = runner
+    def __init__(self, role: roles.Role, run_dir_of: Callable[[str], Path | None]) -> None:
+        self.role = role
         self.run_dir_of = run_dir_of
         self._ids: dict[str, set[str]] = {}  # run id -> request ids written
         self._segments: dict[tuple[str, str], set[int]] = {}  # (run id, worker) -> segment numbers received
@@ -251,32 +249,34 @@ class Inbox:
         self._counts: dict[tuple[str, str], dict[str, int]] = {}
 
     def on_batch(self, environment: Environment, msg: Any, **_: Any) -> None:
-        data = msg.data
+        data: Batch = msg.data
         run_id, worker = data["run_id"], records.safe_worker_id(data["worker"])
         seq = None if data["seq"] is None else int(data["seq"])
         run_dir = self.run_dir_of(run_id)
         seg = None if run_dir is None else run_dir / records.SEGMENTS_DIR
         if seg is None or not seg.is_dir():  # finalised (or unknown): nothing may change it any more
-            self.runner.send_message(ACK_MESSAGE, {"run_id": run_id, "seq": seq, "sealed": True}, client_id=msg.node_id)
+            sealed: Ack = {"run_id": run_id, "seq": seq, "sealed": True}
+            self.role.to_workers(ACK_MESSAGE, sealed, client_id=msg.node_id)
             return
         key = (run_id, worker)
         got = self._segments.setdefault(key, set())
         counts = self._counts.setdefault(key, {"batches": 0, "duplicate_records": 0, "messages": 0, "bytes": 0})
         counts["messages"] += 1
-        counts["bytes"] += len(data["data"] or b"")
-        if seq is not None and seq not in got:
+        batch = data["data"]  # None: the state alone
+        counts["bytes"] += len(batch or b"")
+        if seq is not None and batch is not None and seq not in got:
             counts["batches"] += 1
-            counts["duplicate_records"] += self._write(seg, run_id, worker, seq, data["data"])
+            counts["duplicate_records"] += self._write(seg, run_id, worker, seq, batch)
             got.add(seq)
-        elif seq is not None:
-            counts["duplicate_records"] += feather.read_table(pa.BufferReader(data["data"])).num_rows
+        elif seq is not None and batch is not None:
+            counts["duplicate_records"] += feather.read_table(pa.BufferReader(batch)).num_rows
         state = data["state"]
         state_at, segments = None, 0
         if state and got.issuperset(range(int(state.get("segments", 0)))):
             records.write_json(seg / f"{worker}.state.json", {**state, "worker": worker, "courier": dict(counts)})
             state_at, segments = state.get("updated_at"), int(state.get("segments", 0))
-        self.runner.send_message(ACK_MESSAGE, {"run_id": run_id, "seq": seq, "state_at": state_at,
-                                               "segments": segments}, client_id=msg.node_id)
+        ack: Ack = {"run_id": run_id, "seq": seq, "state_at": state_at, "segments": segments}
+        self.role.to_workers(ACK_MESSAGE, ack, client_id=msg.node_id)
 
     def _write(self, seg: Path, run_id: str, worker: str, seq: int, data: bytes) -> int:
         """Write a batch's records not seen before in this run; returns how many were seen already."""
@@ -291,11 +291,9 @@ class Inbox:
 
 def receive(environment: Environment, run_dir_of: Callable[[str], Path | None]) -> None:
     """Master side: take the workers' batches; `run_dir_of` maps a run id of this session to its run directory."""
-    runner = environment.runner
-    assert isinstance(runner, MasterRunner)
-    inbox = Inbox(runner, run_dir_of)
-    environment.tokenload_inbox = inbox  # type: ignore[attr-defined]
-    runner.register_message(BATCH_MESSAGE, inbox.on_batch)
+    role = roles.of(environment)
+    inbox = role.put(INBOX, Inbox(role, run_dir_of))
+    role.listen(BATCH_MESSAGE, inbox.on_batch)
 
 
 @contextlib.contextmanager
@@ -305,10 +303,10 @@ def collecting(environment: Environment) -> Iterator[None]:
     A headless master sends its workers `quit` and stops listening half a second later, while they still
     drain their users; their last batches come after that.
     """
-    inbox: Inbox | None = getattr(environment, "tokenload_inbox", None)
-    runner = environment.runner
-    if inbox is None or not isinstance(runner, MasterRunner):
+    role = roles.of(environment)
+    inbox = role.get(INBOX)
+    if inbox is None:  # not a master
         yield
         return
-    with _listening(lambda: runner.server.recv_from_client()[1], {BATCH_MESSAGE: inbox.on_batch}, environment):
+    with _listening(role.next_message, {BATCH_MESSAGE: inbox.on_batch}, environment):
         yield

@@ -27,7 +27,6 @@ from typing import Any
 
 from tokenload.load.tokenstats import Cell
 
-DRAIN_MESSAGE = "tokenload_drain"
 DRAIN_FACTOR = 2.0
 DRAIN_CAP_S = 600.0
 # After the drain, how long processes get to flush and exit before they are waited for no more.

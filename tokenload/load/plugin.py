@@ -41,7 +41,6 @@ import logging
 import os
 import random
 import signal
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -49,18 +48,18 @@ from typing import Any
 import gevent
 from locust import events
 from locust.env import Environment
-from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 from tokenload.channel import Channel
-from tokenload.load import census, courier, handoff, lifeline, records, series, tokenstats
+from tokenload.load import census, courier, handoff, lifeline, records, roles, series, tokenstats
 from tokenload.load.arrivals import Arrivals, TraceArrivals
-from tokenload.load.control import EarlyMessages, RunControl, install_step_listener
-from tokenload.load.drain import DRAIN_GRACE_S, DRAIN_MESSAGE
+from tokenload.load.control import CONTROL, EarlyMessages, RunControl, install_step_listener
+from tokenload.load.drain import DRAIN_GRACE_S
 from tokenload.load.handoff import bind, resolve_scenario_channel
 from tokenload.load.lag import LagProbe, freeze_heap
+from tokenload.load.messages import DRAIN_MESSAGE
 from tokenload.load.rundirs import default_run_dir, finalise, new_run_id, write_run_info
 from tokenload.load.state import LoadState
-from tokenload.load.user import ProcessContext
+from tokenload.load.user import PROCESS, ProcessContext
 from tokenload.load.warmup import Warmup
 from tokenload.protocols import adapter_for
 from tokenload.transport.gevent_client import Transport
@@ -71,6 +70,8 @@ from tokenload.workload.traces import load_trace
 FLUSH_INTERVAL_S = 1.0
 MANAGED_ENV = "TOKENLOAD_MANAGED"  # set by `tokenload run`, which finalises the run itself
 _ENVIRONMENT: Environment | None = None
+LIFELINE: roles.Part[lifeline.Lifeline] = roles.Part("lifeline")
+LAG: roles.Part[LagProbe] = roles.Part("lag probe")  # where users run
 if os.environ.get(MANAGED_ENV):
     lifeline.take_sigint()
 
@@ -93,15 +94,15 @@ def _init(environment: Environment, **_: Any) -> None:
         return
     global _ENVIRONMENT
     _ENVIRONMENT = environment
-    if isinstance(environment.runner, WorkerRunner):
-        courier.follow_acks(environment)
-        inbox = EarlyMessages(environment.runner)  # before the hello: the master may step before it answers
+    role = roles.attach(environment)
+    if role.follows:
+        courier.follow_acks(role)
+        inbox = EarlyMessages(role)  # before the hello: the master may step before it answers
         series.follow_master(environment, lambda scenario, channel: _join(environment, scenario, channel, inbox))
         _arm_lifeline(environment)
         return
     scenario = load_scenario(opts.scenario)
     state = LoadState.for_scenario(scenario)
-    environment.tokenload_state = state  # type: ignore[attr-defined]
     tokenstats.install(environment, scenario.slo)
     if not opts.run_id:
         opts.run_id = new_run_id()
@@ -109,16 +110,15 @@ def _init(environment: Environment, **_: Any) -> None:
         opts.run_dir = str(default_run_dir(scenario.name))
     run_dir = Path(opts.run_dir)
     bound, channel, sources = _channel_and_sources(scenario, environment.host)
-    control = RunControl(environment, scenario, run_dir, state, channel, sources)
-    environment.tokenload = control  # type: ignore[attr-defined]
-    if isinstance(environment.runner, MasterRunner):
-        census.start_census(environment, control)
+    control = role.put(CONTROL, RunControl(environment, scenario, run_dir, state, channel, sources))
+    if role.has_workers:
+        census.start_census(role, control)
     if not os.environ.get(MANAGED_ENV):
         write_run_info(run_dir, opts.run_id, bound, channel.public())
         if environment.web_ui is None:  # with the web UI every start is a run of its own, finalised at its stop
             atexit.register(_finalise_standalone, run_dir)
-    if not isinstance(environment.runner, MasterRunner):
-        _setup_process(environment, scenario)
+    if role.runs_users:
+        _setup_process(environment, scenario, state)
     else:
         warm_inspect()
     series.lead(environment)
@@ -132,13 +132,13 @@ def _join(environment: Environment, scenario: Scenario, channel: dict[str, Any],
     Under `tokenload run --worker` the channel was resolved on this machine (its flags, environment and key).
     """
     state = LoadState.for_scenario(scenario)
-    environment.tokenload_state = state  # type: ignore[attr-defined]
+    role = roles.of(environment)
     tokenstats.install(environment, scenario.slo)
-    install_step_listener(environment, state, inbox)
-    census.follow_census(environment, state)
+    install_step_listener(role, state, inbox)
+    census.follow_census(role, state)
     if handoff.channel_from_env() is None and channel.get("base_url"):
         environment.host = channel["base_url"]
-    _setup_process(environment, scenario)
+    _setup_process(environment, scenario, state)
 
 
 def warm_inspect() -> None:
@@ -178,35 +178,33 @@ def _channel_and_sources(scenario: Scenario, host: str | None) -> tuple[Scenario
 def _arm_lifeline(environment: Environment) -> None:
     """Processes `tokenload run` manages, and forked workers, stop when their parent or master is gone, at
     once (open streams cut); a managed web UI quits at its interrupt."""
-    runner = environment.runner
-    worker = runner if isinstance(runner, WorkerRunner) else None
-    if worker is not None:
-        environment.events.test_stopping.add_listener(lambda **_: _heartbeat_watch(worker, False))
-        environment.events.test_stop.add_listener(lambda **_: _heartbeat_watch(worker, True))
-    forked = worker is not None and bool(getattr(environment.parsed_options, "processes", None))
+    role = roles.of(environment)
+    if role.follows:
+        environment.events.test_stopping.add_listener(lambda **_: role.watch_heartbeats(False))
+        environment.events.test_stop.add_listener(lambda **_: role.watch_heartbeats(True))
+    forked = role.follows and bool(getattr(environment.parsed_options, "processes", None))
     parent = lifeline.parent_to_watch(forked) if forked or os.environ.get(MANAGED_ENV) else None
     if environment.web_ui is not None and os.environ.get(MANAGED_ENV):
         lifeline.on_interrupt(lambda: _quit_web_ui(environment))
-    if parent is None and worker is None:
+    if parent is None and not role.follows:
         return
 
     def cut_open_streams() -> None:  # before Locust's stop begins: it reads the drain when it starts
         environment.stop_timeout = 0
 
-    line = lifeline.Lifeline(parent, None if worker is None else lambda: worker.last_heartbeat_timestamp,
-                             on_lost=cut_open_streams)
-    environment.tokenload_lifeline = line  # type: ignore[attr-defined]
-    if isinstance(runner, MasterRunner):
-        environment.events.test_stopping.add_listener(lambda **_: _workers_cut_if_lost(runner, line))
+    line = role.put(LIFELINE, lifeline.Lifeline(parent, role.last_heartbeat if role.follows else None,
+                                                on_lost=cut_open_streams))
+    if role.has_workers:
+        environment.events.test_stopping.add_listener(lambda **_: _workers_cut_if_lost(role, line))
     line.arm()
 
 
-def _workers_cut_if_lost(master: MasterRunner, line: lifeline.Lifeline) -> None:
+def _workers_cut_if_lost(master: roles.Role, line: lifeline.Lifeline) -> None:
     """A master whose parent is gone stops: its workers cut their streams too (no drain), told ahead of the
     stop or quit on the same socket. Otherwise they drain with the value the master sent earlier while the
     master waits for them, and a killed `tokenload run --processes 2` loaded the channel 4 s longer."""
     if line.reason is not None:
-        master.send_message(DRAIN_MESSAGE, {"drain_s": 0.0})
+        master.to_workers(DRAIN_MESSAGE, {"drain_s": 0.0})
 
 
 def _quit_web_ui(environment: Environment) -> None:
@@ -214,46 +212,27 @@ def _quit_web_ui(environment: Environment) -> None:
 
     The person (or the dead parent) is leaving: the run is finalised, not analysed.
     """
-    runs: series.Series | None = getattr(environment, "tokenload_series", None)
+    runs = roles.of(environment).get(series.SERIES)
     if runs is not None:
         runs.on_quitting()
     if environment.web_ui is not None:
         gevent.spawn(environment.web_ui.stop)
 
 
-def _heartbeat_watch(worker: WorkerRunner, on: bool) -> None:
-    """Pause the master-heartbeat watches while this worker drains its users, resume them after.
-
-    A worker drains on its master's stop or quit; meanwhile Locust's message loop sits in that stop and
-    reads no heartbeat, and a master that quit sends none, so the watches (the lifeline's 5 s, Locust's
-    own 60 s: both read `last_heartbeat_timestamp`, and skip an unset one) would cut the drain short.
-    `stop_timeout` bounds the drain; a forked worker's parent watch stays on throughout.
-    """
-    if not on:
-        worker.last_heartbeat_timestamp = None
-    elif worker.last_heartbeat_timestamp is None:
-        worker.last_heartbeat_timestamp = time.time()
-
-
 def _wait_for_workers(environment: Environment) -> None:
     """A master that quits stays until its workers have drained and flushed (or the drain and a grace
     are over): forked workers stop at once when their master is gone, remote ones miss its heartbeats."""
-    control: RunControl | None = getattr(environment, "tokenload", None)
-    runner = environment.runner
-    if control is None or not isinstance(runner, MasterRunner):
+    role = roles.of(environment)
+    control = role.get(CONTROL)
+    if control is None or not role.has_workers:
         return
-    draining = sorted(c.id for c in runner.clients.all if c.state != STATE_MISSING)  # a lost one flushes no more
+    draining = sorted(w.id for w in role.workers() if not w.missing)  # a lost one flushes no more
     if draining:
         with courier.collecting(environment):
             records.wait_for_workers(control.path.parent.parent, draining, environment.stop_timeout + DRAIN_GRACE_S)
 
 
-def _worker_id(environment: Environment) -> str:
-    runner = environment.runner
-    return records.safe_worker_id(runner.client_id if isinstance(runner, WorkerRunner) else "local")
-
-
-def _setup_process(environment: Environment, scenario: Scenario) -> None:
+def _setup_process(environment: Environment, scenario: Scenario, state: LoadState) -> None:
     """Build this process's users' shared context, once, before the shape's clock starts.
 
     Done at `init`, not `test_start`: building adapters, the transport and the
@@ -263,11 +242,11 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
     """
     opts = environment.parsed_options
     assert opts is not None
-    worker = _worker_id(environment)
+    role = roles.of(environment)
+    worker = records.safe_worker_id(role.worker_id)
     scenario, channel = _channel(scenario, environment.host)
     models = scenario.channel.models
     salt = random.SystemRandom().getrandbits(31)
-    state: LoadState = environment.tokenload_state  # type: ignore[attr-defined]
     load = scenario.load
     arrivals: Arrivals | TraceArrivals | None = None
     probe_warmup = load.search.probe_warmup_s if load.search is not None else 0.0
@@ -285,12 +264,10 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         protocol=channel.protocol,
         adapters={m: adapter_for(channel.with_model(m)) for m in models},
         # A late request counts the streams only where they are all this process's (a worker sees its share).
-        transport=Transport(channel, count_streams=load.search is not None
-                            and not isinstance(environment.runner, WorkerRunner)),
+        transport=Transport(channel, count_streams=load.search is not None and not role.follows),
         prompts=PromptSource(scenario, models, salt),
         # A worker's writer comes with the master's run message (`series.follow_master`).
-        writer=records.SegmentWriter(None if isinstance(environment.runner, WorkerRunner) else Path(opts.run_dir),
-                                     worker),
+        writer=records.SegmentWriter(None if role.follows else Path(opts.run_dir), worker),
         state=state,
         arrivals=arrivals,
         extra_body=scenario.output.extra_body(),
@@ -302,29 +279,29 @@ def _setup_process(environment: Environment, scenario: Scenario) -> None:
         late_s=scenario.slo.ttft_s if load.search is not None else None,
         on_time=load.search is not None and scenario.slo.first_token_decides,
     )
-    environment.tokenload_process = ctx  # type: ignore[attr-defined]
+    role.put(PROCESS, ctx)
     warm_inspect()
-    probe = LagProbe()
-    probe.start()
-    environment.tokenload_probe = probe  # type: ignore[attr-defined]
+    role.put(LAG, LagProbe()).start()
     gevent.spawn(_flush_forever, environment)
     freeze_heap()
     environment.events.spawning_complete.add_listener(freeze_heap)
 
 
 def _flush(environment: Environment, done: bool = False) -> None:
-    ctx: ProcessContext | None = getattr(environment, "tokenload_process", None)
+    role = roles.find(environment)
+    if role is None:  # a library user's Environment: nothing of tokenload's to flush
+        return
+    ctx = role.get(PROCESS)
     if ctx is not None:
-        line: lifeline.Lifeline | None = getattr(environment, "tokenload_lifeline", None)
-        state = {"lag": environment.tokenload_probe.stats(), "pid": os.getpid(),  # type: ignore[attr-defined]
-                 "lost": None if line is None else line.reason}
+        line = role.get(LIFELINE)
+        state = {"lag": role.need(LAG).stats(), "pid": os.getpid(), "lost": None if line is None else line.reason}
         ctx.writer.flush(state, done=done)
-    courier.pump(environment)
+    courier.pump(role)
 
 
 def _flush_forever(environment: Environment) -> None:
     """Flush every second; once the run was finalised under this process (sealed), stop it."""
-    ctx: ProcessContext = environment.tokenload_process  # type: ignore[attr-defined]
+    ctx = roles.of(environment).need(PROCESS)
     while not ctx.writer.sealed:
         gevent.sleep(FLUSH_INTERVAL_S)
         _flush(environment)
@@ -341,13 +318,15 @@ def _test_stop(environment: Environment, **_: Any) -> None:
 
 @events.quitting.add_listener
 def _quitting(environment: Environment, **_: Any) -> None:
-    line: lifeline.Lifeline | None = getattr(environment, "tokenload_lifeline", None)
-    ctx: ProcessContext | None = getattr(environment, "tokenload_process", None)
+    role = roles.find(environment)
+    if role is None:  # a library user's Environment: nothing of tokenload's to stop
+        return
+    line, ctx = role.get(LIFELINE), role.get(PROCESS)
     if (line is not None and line.check()) or (ctx is not None and ctx.writer.sealed):
         environment.stop_timeout = 0  # nobody waits for a drain: stop now, open streams are kept as records
     if line is not None:
         line.quiet()
-    control: RunControl | None = getattr(environment, "tokenload", None)
+    control = role.get(CONTROL)
     if control is not None:
         control.finish("interrupted")
 
@@ -363,7 +342,7 @@ def _quit(exit_code: int, **_: Any) -> None:
             logging.getLogger(__name__).error("tokenload: the master did not acknowledge %d record batches; "
                                               "they stay in %s", len(unsent), Path(unsent[0]).parent)
         _wait_for_workers(_ENVIRONMENT)
-        control: RunControl | None = getattr(_ENVIRONMENT, "tokenload", None)
+        control = roles.of(_ENVIRONMENT).get(CONTROL)
         if control is not None:
             control.write_live()
 

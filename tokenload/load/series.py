@@ -41,17 +41,16 @@ from typing import Any
 
 import gevent
 from locust.env import Environment
-from locust.runners import MasterRunner, WorkerRunner
 
 from tokenload.compat import python_module
-from tokenload.load import courier, records
-from tokenload.load.control import BUDGET_MESSAGE, RunControl
+from tokenload.load import courier, records, roles
+from tokenload.load.control import CONTROL, RunControl
+from tokenload.load.messages import HELLO_MESSAGE, RUN_MESSAGE, Announcement
 from tokenload.load.rundirs import RUN_INFO, finalise, new_run_id, write_run_info
+from tokenload.load.user import PROCESS
 from tokenload.rundir import MANIFEST_FILE
 from tokenload.workload.scenario import Scenario
 
-RUN_MESSAGE = "tokenload_run"
-HELLO_MESSAGE = "tokenload_hello"
 REPORT_FILE = "report.html"
 FINALISE_GRACE_S = 15.0  # beyond the drain time: workers' last flush after their users stopped
 
@@ -86,10 +85,12 @@ class Series:
     def __init__(self, environment: Environment, web: bool) -> None:
         opts = environment.parsed_options
         assert opts is not None
-        control: RunControl = environment.tokenload  # type: ignore[attr-defined]
+        self.role = roles.of(environment)
+        control = self.role.need(CONTROL)
         self.environment = environment
         self.web = web
         self.scenario = control.scenario
+        self.state = control.state  # every run's control shares this process's state
         self.runs = [Run(1, opts.run_id, Path(opts.run_dir), control)]
         info = Path(opts.run_dir) / records.SEGMENTS_DIR / RUN_INFO
         self._channel = json.loads(info.read_text(encoding="utf-8")).get("channel")
@@ -113,18 +114,14 @@ class Series:
         run_dir, run_id = sibling(self.runs[0].run_dir, number), new_run_id()
         write_run_info(run_dir, run_id, self.scenario, self._channel or {})
         env = self.environment
-        runner = env.runner
-        if runner is not None:
-            runner.custom_messages.pop(BUDGET_MESSAGE, None)  # the new RunControl registers its own listener
-        control = RunControl(env, self.scenario, run_dir, env.tokenload_state,  # type: ignore[attr-defined]
-                             self._channel_config, self._channel_sources)
-        env.tokenload = control  # type: ignore[attr-defined]
+        control = self.role.put(CONTROL, RunControl(env, self.scenario, run_dir, self.state, self._channel_config,
+                                                    self._channel_sources))
         switch_run(env, run_id, run_dir)
         run = Run(number, run_id, run_dir, control)
         self.runs.append(run)
         return run
 
-    def announcement(self) -> dict[str, Any]:
+    def announcement(self) -> Announcement:
         """`RUN_MESSAGE`'s data: what a worker needs to take part in the current run (no secrets)."""
         run = self.current
         return {"run_id": run.run_id, "run_dir": str(run.run_dir), "number": run.number,
@@ -136,15 +133,11 @@ class Series:
     def on_test_start(self, **_: Any) -> None:
         run = self.current
         run.state, run.started_at = "running", time.time()
-        runner = self.environment.runner
-        if isinstance(runner, MasterRunner):
-            runner.send_message(RUN_MESSAGE, self.announcement())
+        self.role.to_workers(RUN_MESSAGE, self.announcement())
 
     def on_hello(self, environment: Environment, msg: Any, **_: Any) -> None:
         """A worker connected: tell it the current run (before any spawn message the master sends it later)."""
-        runner = self.environment.runner
-        assert isinstance(runner, MasterRunner)
-        runner.send_message(RUN_MESSAGE, self.announcement(), client_id=msg.node_id)
+        self.role.to_workers(RUN_MESSAGE, self.announcement(), client_id=msg.node_id)
 
     def on_test_stop(self, **_: Any) -> None:
         run = self.current
@@ -168,15 +161,15 @@ class Series:
         gevent.joinall(self._finalisers, timeout=self.environment.stop_timeout + 2 * FINALISE_GRACE_S)
 
     def _finalise(self, run: Run, analyse: bool) -> None:
-        master = isinstance(self.environment.runner, MasterRunner)
         try:
-            finalise(run.run_dir, wait_s=self.environment.stop_timeout + FINALISE_GRACE_S if master else 0.0)
+            finalise(run.run_dir, wait_s=self.environment.stop_timeout + FINALISE_GRACE_S
+                     if self.role.has_workers else 0.0)
         except Exception as exc:  # reported in the tab and the log, the UI stays up
             run.state, run.detail = "failed", f"finalising failed: {type(exc).__name__}: {exc}"
             return
         finally:
-            if getattr(self.environment, "tokenload", None) is run.control:
-                self.environment.tokenload = None  # type: ignore[attr-defined]  # its control.json is gone
+            if self.role.get(CONTROL) is run.control:
+                self.role.drop(CONTROL)  # its control.json is gone
         warnings = json.loads((run.run_dir / MANIFEST_FILE).read_text(encoding="utf-8")).get("warnings", [])
         run.detail = "; ".join(warnings)
         if not analyse:
@@ -192,6 +185,9 @@ class Series:
             run.state, run.detail = "failed", f"analyze exited {proc.returncode}: {lines[-1] if lines else ''}"
 
 
+SERIES: roles.Part[Series] = roles.Part("series of runs")  # on the master or local process
+
+
 def switch_run(environment: Environment, run_id: str, run_dir: Path, spool_root: Path | None = None) -> None:
     """Point this process at a new run: its run id, and a record writer for it.
 
@@ -200,11 +196,12 @@ def switch_run(environment: Environment, run_id: str, run_dir: Path, spool_root:
     opts = environment.parsed_options
     assert opts is not None
     opts.run_id, opts.run_dir = run_id, str(run_dir)
-    ctx = getattr(environment, "tokenload_process", None)
+    role = roles.of(environment)
+    ctx = role.get(PROCESS)
     if ctx is not None:
         ctx.run_id = run_id
         ctx.writer = courier.writer_for(environment, run_id, run_dir, spool_root, ctx.worker) \
-            if isinstance(environment.runner, WorkerRunner) else records.SegmentWriter(run_dir, ctx.worker)
+            if role.follows else records.SegmentWriter(run_dir, ctx.worker)
 
 
 def lead(environment: Environment) -> Series:
@@ -213,17 +210,16 @@ def lead(environment: Environment) -> Series:
     A master also answers its workers' hellos and takes the records they send over Locust's channel (`courier`).
     """
     web = environment.web_ui is not None
-    series = Series(environment, web)
-    environment.tokenload_series = series  # type: ignore[attr-defined]
+    role = roles.of(environment)
+    series = role.put(SERIES, Series(environment, web))
     events = environment.events
     events.test_start.add_listener(series.on_test_start)
     if web:
         events.test_stop.add_listener(series.on_test_stop)
         events.quitting.add_listener(series.on_quitting)
         events.quit.add_listener(series.on_quit)
-    runner = environment.runner
-    if isinstance(runner, MasterRunner):
-        runner.register_message(HELLO_MESSAGE, series.on_hello)
+    if role.has_workers:
+        role.listen(HELLO_MESSAGE, series.on_hello)
         courier.receive(environment, series.run_dir_of)
     return series
 
@@ -237,15 +233,14 @@ def follow_master(environment: Environment, join: Callable[[Scenario, dict[str, 
     directory. Whether DIR holds the master's run (a shared filesystem) or is only a spool decides
     `courier.writer_for`.
     """
-    runner = environment.runner
-    assert isinstance(runner, WorkerRunner)
+    role = roles.of(environment)
     opts = environment.parsed_options
     assert opts is not None
     own = Path(opts.run_dir) if opts.run_dir else None
 
     def on_run(environment: Environment, msg: Any, **_: Any) -> None:
-        data = msg.data
-        ctx = getattr(environment, "tokenload_process", None)
+        data: Announcement = msg.data
+        ctx = role.get(PROCESS)
         if ctx is not None and data["run_id"] == ctx.run_id:
             return
         if ctx is None:
@@ -257,5 +252,5 @@ def follow_master(environment: Environment, join: Callable[[Scenario, dict[str, 
             run_dir = own if data["number"] == 1 else own.with_name(run_dir.name)
         switch_run(environment, data["run_id"], run_dir, own)
 
-    runner.register_message(RUN_MESSAGE, on_run)
-    runner.send_message(HELLO_MESSAGE)
+    role.listen(RUN_MESSAGE, on_run)
+    role.to_master(HELLO_MESSAGE)

@@ -18,14 +18,16 @@ from __future__ import annotations
 import time
 
 from locust import LoadTestShape
+from locust.env import Environment
 
-from tokenload.load.control import RunControl
+from tokenload.load import roles
+from tokenload.load.control import CONTROL, RunControl
 from tokenload.load.plan import Phase, phase_at
-from tokenload.load.tokenstats import Snapshot, current_run
+from tokenload.load.tokenstats import TOKENS, Snapshot, current_run
 
 
 class ScenarioShape(LoadTestShape):
-    """Plays the scenario's plan; `environment.tokenload` (a RunControl) is set by the plugin."""
+    """Plays the scenario's plan; the run's control (`control.CONTROL`) is the plugin's, kept by the role."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -37,13 +39,21 @@ class ScenarioShape(LoadTestShape):
         self._entered_s = 0.0
         self._entry: int | None = None  # finished requests (all steps) when the current step began
 
+    @property
+    def _environment(self) -> Environment:
+        assert self.runner is not None  # Locust sets it before the first tick
+        return self.runner.environment
+
+    def _control(self) -> RunControl:
+        return roles.of(self._environment).need(CONTROL)
+
     def reset_time(self) -> None:
         super().reset_time()
         self._reset()
 
     def _needs_evidence(self, elapsed: float) -> bool:
         """The current step has fewer finished requests than `min_requests` and may still be held."""
-        load = self.runner.environment.tokenload.scenario.load  # type: ignore[union-attr]
+        load = self._control().scenario.load
         if not load.min_requests or self._phase is None or self._entry is None:
             return False
         if elapsed - self._entered_s >= load.step_cap_s:
@@ -52,10 +62,10 @@ class ScenarioShape(LoadTestShape):
 
     def _finished(self) -> int:
         """Requests finished so far in the run (successes and failures), from the run's token stats."""
-        return Snapshot.take(self.runner.environment).requests  # type: ignore[union-attr]  # set while ticking
+        return Snapshot.take(self._environment).requests
 
     def tick(self) -> tuple[int, float] | None:
-        control = self.runner.environment.tokenload  # type: ignore[union-attr]
+        control = self._control()
         elapsed = self.get_run_time()
         cap = control.scenario.stop.duration_s
         if cap and elapsed >= cap:
@@ -88,8 +98,8 @@ class ScenarioShape(LoadTestShape):
         prober = control.prober
         assert prober is not None
         phase = self._phase
-        environment = self.runner.environment  # type: ignore[union-attr]  # set while ticking
-        environment.tokenload_tokens.watch = self._decide_now  # type: ignore[union-attr]  # a master: never called
+        environment = self._environment
+        roles.of(environment).need(TOKENS).watch = self._decide_now  # a master: never called
         if phase is None or prober.look(current_run(environment).steps.get(phase.step), elapsed):
             phase = prober.next_phase(elapsed)
             if phase is None:  # the search is over: its own words, not "plan complete"
@@ -111,11 +121,11 @@ class ScenarioShape(LoadTestShape):
         """A search in one process: decide the probe at the request that settles it, not at the next tick (up
         to a second later), and hold the closed-loop users until that tick starts the next probe: what they
         would send meanwhile counts for no probe. A second trial held on starts at once instead."""
-        environment = self.runner.environment  # type: ignore[union-attr]  # set while running
-        control = environment.tokenload  # type: ignore[union-attr]
-        prober = control.prober
+        environment = self._environment
+        control = roles.of(environment).get(CONTROL)
+        prober = control.prober if control is not None else None
         phase = self._phase
-        if prober is None or phase is None or prober.decided or control.stopped is not None:
+        if control is None or prober is None or phase is None or prober.decided or control.stopped is not None:
             return
         elapsed = self.get_run_time()
         if not prober.look(current_run(environment).steps.get(phase.step), elapsed):

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tokenload.errors import LOAD_KINDS, error_class
+from tokenload.load import roles
+from tokenload.load.messages import REPORT_KEY, TOKENSTATS_MESSAGE
 from tokenload.load.stoprules import Counts
 from tokenload.load.warmup import WARMUP
 from tokenload.search.evidence import LATE, Evidence
@@ -42,8 +44,6 @@ from tokenload.slo import Slo
 if TYPE_CHECKING:  # importing Locust patches the interpreter with gevent: only where Locust runs
     from locust.env import Environment
 
-TOKENSTATS_MESSAGE = "tokenload_tokenstats"
-REPORT_KEY = "tokenload_tokenstats"
 # Keys of the request event's `context` that carry one request's record and its chunk arrival times.
 RECORD_KEY, CHUNK_TIMES_KEY = "tokenload_record", "tokenload_chunk_times"
 # In a request event's context: how the request's SLO verdict was counted in flight (`evidence.LATE`,
@@ -324,38 +324,36 @@ class TokenStats:
             self.run(run_id).merge(RunStats.from_wire(wire))
 
 
+TOKENS: roles.Part[TokenStats] = roles.Part("token statistics")
+
+
 def install(environment: Environment, slo: Slo | None = None) -> TokenStats:
     """Feed this process's `TokenStats` from the request events and merge workers' deltas on the master."""
-    from locust.runners import MasterRunner, WorkerRunner
-
-    stats = TokenStats(slo)
-    environment.tokenload_tokens = stats  # type: ignore[attr-defined]
+    role = roles.of(environment)
+    stats = role.put(TOKENS, TokenStats(slo))
     events = environment.events
 
     def on_request(context: dict[str, Any] | None = None, **_: Any) -> None:
-        record = (context or {}).get(RECORD_KEY)
-        if record is not None:
-            stats.observe(record, context.get(CHUNK_TIMES_KEY), context.get(COUNTED_KEY))  # type: ignore[union-attr]
+        record = context.get(RECORD_KEY) if context else None
+        if context and record is not None:
+            stats.observe(record, context.get(CHUNK_TIMES_KEY), context.get(COUNTED_KEY))
 
     events.request.add_listener(on_request)
-    runner = environment.runner
-    if isinstance(runner, WorkerRunner):
-        worker = runner
-
+    if role.follows:
         def on_report(client_id: str, data: dict[str, Any], **_: Any) -> None:
             data[REPORT_KEY] = stats.take_wire()
 
         def on_stop(**_: Any) -> None:
-            worker.send_message(TOKENSTATS_MESSAGE, stats.take_wire())
+            role.to_master(TOKENSTATS_MESSAGE, stats.take_wire())
 
         events.report_to_master.add_listener(on_report)
         events.test_stop.add_listener(on_stop)
-    elif isinstance(runner, MasterRunner):
+    elif role.has_workers:
         def on_worker_report(client_id: str, data: dict[str, Any], **_: Any) -> None:
             stats.merge_wire(data.get(REPORT_KEY) or {})
 
         events.worker_report.add_listener(on_worker_report)
-        runner.register_message(TOKENSTATS_MESSAGE, lambda environment, msg, **_: stats.merge_wire(msg.data or {}))
+        role.listen(TOKENSTATS_MESSAGE, lambda environment, msg, **_: stats.merge_wire(msg.data or {}))
     return stats
 
 
@@ -365,7 +363,7 @@ def current_run(environment: Environment) -> RunStats:
     What the stop rules read: `current_run(env).total()` for the whole run so far,
     `current_run(env).steps[step]` for one load step (`.summary()` for rates and percentiles).
     """
-    stats: TokenStats = environment.tokenload_tokens  # type: ignore[attr-defined]
+    stats = roles.of(environment).need(TOKENS)
     opts = environment.parsed_options
     return stats.run(str(getattr(opts, "run_id", "") or ""))
 

@@ -39,17 +39,17 @@ import gevent
 from greenlet import GreenletExit
 from locust import User, task
 from locust.exception import StopUser
-from locust.runners import LocalRunner
 from locust.user.task import LOCUST_STATE_RUNNING, LOCUST_STATE_STOPPING, LOCUST_STATE_WAITING
 
 from tokenload import errors as ek
 from tokenload.limits import parse_rate_headers
+from tokenload.load import roles
 from tokenload.load.arrivals import PARK_S, Arrivals, TraceArrivals
 from tokenload.load.control import REQUEST_TYPE
 from tokenload.load.pacing import pushed_back
 from tokenload.load.records import CANCELLED, SegmentWriter
 from tokenload.load.state import LoadState
-from tokenload.load.tokenstats import CHUNK_TIMES_KEY, COUNTED_KEY, RECORD_KEY
+from tokenload.load.tokenstats import CHUNK_TIMES_KEY, COUNTED_KEY, RECORD_KEY, TOKENS
 from tokenload.load.warmup import DRAIN_POLL_S, MEASURE, Warmup
 from tokenload.measure import TOKEN_TEXT
 from tokenload.protocols.base import ProtocolAdapter
@@ -102,6 +102,9 @@ class ProcessContext:
         return f"{self.tag}-{next(self._requests):07d}"
 
 
+PROCESS: roles.Part[ProcessContext] = roles.Part("users' context")  # where users run: local or worker
+
+
 class LLMUser(User):
     """Sends streaming requests to the scenario's channel, one at a time."""
 
@@ -117,10 +120,11 @@ class LLMUser(User):
 
     def on_start(self) -> None:
         # A worker learns its run from the master's run message; a spawn message that overtook it waits for it.
+        self.role = roles.of(self.environment)
         deadline = time.monotonic() + JOIN_WAIT_S
-        while not hasattr(self.environment, "tokenload_process") and time.monotonic() < deadline:
+        while self.role.get(PROCESS) is None and time.monotonic() < deadline:
             gevent.sleep(0.05)
-        self.ctx: ProcessContext = self.environment.tokenload_process
+        self.ctx = self.role.need(PROCESS)
         self.user_id = self.ctx.new_user_id()
         self.parked = False
         self.session: Session | None = None
@@ -179,10 +183,9 @@ class LLMUser(User):
         moment after the shape's tick; any of them may be this one): send nothing until it has. Else a user
         about to stop sends a request its stop cuts at once, which the channel still serves among the level's
         own. (On a worker the master sets its share: its users keep the step's backlog rule only.)"""
-        runner = self.environment.runner
         warmup = self.ctx.warmup
-        return (warmup is not None and warmup.drain and isinstance(runner, LocalRunner)
-                and runner.user_count > self.ctx.state.users)
+        return (warmup is not None and warmup.drain and self.role.leads
+                and self.role.user_count > self.ctx.state.users)
 
     def _pace(self, tokens: int) -> float:
         """Wait at the process's gate (holds, then caps); returns how long it took."""
@@ -237,7 +240,7 @@ class LLMUser(User):
             def count_in_flight(how: str, streaming: int | None = None) -> None:
                 nonlocal counted, judged_at
                 counted, judged_at = how, time.time()
-                self.environment.tokenload_tokens.in_flight(ctx.run_id, step, how, streaming)
+                self.role.need(TOKENS).in_flight(ctx.run_id, step, how, streaming)
 
             session.timeline.late_s, session.timeline.on_late = ctx.late_s, partial(count_in_flight, LATE)
             if ctx.on_time:

@@ -35,7 +35,9 @@ from flask import Blueprint, Response, abort, request, send_file
 from locust import events
 from locust.env import Environment
 
-from tokenload.load.series import REPORT_FILE, Series
+from tokenload.load import roles
+from tokenload.load.control import CONTROL
+from tokenload.load.series import REPORT_FILE, SERIES, Series
 from tokenload.load.tokenstats import METRICS, PERCENTILES, Cell, RunStats, current_run
 from tokenload.servermetrics.scrape import read_live
 
@@ -68,7 +70,7 @@ def windows(environment: Environment) -> Windows:
     failures read hundreds of requests a second. Empty once the run's control is
     gone (a finalised web-UI run): the rates then fall back to that span.
     """
-    control = getattr(environment, "tokenload", None)
+    control = roles.of(environment).get(CONTROL)
     steps = control.steps if control is not None else []
     now = time.time()
     out = {f"step {s['step']}": max(0.0, s.get("ended_at", now) - s["started_at"]) for s in steps}
@@ -128,7 +130,8 @@ def stats_payload(environment: Environment, series: Series) -> dict[str, Any]:
 @events.init.add_listener
 def _init(environment: Environment, **_: Any) -> None:
     """After the load plugin's own `init` (the locustfile imports it first): where it leads a series of runs."""
-    series: Series | None = getattr(environment, "tokenload_series", None)
+    role = roles.find(environment)
+    series = role.get(SERIES) if role is not None else None
     if series is not None:
         install(environment, series)
 
