@@ -122,3 +122,29 @@ def run_master_and_worker(scenario: Path, base_url: str, master_out: Path, worke
     finally:
         master.kill()
     return subprocess.CompletedProcess(master.args, master.returncode, out, err), worker
+
+
+def truth_tokens_in(truth: pd.DataFrame, start: float, end: float) -> float:
+    """Output tokens the simulator wrote inside [start, end), each stream spread evenly over its span."""
+    rows = truth.dropna(subset=["first_token", "last_token"])
+    total = 0.0
+    for first, last, n in zip(rows.first_token, rows.last_token, rows.output_tokens):
+        if last > first:
+            total += n * max(0.0, min(last, end) - max(first, start)) / (last - first)
+        elif start <= first < end:
+            total += n
+    return total
+
+
+def assert_throughput_matches_truth(summary: dict, truth: pd.DataFrame) -> None:
+    """Each step's window throughput and completions are what the simulator wrote in that window."""
+    for step in summary["steps"]:
+        width = step["end"] - step["start"]
+        expected = truth_tokens_in(truth, step["start"], step["end"]) / width
+        assert step["output_tok_s"] == pytest.approx(expected, rel=0.05), step
+        # Completions count where they ended (the server's last token; the client sees it ms later); a stream
+        # the client cut (outcome client_closed) never completed.
+        done = truth[truth["outcome"].eq("ok")] if "outcome" in truth else truth
+        ended = done.last_token.between(step["start"], step["end"], inclusive="left").sum()
+        assert abs(step["rps"] * width - ended) <= 2, (step["rps"] * width, ended)
+        assert step["goodput_rps"] <= step["rps"] + 1e-9

@@ -17,34 +17,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from loadkit import run_command, sim_run, write_scenario
+from loadkit import assert_throughput_matches_truth, run_command, sim_run, write_scenario
 
 from tokenload.analysis import analyze_run
 from tokenload.analysis.report import verdict_rows
 from tokenload.sim import launch
-
-
-def truth_tokens_in(truth: pd.DataFrame, start: float, end: float) -> float:
-    """Output tokens the simulator wrote inside [start, end), each stream spread evenly over its span."""
-    rows = truth.dropna(subset=["first_token", "last_token"])
-    total = 0.0
-    for first, last, n in zip(rows.first_token, rows.last_token, rows.output_tokens):
-        if last > first:
-            total += n * max(0.0, min(last, end) - max(first, start)) / (last - first)
-        elif start <= first < end:
-            total += n
-    return total
-
-
-def assert_throughput_matches_truth(summary: dict, truth: pd.DataFrame) -> None:
-    for step in summary["steps"]:
-        width = step["end"] - step["start"]
-        expected = truth_tokens_in(truth, step["start"], step["end"]) / width
-        assert step["output_tok_s"] == pytest.approx(expected, rel=0.05), step
-        # Completions count where they ended (the server's last token; the client sees it ms later).
-        ended = truth.last_token.between(step["start"], step["end"], inclusive="left").sum()
-        assert abs(step["rps"] * width - ended) <= 2, (step["rps"] * width, ended)
-        assert step["goodput_rps"] <= step["rps"] + 1e-9
 
 
 def test_poisson_rate_sweep_is_analysed_in_requests_per_second(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from fakeserver import FakeServer, json_script
-from loadkit import run_cli, sim_run, write_scenario
+from loadkit import assert_throughput_matches_truth, run_cli, sim_run, write_scenario
 from slotserver import SlotServer
 
 from tokenload.analysis.report import verdict_rows
@@ -177,6 +177,9 @@ def test_the_streams_a_slot_limited_channel_served_while_requests_waited_pick_th
     assert s["capacity"] == 9 and s["served"] == 9
     assert "10 fails: TTFT p90" in s["verdict"]
     assert "the channel streamed 9 at once while requests waited; boundary in [9, 10]" in s["verdict"]
+    # each probe's window throughput is what the channel streamed in it, its new users' first requests (their
+    # warm-up: 16 such at 16 users, whose window read 0 tokens/s without them) included: the simulator's truth
+    assert_throughput_matches_truth(json.loads((run.run_dir / "summary.json").read_text()), run.truth)
 
 
 def test_a_server_too_slow_for_the_lowest_level_has_its_capacity_below_the_range(tmp_path: Path) -> None:
@@ -413,6 +416,9 @@ def test_a_search_cuts_the_streams_its_verdicts_no_longer_need_at_each_step_down
         lat = summary["latency"][metric]
         assert all(lat[p] <= longest for p in lat["bounds"]), (metric, lat, longest)
     assert summary["latency"]["e2e"]["censored_step_down"] == len(early)
+    # each probe's window throughput is what the channel streamed in it, the cut streams included (the
+    # simulator's truth), and its completions are the streams that ended, not those cut
+    assert_throughput_matches_truth(summary, truth)
     rows = {topic: finding for topic, finding, _ in verdict_rows(summary)}
     assert f"{len(early)} cut at a step down" in rows["Requests"], rows["Requests"]
 
