@@ -260,7 +260,7 @@ def probes_html(search: dict[str, Any], percentiles: Sequence[float] = (50, 95, 
         attainment = "n/a" if p.get("attainment") is None else (
             f"{p['attainment']:.1%}" + (f" [{ci[0]:.1%}, {ci[1]:.1%}]" if ci else ""))
         split = p.get("tokens_split") or {}
-        rows.append([n, f"{p['level']} {search['unit']}", p.get("trial"),
+        rows.append([n, level_text(p["level"], search["unit"]), p.get("trial"),
                      p["verdict"] + (f" ({p['binding']})" if p["verdict"] == "fail" and p.get("binding") else ""),
                      p.get("n"), attainment, *(_bounded(p, f"{m}_p{q:g}_s") for m in ("ttft", "tpot", "e2e")
                                                for q in percentiles),

@@ -30,6 +30,7 @@ import pandas as pd
 
 from tokenload.analysis.records import Run
 from tokenload.analysis.steps import METRICS, PERCENTILES, latency_stats, pkey
+from tokenload.analysis.windows import level_text
 from tokenload.search.bisect import Probe, Search
 from tokenload.search.evidence import Evidence, wilson_interval
 from tokenload.search.resume import SEARCH_FILE
@@ -299,7 +300,7 @@ TRIALS = {1: "", 2: ", 2nd trial"}
 def probe_text(p: dict[str, Any], unit: str, slo: dict[str, Any]) -> str:
     """"9 users: fail on TTFT; 5 of 11 met, 45% [21%, 72%]; TTFT p50 0.52 · p95 ≥ 1.1 s; 2.4 s, 2.1k tokens"."""
     trial = p.get("trial", 1)
-    head = f"{p['level']} {unit}{TRIALS.get(trial, f', trial {trial}')}: {p['verdict']}"
+    head = f"{level_text(p['level'], unit)}{TRIALS.get(trial, f', trial {trial}')}: {p['verdict']}"
     if p["verdict"] == "pass" and not p.get("confident", True):
         head = head.replace(": pass", ": steering pass (not confident)")
     elif p["verdict"] == "fail" and p.get("binding"):

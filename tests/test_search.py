@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from analysis.search import verdict_text
+from analysis.search import probe_text, verdict_text
 from tokenload.search.bisect import Probe, Search
 from tokenload.search.evidence import LATE, MIN_FAIL_REQUESTS, ON_TIME, Evidence, cut_wait, decide, wilson_interval
 from tokenload.slo import Slo
@@ -101,6 +101,27 @@ def test_the_verdict_names_the_streams_served_only_where_they_explain_the_bounda
     text = verdict_text(s)
     assert text.startswith("capacity 4 users (5 fails: TTFT p90 2.1 s > 2 s; ") and text.endswith("6 probes, 67 s, 3.7k tokens)")
     assert ("the channel streamed 4 at once while requests waited; boundary in [4, 5]" in text) == named
+
+
+def test_the_verdict_counts_every_token_spent_and_says_where_it_went() -> None:
+    s = {"unit": "users", "probes": [{}] * 6, "duration_s": 67.0, "tokens": 30_634, "capacity": 4, "first_failing": 5,
+         "below_range": False, "above_range": False, "interval": [4, 5], "binding_detail": "TTFT p90 2.1 s > 2 s",
+         "binding": "ttft", "disagreements": [], "undecided": [], "stopped": None, "served": None,
+         "tokens_split": {"counted": 23_000, "warmup": 5_600, "cut": 2_034, "storm_probe": 0, "earlier_runs": 0}}
+    assert verdict_text(s).endswith("6 probes, 67 s, 31k tokens (23k counted, 5.6k warm-up, 2.0k cut))")
+
+
+def test_a_probe_row_says_its_verdict_its_evidence_and_its_own_percentiles() -> None:
+    slo = {"ttft_s": 0.5, "tpot_s": None, "e2e_s": None}
+    steering = {"level": 1, "verdict": "pass", "trial": 1, "n": 5, "attainment": 1.0, "ci": [0.566, 1.0],
+                "confident": False, "ttft_p50_s": 0.2, "ttft_p95_s": 0.25, "bounds": [], "duration_s": 2.4,
+                "tokens": 446}
+    assert probe_text(steering, "users", slo) == ("1 user: steering pass (not confident); 5 of 5 met, 100% [57%, 100%]; "
+                                                  "TTFT p50 0.2 · p95 0.25 s; 2.4 s, 446 tokens")
+    failing = {**steering, "level": 16, "verdict": "fail", "binding": "ttft", "n": 8, "attainment": 0.0,
+               "ci": [0.0, 0.324], "ttft_p95_s": 1.19, "bounds": ["ttft_p95_s"], "trial": 2, "tokens": 2202}
+    assert probe_text(failing, "users", slo) == ("16 users, 2nd trial: fail on TTFT; 0 of 8 met, 0% [0%, 32%]; "
+                                                 "TTFT p50 0.2 · p95 ≥ 1.19 s; 2.4 s, 2.2k tokens")
 
 
 def test_served_is_the_90th_percentile_of_the_streaming_counts_taken_while_requests_waited() -> None:
