@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -180,6 +181,10 @@ def cell(client: str, level: int, args: argparse.Namespace) -> str:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=60)
         truth = pd.DataFrame([json.loads(line) for line in truth_path.read_text().splitlines() if line.strip()])
+        if args.keep is not None:
+            kept = args.keep / f"{args.server}-{client}-{level}"
+            shutil.copytree(tmp, kept, dirs_exist_ok=True)
+            records.to_parquet(kept / "joined-records.parquet")
     joined = records.merge(truth, on="request_id", suffixes=("", "_truth"))
     err = (joined.ttft_s - joined.ttft_s_truth)[~joined.flagged.astype(bool)].abs() * 1000
     mean, least = _held(truth, level, args.seconds)
@@ -201,6 +206,7 @@ def main() -> int:
     parser.add_argument("--tpot-s", type=float, default=1.0)
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--vllm-func", type=Path, help="vLLM's vllm/benchmarks/lib/endpoint_request_func.py")
+    parser.add_argument("--keep", type=Path, help="copy each cell's files (truth, run directory, records) here")
     parser.add_argument("--vllm-python", default=sys.executable, help="an interpreter with aiohttp, regex, tqdm")
     args = parser.parse_args()
     clients = args.clients.split(",")

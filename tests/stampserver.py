@@ -31,6 +31,7 @@ on it then runs 0.5% long.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -45,6 +46,12 @@ from typing import Any
 from fakeserver import anthropic_stream, chat_stream, server_arguments
 
 _TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+# A token write's time is the kernel's stamp of it leaving (reported on the error queue), not the clock read before
+# the write: with thousands of threads, one can lose the interpreter between the two. Software stamps, their
+# reports only, no receive stamps of this kind (OPT_RX_FILTER), asked for per write.
+_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)
+_REPORT_SENDS = (1 << 4) | (1 << 11) | (1 << 17)  # SOFTWARE | OPT_TSONLY | OPT_RX_FILTER
+_STAMP_SEND = [(socket.SOL_SOCKET, _TIMESTAMPING, struct.pack("I", 1 << 1))]  # TX_SOFTWARE
 _HEADERS = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
@@ -100,6 +107,8 @@ class StampServer:
 
     def _serve(self, conn: socket.socket) -> None:
         conn.setsockopt(socket.SOL_SOCKET, _TIMESTAMPNS, 1)
+        with contextlib.suppress(OSError):  # Linux 6.12+: token writes carry the kernel's send stamp
+            conn.setsockopt(socket.SOL_SOCKET, _TIMESTAMPING, _REPORT_SENDS)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.read_delay_s:
             time.sleep(self.read_delay_s)
@@ -129,6 +138,9 @@ class StampServer:
         writes = (chat_stream(tokens, 1.0, 1.0, role_chunk=False, completion_id=request_id)
                   if self.protocol == "openai-chat" else anthropic_stream(tokens, 1.0, 1.0, message_id=request_id))
         held = b"" if headers_sent else _HEADERS[:-2] + f"x-request-id: {request_id}\r\n\r\n".encode()
+        if held and not self.headers_with_first:
+            conn.sendall(held)
+            held = b""
         token_writes: list[float] = []
         offsets: list[float] = []
         due = arrival_mono + self.ttft_s
@@ -139,9 +151,10 @@ class StampServer:
             if delay:
                 time.sleep(max(0.0, due - time.monotonic()))
                 token_writes.append(time.time())
-                offsets.append(time.monotonic() - arrival_mono)
+                offsets.append(_sent_stamped(conn, held) - arrival_mono)
                 due += self.tpot_s
-            conn.sendall(held)
+            else:
+                conn.sendall(held)
             held = b""
         with self._lock:
             self.truth.append({"request_id": request_id, "arrival": arrival, "first_token": token_writes[0],
@@ -178,6 +191,29 @@ def _header(data: bytes, wanted: bytes) -> str | None:
         if name.strip().lower() == wanted:
             return value.strip().decode("latin-1")
     return None
+
+
+def _sent_stamped(conn: socket.socket, data: bytes) -> float:
+    """Write `data`; when its last byte left, on the monotonic clock: the kernel's send stamp where it gives one,
+    else the clock just before the write."""
+    with contextlib.suppress(OSError):  # a stamp that came too late for the write before: not this one's
+        while True:
+            conn.recvmsg(0, 256, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+    before = time.monotonic()
+    sent = conn.sendmsg([data], _STAMP_SEND)
+    if sent < len(data):
+        conn.sendall(data[sent:])
+        return before
+    try:
+        _, ancillary, _, _ = conn.recvmsg(0, 256, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+    except OSError:
+        return before
+    shift = time.monotonic() - time.time()
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == _TIMESTAMPING:
+            sec, nsec = struct.unpack("qq", payload[:16])
+            return sec + nsec * 1e-9 + shift
+    return before
 
 
 def _recv_stamped(conn: socket.socket) -> tuple[bytes, float, float]:
