@@ -9,11 +9,19 @@ level and metric, Holm-corrected over all of them, and the throughput of the
 two windows. With thousands of requests even tiny shifts are "significant",
 so each test also carries an effect size, P(a request of this run is slower
 than one of the baseline), where 0.5 means no shift. The headline per metric
-counts the levels at which the run was slower or faster. A run through
-another URL than the baseline's (a relay in front of the same backend) also
-gets what it adds: TTFB, TTFT and the inter-token-gap distribution per matched
-level with 95% bootstrap intervals, and how often its headers came only with
-the first token.
+counts the levels at which the run was slower or faster.
+
+Asked (`relay=True`: the later runs went through a relay in front of the
+baseline's channel), each run also gets what the relay adds per matched level.
+A raw difference of TTFT would blame the relay for whatever the server did
+differently (longer prompts, a prompt-cache hit in one run), so the TTFT it
+adds rests on the best basis both runs have, named in the output: the server's
+own time subtracted (its metrics sampled in both runs), else each run's
+TTFT-vs-input line at one input length, else the raw difference where both
+sent the same input length, else the raw difference said to be unmatched. The
+inter-token gaps, TTFB and how often the headers came only with the first token
+are compared as measured. Runs through different URLs are no relay comparison
+unless asked (a peak run against another host is not "what a relay adds").
 """
 
 from __future__ import annotations
@@ -32,9 +40,11 @@ from rich.table import Table
 
 from tokenload.analysis import plots, serverplot
 from tokenload.analysis.breakpoint import breakpoint_text
+from tokenload.analysis.fits import linear_fit, varies
 from tokenload.analysis.pipeline import analyze
 from tokenload.analysis.report import figure, h, html_table, page, verdict_html
 from tokenload.analysis.search import compare_capacities
+from tokenload.analysis.server import Outside, outside_server
 from tokenload.analysis.stats import BOOTSTRAP_MAX_N, BOOTSTRAP_RESAMPLES, MIN_CI_SAMPLES, holm, order_statistic_ci
 from tokenload.analysis.steps import METRICS, measured_rows
 from tokenload.analysis.summary import Analysis
@@ -89,12 +99,17 @@ def _r(x: float | None, digits: int = 4) -> float | None:
     return float(f"{x:.{digits}g}")
 
 
+def _completed(a: Analysis, step: int) -> pd.DataFrame:
+    """The completed successful requests of one step (after warm-up)."""
+    rows = measured_rows(a.run.df, a.table)
+    return rows[rows["step"].eq(step) & rows["status"].eq("ok") & ~rows["in_flight"]]
+
+
 def _values(a: Analysis, step: int, metric: str, column: str | None = None) -> np.ndarray:
     """Completed successful latencies of one step (after warm-up): what a per-level test compares.
 
     `column`: another record column than `<metric>_s` (the overhead's `itl_p50_s`)."""
-    rows = measured_rows(a.run.df, a.table)
-    rows = rows[rows["step"].eq(step) & rows["status"].eq("ok") & ~rows["in_flight"]]
+    rows = _completed(a, step)
     name = column or f"{metric}_s"
     if name not in rows:  # a run directory from before the column existed
         return np.zeros(0)
@@ -202,39 +217,125 @@ def _summary_delta(label: str, metric: str, levels: list[dict[str, Any]]) -> dic
             "slower_at": slower, "faster_at": faster, "p_holm_min": p_min}
 
 
-# What a run through another base URL adds over the baseline (a relay in front of the same backend), per matched
-# level: when the response headers came, the first token, and each request's median gap between tokens.
+# What a relay in front of the baseline's channel adds, per matched level: when the response headers came, the
+# first token (raw; the TTFT it adds is `_ttft_added`'s), and each request's median gap between tokens.
 OVERHEAD = (("ttfb", "ttfb_s"), ("ttft", "ttft_s"), ("itl", "itl_p50_s"))
 OVERHEAD_LEVELS_SAID = 3  # the headline names the lowest few matched levels (the overhead is cleanest unloaded)
+# Median input lengths this close (relative) count as the same input length.
+SAME_INPUT = 0.05
+BASES = {
+    "server": "the server's own time subtracted",
+    "input": "each run's TTFT-vs-input line at one input length",
+    "same_input": "raw p50 difference at the same input length",
+    "raw": "raw p50 difference, not matched",
+}
+
+
+def _outside(a: Analysis, step: int) -> Outside | None:
+    """What one step's first tokens spent outside the server, by its own metrics (`server.outside_server`)."""
+    window = a.table.loc[step]
+    return outside_server(a.run, float(window["start"]), float(window["end"]))
+
+
+def _server_basis(base: Analysis, s_base: int, other: Analysis, s_other: int, seed: int) -> dict[str, Any] | None:
+    """The time each run's first tokens spent outside the server: the relay's share is the difference."""
+    b, o = _outside(base, s_base), _outside(other, s_other)
+    if b is None or o is None:
+        return None
+    ci = None
+    if min(len(b.requests), len(o.requests)) >= MIN_CI_SAMPLES:  # resampled by block: what the server counted
+        rng = np.random.default_rng(seed)
+        draws = [(x.seconds[i].sum(axis=1) / x.requests[i].sum(axis=1))
+                 for x in (b, o) for i in [rng.integers(0, len(x.requests), (BOOTSTRAP_RESAMPLES, len(x.requests)))]]
+        lo, hi = np.quantile(draws[1] - draws[0], [0.025, 0.975])
+        ci = [_r(float(lo), 6), _r(float(hi), 6)]
+    return {"basis": "server", "delta_s": _r(o.mean_s - b.mean_s, 6), "ci95": ci,
+            "requests": [int(b.requests.sum()), int(o.requests.sum())],
+            "detail": f"{b.source}: {o.mean_s:.3g} s a request outside the server against the baseline's "
+                      f"{b.mean_s:.3g} s, over {int(o.requests.sum())} and {int(b.requests.sum())} requests"}
+
+
+def _line_at(x: np.ndarray, y: np.ndarray, at: float, rng: np.random.Generator) -> np.ndarray:
+    """Bootstrap predictions at `at` of the least-squares line of y on x (one per resample)."""
+    idx = rng.integers(0, x.size, (BOOTSTRAP_RESAMPLES, x.size))
+    xs, ys = x[idx], y[idx]
+    dx = xs - xs.mean(axis=1, keepdims=True)
+    slope = (dx * (ys - ys.mean(axis=1, keepdims=True))).sum(axis=1) / np.maximum((dx * dx).sum(axis=1), 1e-12)
+    return ys.mean(axis=1) + slope * (at - xs.mean(axis=1))
+
+
+def _input_basis(b: pd.DataFrame, o: pd.DataFrame, seed: int) -> dict[str, Any] | None:
+    """Each run's TTFT-vs-input line at one input length inside both runs' ranges: what is left is not prefill."""
+    (xb, yb), (xo, yo) = ((rows["input_tokens"].to_numpy(dtype=float, na_value=np.nan),
+                           rows["ttft_s"].to_numpy(dtype=float, na_value=np.nan)) for rows in (b, o))
+    kb, ko = np.isfinite(xb) & np.isfinite(yb), np.isfinite(xo) & np.isfinite(yo)
+    (xb, yb), (xo, yo) = (xb[kb], yb[kb]), (xo[ko], yo[ko])
+    if not (varies(xb) and varies(xo)):
+        return None
+    lo, hi = max(xb.min(), xo.min()), min(xb.max(), xo.max())
+    fb, fo = linear_fit(xb, yb), linear_fit(xo, yo)
+    if fb is None or fo is None or lo >= hi:
+        return None
+    at = float(np.clip(np.median(np.concatenate([xb, xo])), lo, hi))
+    delta = (fo.intercept + fo.slope * at) - (fb.intercept + fb.slope * at)
+    rng = np.random.default_rng(seed)
+    lo_ci, hi_ci = np.quantile(_line_at(xo, yo, at, rng) - _line_at(xb, yb, at, rng), [0.025, 0.975])
+    return {"basis": "input", "delta_s": _r(float(delta), 6), "ci95": [_r(float(lo_ci), 6), _r(float(hi_ci), 6)],
+            "at_input_tokens": round(at),
+            "detail": f"at {at:.0f} input tokens: {fo.intercept + fo.slope * at:.3g} s against the baseline's "
+                      f"{fb.intercept + fb.slope * at:.3g} s"}
+
+
+def _ttft_added(base: Analysis, s_base: int, other: Analysis, s_other: int, raw: dict[str, Any],
+                seed: int) -> dict[str, Any]:
+    """The TTFT a relay adds at one matched level, on the best basis both runs have (the module docstring)."""
+    b, o = _completed(base, s_base), _completed(other, s_other)
+    found = _server_basis(base, s_base, other, s_other, seed) or _input_basis(b, o, seed + 1)
+    if found is None:
+        nb, no = (float(rows["input_tokens"].median()) if rows["input_tokens"].notna().any() else math.nan
+                  for rows in (b, o))
+        same = abs(nb - no) <= SAME_INPUT * max(nb, no)  # False for NaN: an unknown length is not the same
+        found = {"basis": "same_input" if same else "raw", "delta_s": raw["delta_p50_s"],
+                 "ci95": raw["delta_p50_ci95"],
+                 "detail": (f"both runs sent about {nb:.0f} input tokens" if same else
+                            f"input lengths differ (median {nb:.0f} against {no:.0f} tokens) with no line to match "
+                            "them and no server metrics in both runs: this includes the server's own difference")}
+    return {**found, "basis_text": BASES[found["basis"]]}
 
 
 def _overhead(label: str, base: Analysis, other: Analysis) -> dict[str, Any]:
-    """What `other` adds over `base` at each matched load level: p50/p95 deltas of TTFB, TTFT and the ITL
-    distribution (each request's median gap) with 95% bootstrap intervals, and how often each run's
-    headers came only with the first token (a relay that buffers the response start)."""
+    """What a relay (`other`) adds over its channel reached directly (`base`) at each matched load level: the
+    TTFT (`_ttft_added`), p50/p95 deltas of TTFB, TTFT and the ITL distribution (each request's median gap) as
+    measured, with 95% bootstrap intervals, and how often each run's headers came only with the first token
+    (a relay that buffers the response start)."""
     rows = []
     for i, (s_base, s_other, (unit, level)) in enumerate(matched_levels(base, other)):
         row: dict[str, Any] = {"load_level": level, "load_unit": unit, "load": level_text(level, unit)}
         for j, (name, column) in enumerate(OVERHEAD):
             row[name] = _metric_delta(_values(base, s_base, name, column), _values(other, s_other, name, column),
                                       seed=7000 + 1000 * i + 10 * j)
+        row["ttft_added"] = _ttft_added(base, s_base, other, s_other, row["ttft"], seed=9000 + 1000 * i)
         rows.append(row)
     held = {side: {k: (a.summary.get("fidelity") or {}).get(k) for k in ("headers_held", "headers_judged")}
             for side, a in (("baseline", base), ("run", other))}
     channels = [(a.summary["run"].get("channel") or {}) for a in (base, other)]
-    relay = channels[0].get("url") != channels[1].get("url")
-    return {"label": label, "levels": rows, "headers_held": held, "other_url": relay,
-            "headline": _overhead_lines(label, rows, held) if relay else []}
+    return {"label": label, "levels": rows, "headers_held": held,
+            "other_url": channels[0].get("url") != channels[1].get("url"),
+            "headline": _overhead_lines(label, rows, held)}
 
 
 def _overhead_lines(label: str, rows: list[dict[str, Any]], held: dict[str, dict[str, Any]]) -> list[str]:
-    """'relay adds at 1 user: TTFB +0.214 s [+0.21, +0.22], TTFT +0.2 s [...], ITL p50 +0 s [...], p95 ...'."""
+    """'relay adds at 1 user: TTFT +0.091 s [+0.07, +0.11] (the server's own time subtracted: ...); raw ...'."""
     def said(d: dict[str, Any], p: int) -> str:
         return _ci_text(d[f"delta_p{p}_s"], d[f"delta_p{p}_ci95"]).replace("n/a", "not measured") + " s"
 
-    lines = [f"{label} adds at {row['load']} (through another URL than the baseline's): TTFB {said(row['ttfb'], 50)}, "
-             f"TTFT {said(row['ttft'], 50)}, inter-token gap (each request's median) p50 {said(row['itl'], 50)}, "
-             f"p95 {said(row['itl'], 95)} (deltas with 95% bootstrap intervals)"
+    def added(d: dict[str, Any]) -> str:
+        return _ci_text(d["delta_s"], d["ci95"]).replace("n/a", "not measured") + " s"
+
+    lines = [f"{label} adds at {row['load']}: TTFT {added(row['ttft_added'])} ({row['ttft_added']['basis_text']}: "
+             f"{row['ttft_added']['detail']}); as measured: TTFT {said(row['ttft'], 50)}, TTFB {said(row['ttfb'], 50)}, "
+             f"inter-token gap (each request's median) p50 {said(row['itl'], 50)}, p95 {said(row['itl'], 95)} "
+             "(deltas with 95% bootstrap intervals)"
              for row in rows[:OVERHEAD_LEVELS_SAID]]
     run, base = held["run"], held["baseline"]
     if run["headers_judged"] and base["headers_judged"] is not None:
@@ -300,11 +401,13 @@ def _labels(analyses: Sequence[Analysis], labels: Sequence[str] | None) -> list[
 
 def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = None,
                  out_dir: str | Path | None = None, *, slo_overrides: Mapping[str, Any] | None = None,
-                 alpha: float = ALPHA, console: Console | None = None) -> dict[str, Any]:
+                 alpha: float = ALPHA, console: Console | None = None, relay: bool = False) -> dict[str, Any]:
     """Compare runs (the first is the baseline); write comparison.json/.html and plots to out_dir.
 
     Every run is judged by one SLO: the baseline's own (its scenario's `[slo]`) with
     `slo_overrides` applied. out_dir defaults to `compare-<time>` next to the first run.
+    `relay`: the later runs went through a relay in front of the baseline's channel;
+    `overhead` then says what it adds.
     """
     if len(run_dirs) < 2:
         raise ConfigError("compare needs at least two run directories")
@@ -325,7 +428,7 @@ def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = 
         "headline": [_headline(d) for d in deltas] + [line for n in names[1:] if (line := _throughput_line(n, levels[n]))],
         "levels": [row for n in names[1:] for row in levels[n]],
         "deltas": deltas,
-        "overhead": [_overhead(n, base, a) for n, a in zip(names[1:], analyses[1:])],
+        "overhead": [_overhead(n, base, a) for n, a in zip(names[1:], analyses[1:])] if relay else [],
     }
     comparison["headline"] += [line for o in comparison["overhead"] for line in o["headline"]]
     capacities = compare_capacities([(n, a.summary.get("search")) for n, a in zip(names, analyses)])

@@ -13,9 +13,11 @@ is added between the client and the server: a relay, a gateway, the network).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import inf
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from tokenload.analysis.records import Run
@@ -103,6 +105,73 @@ def _cause(details: dict[int, dict[str, Any]], at: dict[str, Any], low: dict[str
                             f"at {load}: the time is added between you and the server (a relay, gateway or the "
                             "network), not by the server"}
     return None
+
+
+# A scrape this close to a request's first token or end cannot tell on which side the server counted it.
+GUARD_S = 0.1
+# The server's own time to a first token, best first: (term, part, in words).
+SERVER_TIMES = (("server_ttft", "sum", "the server's TTFT histogram"),
+                ("prefill_seconds", "value", "llama.cpp's prompt_seconds_total"))
+
+
+@dataclass(frozen=True)
+class Outside:
+    """Per block of scrapes: our requests' TTFT summed, less the server's own time for them (seconds), and how
+    many requests; the time their first tokens spent outside the server (a relay, the network, the client)."""
+
+    seconds: np.ndarray
+    requests: np.ndarray
+    source: str
+
+    @property
+    def mean_s(self) -> float:
+        return float(self.seconds.sum() / self.requests.sum())
+
+
+def outside_server(run: Run, start: float, end: float) -> Outside | None:
+    """The time our requests' first tokens spent outside the server in [start, end), from its own metrics.
+
+    The server's counters only say how much it counted between two scrapes, so the window is cut at the
+    scrapes no request straddles (from its first token, or its send without one, to its end, `GUARD_S`
+    either side: a server counts a request at one of those) into blocks of whole requests; a block's client TTFT sum less the server's own time (its TTFT histogram's `_sum`, whose
+    `_count` must be our requests; else llama.cpp's prompt seconds, added as each request ends) is what its
+    requests spent outside. A block with a failed request or another client's is left out. None without
+    the server's metrics or a block.
+    """
+    raw = series.load(run.run_dir / SERVER_METRICS_FILE)
+    if raw is None or raw.empty:
+        return None
+    df = series.mapped(raw)
+    found = next(((term, part, source) for term, part, source in SERVER_TIMES
+                  if len(series.cumulative(df, term, part))), None)
+    if found is None:
+        return None
+    term, part, source = found
+    totals = series.cumulative(df, term, part)
+    counts = series.cumulative(df, term, "count") if part == "sum" else None
+    recs = run.df
+    first = (recs["started_at"] + recs["ttft_s"]).fillna(recs["started_at"])
+    lo = first.to_numpy(dtype=float) - GUARD_S
+    hi = np.where(recs["in_flight"].to_numpy(), np.inf, recs["finished_at"].to_numpy(dtype=float)) + GUARD_S
+    times = totals.index.to_numpy(dtype=float)
+    times = times[(times >= start) & (times <= end)]
+    cuts = [t for t in times if not ((lo < t) & (t < hi)).any()]
+    seconds, requests = [], []
+    for a, b in zip(cuts, cuts[1:]):
+        inside = (lo > a) & (hi <= b)
+        members = recs[inside]
+        if members.empty or not members["status"].eq("ok").all():
+            continue
+        if counts is not None and round(float(counts[b] - counts[a])) != len(members):
+            continue
+        server = float(totals[b] - totals[a])
+        if server < 0:  # the server restarted: its counter began again
+            continue
+        seconds.append(float(members["ttft_s"].sum()) - server)
+        requests.append(len(members))
+    if not requests:
+        return None
+    return Outside(np.array(seconds), np.array(requests), source)
 
 
 def attach(summary: dict[str, Any], run: Run, table: pd.DataFrame) -> None:

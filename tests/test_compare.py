@@ -130,8 +130,14 @@ def test_delta_interval_covers_a_planted_shift_small_and_large() -> None:
 @pytest.mark.slow
 def test_compare_names_what_a_relay_adds_over_the_direct_run(tmp_path: Path) -> None:
     """Two real runs on one simulator, the second through a relay (tests/holdingrelay.py) that holds the
-    headers until the first token and delays everything by 0.25 s: compare must find TTFT +0.25 s, TTFB +0.25 s
-    + the direct run's headers-to-first-token time, no change in the gaps between tokens, and the held headers."""
+    headers until the first token and delays everything by 0.25 s, and sends longer prompts (512-1536 tokens
+    where the direct run sent 64-1024: the server's prefill differs by about 0.2 s). `compare --relay` must
+    find the relay's 0.25 s, not the raw difference: with the server's metrics sampled in both runs by
+    subtracting the server's own time, without them from each run's TTFT-vs-input line; TTFB +0.25 s + the
+    direct run's headers-to-first-token time, no change in the gaps between tokens, and the held headers.
+    Without --relay, runs through two URLs are no relay comparison."""
+    import shutil
+
     import pandas as pd
     from holdingrelay import HoldingRelay
 
@@ -140,38 +146,63 @@ def test_compare_names_what_a_relay_adds_over_the_direct_run(tmp_path: Path) -> 
     from tokenload.sim import launch
 
     delay = 0.25
-    scenario = write_scenario(tmp_path, '[prompt]\ntokens = 64\n[output]\nmax_tokens = 16\nignore_eos = true\n'
-                                        '[load]\nkind = "constant"\nusers = 1\nstep_s = 5\nstep_warmup_s = 0.5\n'
-                                        '[stop]\ndrain_s = 2\n[server]\ndiscover = false\n')
-    profile = tmp_path / "profile.toml"  # TTFT about 0.15 s (long enough to judge held headers), 10 ms a token
-    profile.write_text('extends = "fast"\nprefill_base_s = 0.15\ndecode_base_s = 0.01\n')
+    body = ('[prompt]\ntokens = {{ dist = "uniform", min = {lo}, max = {hi} }}\n[output]\nmax_tokens = 16\n'
+            'ignore_eos = true\n[load]\nkind = "constant"\nusers = 1\nstep_s = 14\nstep_warmup_s = 0.5\n'
+            '[stop]\ndrain_s = 2\n[server]\ndiscover = false\ninterval_s = 0.1\n')
+    (tmp_path / "d").mkdir()
+    (tmp_path / "r").mkdir()
+    direct_scenario = write_scenario(tmp_path / "d", body.format(lo=64, hi=1024))
+    relay_scenario = write_scenario(tmp_path / "r", body.format(lo=512, hi=1536))
+    profile = tmp_path / "profile.toml"  # TTFT 0.15 s + 0.4 ms a prompt token (linear), 10 ms an output token
+    profile.write_text('extends = "fast"\nprefill_base_s = 0.15\nprefill_per_token_s = 0.0004\n'
+                       'prefill_exponent = 1.0\ndecode_base_s = 0.01\n')
     with launch(["--profile", str(profile)]) as sim:
         port = int(sim.base_url.split(":")[-1].split("/")[0])
-        direct = run_cli(scenario, sim.base_url, tmp_path / "direct", "--protocol", "anthropic")
+        metrics = ("--server-metrics", f"http://127.0.0.1:{port}/metrics")
+        direct = run_cli(direct_scenario, sim.base_url, tmp_path / "direct", "--protocol", "anthropic", *metrics)
         with HoldingRelay(port, delay) as relay:
-            relayed = run_cli(scenario, f"http://127.0.0.1:{relay.port}/api", tmp_path / "relay", "--protocol",
-                              "anthropic")
+            relayed = run_cli(relay_scenario, f"http://127.0.0.1:{relay.port}/api", tmp_path / "relay",
+                              "--protocol", "anthropic", *metrics)
     assert direct.returncode == 0 and relayed.returncode == 0, direct.stderr[-1500:] + relayed.stderr[-1500:]
-    assert relay.requests >= 5
-    out = tmp_path / "cmp"
-    assert main(["compare", str(tmp_path / "direct"), str(tmp_path / "relay"), "--labels", "direct,relay",
-                 "--out", str(out), "--quiet"]) == 0
-    comparison = json.loads((out / "comparison.json").read_text())
+    assert relay.requests >= 10
+
+    def compare(*dirs: Path, relay_flag: bool = True) -> dict:
+        out = tmp_path / f"cmp-{len(list(tmp_path.glob('cmp-*')))}"
+        assert main(["compare", *map(str, dirs), "--labels", "direct,relay", "--out", str(out), "--quiet",
+                     *(["--relay"] if relay_flag else [])]) == 0
+        return json.loads((out / "comparison.json").read_text())
+
+    comparison = compare(tmp_path / "direct", tmp_path / "relay")
     overhead = comparison["overhead"][0]
     level = overhead["levels"][0]
     assert overhead["other_url"] and level["load"] == "1 user"
-    ttft, ttfb, itl = level["ttft"], level["ttfb"], level["itl"]
+    added, ttft, ttfb, itl = level["ttft_added"], level["ttft"], level["ttfb"], level["itl"]
+    assert ttft["delta_p50_s"] > delay + 0.1, ttft  # raw: the relay's 0.25 s and the longer prompts' prefill
+    assert added["basis"] == "server" and abs(added["delta_s"] - delay) <= 0.05, added
+    assert added["ci95"][0] <= delay + 0.05 and added["ci95"][1] >= delay - 0.05, added
     # the truth: what the relay was told to add, and the direct run's own wait between headers and first token
     ok = pd.read_parquet(tmp_path / "direct" / "requests.parquet").query("status == 'ok'")
     header_to_token = float((ok.ttft_s - ok.ttfb_s).median())
-    assert abs(ttft["delta_p50_s"] - delay) <= 0.05, ttft
-    assert ttft["delta_p50_ci95"][0] <= delay + 0.05 and ttft["delta_p50_ci95"][1] >= delay - 0.05, ttft
-    assert abs(ttfb["delta_p50_s"] - (delay + header_to_token)) <= 0.05, (ttfb, header_to_token)
     assert abs(itl["delta_p50_s"]) <= 0.005 and abs(itl["delta_p95_s"]) <= 0.01, itl
     held = overhead["headers_held"]
     assert held["run"]["headers_held"] == held["run"]["headers_judged"] > 0
     assert held["baseline"]["headers_held"] == 0 and held["baseline"]["headers_judged"] > 0
     said = " ".join(comparison["headline"])
-    assert f"relay adds at 1 user (through another URL than the baseline's): TTFB +{ttfb['delta_p50_s']:.3g}" in said
-    assert f"TTFT +{ttft['delta_p50_s']:.3g} [" in said
+    assert f"relay adds at 1 user: TTFT +{added['delta_s']:.3g} [" in said
+    assert "(the server's own time subtracted: the server's TTFT histogram: " in said
+    assert f"as measured: TTFT +{ttft['delta_p50_s']:.3g} [" in said
     assert "relay: response headers came only with the first token in" in said
+
+    # without the server's metrics: each run's TTFT-vs-input line, at one input length both sent
+    for name in ("direct", "relay"):
+        shutil.copytree(tmp_path / name, tmp_path / f"{name}-bare")
+        (tmp_path / f"{name}-bare" / "server_metrics.parquet").unlink()
+    bare = compare(tmp_path / "direct-bare", tmp_path / "relay-bare")["overhead"][0]["levels"][0]
+    matched = bare["ttft_added"]
+    assert matched["basis"] == "input" and 512 <= matched["at_input_tokens"] <= 1024, matched
+    assert abs(matched["delta_s"] - delay) <= 0.06, matched
+    assert abs(ttfb["delta_p50_s"] - (ttft["delta_p50_s"] + header_to_token)) <= 0.1, (ttfb, header_to_token)
+
+    # not asked: two URLs are just two runs
+    plain = compare(tmp_path / "direct", tmp_path / "relay", relay_flag=False)
+    assert plain["overhead"] == [] and not any(" adds " in line for line in plain["headline"])

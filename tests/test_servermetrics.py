@@ -63,6 +63,8 @@ llamacpp:requests_processing 4
 llamacpp:requests_deferred 3
 # TYPE llamacpp:kv_cache_usage_ratio gauge
 llamacpp:kv_cache_usage_ratio 0.5
+# TYPE llamacpp:prompt_seconds_total counter
+llamacpp:prompt_seconds_total 6.25
 """
 TGI = """# TYPE tgi_queue_size gauge
 tgi_queue_size 5
@@ -94,11 +96,11 @@ def test_each_servers_names_map_onto_one_vocabulary() -> None:
     assert _terms(VLLM) == {"running": 3.0, "waiting": 2.0, "kv_cache_usage": 0.42, "prompt_tokens": 1200.0}
     assert _terms(SGLANG) == {"running": 6.0, "waiting": 1.0, "kv_cache_usage": 0.28, "generation_tokens": 7.557572e6}
     assert _terms(LLAMACPP) == {"running": 4, "waiting": 3, "kv_cache_usage": 0.5, "prompt_tokens": 440,
-                                "generation_tokens": 960}
+                                "generation_tokens": 960, "prefill_seconds": 6.25}
     assert _terms(TGI) == {"running": 8, "waiting": 5, "prompt_tokens": 300}
-    # histogram parts map, the _sum and the _created timestamps do not; unknown families are not interpreted
+    # histogram parts map (the _sum gives a mean), the _created timestamps do not; unknown families are not
     assert lookup("vllm:request_queue_time_seconds_bucket") == ("queue_time", "bucket")
-    assert lookup("vllm:request_queue_time_seconds_sum") is None
+    assert lookup("vllm:request_queue_time_seconds_sum") == ("queue_time", "sum")
     assert lookup("vllm:prompt_tokens_created") is None and lookup("python_gc_objects_collected_total") is None
     assert lookup("vllm:gpu_cache_usage_perc") == ("kv_cache_usage", "value")
     assert all(term in TERMS for term, _ in NAMES.values())
@@ -197,7 +199,7 @@ def test_the_sampler_writes_every_sample_with_its_time(fake_server: FakeServer, 
     scrapes = df["time"].nunique()
     assert 4 <= scrapes <= 7 and entry["scrapes"] == scrapes and entry["failed_scrapes"] == 0
     assert len(segments) == scrapes  # written as they came, one segment a round, not at the end
-    assert entry["servers"] == ["llama.cpp"] and entry["samples"] == len(df) == 5 * scrapes
+    assert entry["servers"] == ["llama.cpp"] and entry["samples"] == len(df) == 6 * scrapes
     assert before <= df["time"].min() and df["time"].max() <= sealed_at
     running = df[df["name"] == "llamacpp:requests_processing"]["value"].tolist()
     assert running == [float((i + 2) % 5) for i in range(scrapes)]  # resolve's check was scrape 1
@@ -594,3 +596,39 @@ def test_a_run_killed_with_sigkill_keeps_the_server_samples_up_to_the_kill(tmp_p
     assert entry["scrapes"] >= df["time"].nunique() >= 8
     step = json.loads((out / "summary.json").read_text())["steps"][0]["server"]
     assert abs(step["running_mean"] - 4) <= 0.5 and abs(step["waiting_mean"] - 2) <= 1, step
+
+
+def test_the_time_outside_the_server_comes_from_blocks_of_whole_requests(tmp_path: Path) -> None:
+    """llama.cpp's prompt_seconds_total grows by each request's prefill as it ends; scraped every 0.25 s, a
+    request straddles some scrapes. Each request's first token took its prefill + 0.05 s: the time outside the
+    server is 0.05 s, from the blocks of whole requests; a failed request's block is left out."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tokenload.analysis.records import load_run, write_run
+    from tokenload.analysis.server import outside_server
+    from tokenload.analysis.synthetic import Law, generate, manifest_for
+
+    law = Law(users=(1,), capacity=100)
+    df = generate(law, n=40, seed=1)
+    t, starts, finished, ttfts = 1_700_000_000.0, [], [], []
+    rng = np.random.default_rng(3)
+    prefill = rng.uniform(0.3, 1.2, len(df))
+    for p in prefill:  # one user: each request starts as the last one ends
+        starts.append(t)
+        ttfts.append(p + 0.05)
+        t += p + 0.05 + 0.5
+        finished.append(t)
+    df = df.assign(started_at=starts, scheduled_at=starts, ttft_s=ttfts, finished_at=finished, step=1)
+    df.loc[7, "status"], df.loc[7, "error_kind"] = "error", "server_error"
+    run_dir = write_run(tmp_path / "run", df, manifest_for(law, df))
+    scrapes = np.arange(starts[0] - 1, t + 1, 0.25)
+    counted = [float(prefill[np.array(finished) <= s].sum()) for s in scrapes]
+    table = pa.table({"time": scrapes, "source": ["http://127.0.0.1:9/metrics"] * len(scrapes),
+                      "name": ["llamacpp:prompt_seconds_total"] * len(scrapes), "labels": ["{}"] * len(scrapes),
+                      "value": counted})
+    pq.write_table(table, run_dir / SERVER_METRICS_FILE)
+    outside = outside_server(load_run(run_dir), starts[0], t)
+    assert outside is not None and outside.source == "llama.cpp's prompt_seconds_total"
+    assert outside.mean_s == pytest.approx(0.05, abs=1e-6)
+    assert 20 <= outside.requests.sum() < len(df) - 1  # the failed request's block is out, the others in

@@ -37,7 +37,7 @@ def load(path: Path) -> pd.DataFrame | None:
 
 
 def mapped(raw: pd.DataFrame) -> pd.DataFrame:
-    """The samples the vocabulary knows, with `term`, `part` ("value", "bucket", "count"), `series`
+    """The samples the vocabulary knows, with `term`, `part` ("value", "bucket", "count", "sum"), `series`
     (source and labels without `le`: one time series) and `le` (a bucket's upper bound, NaN otherwise)."""
     names = raw["name"].unique()
     known = {n: hit for n in names if (hit := lookup(n)) is not None}
@@ -97,6 +97,16 @@ def window_rate(df: pd.DataFrame, term: str, start: float, end: float) -> float 
     if rows.empty or not (rows["time"] <= start).any() or end <= start:
         return None
     return float(_deltas(rows, start, end, ["series"]).sum()) / (end - start)
+
+
+def cumulative(df: pd.DataFrame, term: str, part: str = "value") -> pd.Series:
+    """A counter's (or a histogram part's) running total at each scrape, added over its series (each series
+    at its last value at or before the scrape): the finest view of when the server counted what."""
+    rows = df[(df["term"] == term) & (df["part"] == part)]
+    if rows.empty:
+        return pd.Series(dtype=float)
+    wide = rows.pivot_table(index="time", columns="series", values="value", aggfunc="last").sort_index()
+    return wide.ffill().fillna(0.0).sum(axis=1)
 
 
 class Quantile(NamedTuple):

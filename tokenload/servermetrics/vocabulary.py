@@ -34,6 +34,7 @@ TERMS: dict[str, Term] = {
     "prefill_time": Term("histogram", "sum", "time a request spent in prefill, seconds"),
     "decode_time": Term("histogram", "sum", "time a request spent in decode, seconds"),
     "prompt_tokens": Term("counter", "sum", "prompt (prefill) tokens processed"),
+    "prefill_seconds": Term("counter", "sum", "seconds spent in prefill, summed over the requests"),
     "generation_tokens": Term("counter", "sum", "tokens generated"),
     "preemptions": Term("counter", "sum", "requests preempted (evicted from the KV cache to be recomputed)"),
 }
@@ -63,6 +64,7 @@ NAMES: dict[str, tuple[str, str]] = {
     "llamacpp:requests_deferred": ("waiting", "llama.cpp"),
     "llamacpp:kv_cache_usage_ratio": ("kv_cache_usage", "llama.cpp"),
     "llamacpp:prompt_tokens_total": ("prompt_tokens", "llama.cpp"),
+    "llamacpp:prompt_seconds_total": ("prefill_seconds", "llama.cpp"),
     "llamacpp:tokens_predicted_total": ("generation_tokens", "llama.cpp"),
     "tgi_batch_current_size": ("running", "TGI"),
     "tgi_queue_size": ("waiting", "TGI"),
@@ -72,15 +74,15 @@ NAMES: dict[str, tuple[str, str]] = {
     "tgi_request_generated_tokens_sum": ("generation_tokens", "TGI"),
 }
 
-Part = Literal["value", "bucket", "count"]
-_SUFFIXES: tuple[tuple[str, Part], ...] = (("_bucket", "bucket"), ("_count", "count"))
+Part = Literal["value", "bucket", "count", "sum"]
+_SUFFIXES: tuple[tuple[str, Part], ...] = (("_bucket", "bucket"), ("_count", "count"), ("_sum", "sum"))
 
 
 def lookup(sample: str) -> tuple[str, Part] | None:
     """The term a sample belongs to and which part of it it is; None for a sample outside the vocabulary.
 
-    A histogram's `_sum` is not needed (percentiles come from the buckets) and is
-    left out, except where the table lists it as a counter of its own (TGI).
+    A histogram's percentiles come from its buckets, its mean from its `_sum` over
+    its `_count` (a `_sum` the table lists as a counter of its own stays one: TGI).
     """
     hit = NAMES.get(sample)
     if hit is not None and TERMS[hit[0]].kind != "histogram":
