@@ -53,6 +53,16 @@ def test_keep_alive_serves_several_streams_on_one_connection(fast_sim: Any) -> N
     conn.close()
 
 
+def test_a_protocol_with_nothing_before_its_tokens_still_streams(fast_sim: Any, monkeypatch: Any) -> None:
+    """A framer with no preamble (a protocol whose stream starts with its first token): an empty chunk would have
+    ended the chunked body before any token (found by a toy fourth protocol)."""
+    from tokenload.sim import wire
+
+    monkeypatch.setattr(wire.OpenAIChatFramer, "preamble", lambda self: b"")
+    response = raw_request(fast_sim.base_url, "/v1/chat/completions", chat_body("no preamble", 3))
+    assert response.status == 200 and response.body.endswith(b"data: [DONE]\n\n")
+
+
 def test_401_bodies_are_exact_and_the_key_never_leaks(tmp_path: Path) -> None:
     truth = tmp_path / "t.jsonl"
     with serve_in_thread("fast", api_key=KEY, truth_path=truth) as sim:

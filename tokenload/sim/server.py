@@ -109,7 +109,9 @@ class StreamSequence(Sequence):
             self.transport.write(_chunk(data[k:k + step]))
 
     def send_preamble(self) -> None:
-        self._send(self._prefix + self.framer.preamble())
+        preamble = self._prefix + self.framer.preamble()
+        if preamble:  # an empty chunk would end the chunked body: a protocol with nothing to say before its tokens
+            self._send(preamble)
         self._prefix = b""
         self.preamble_sent = True
 
