@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from tokenload.analysis.records import write_run
+from tokenload.protocolspec import DEFAULT_PROTOCOL
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def generate(law: Law = Law(), n: int = 20_000, seed: int = 0, start: float = 1_
         "active_users": u,
         "scheduled_at": started - rng.exponential(0.001, size),
         "started_at": started,
-        "protocol": "anthropic",
+        "protocol": DEFAULT_PROTOCOL,
         "model": law.model,
         "status": np.where(is_error, "error", "ok"),
         "error_kind": pd.Series(np.where(is_error, law.error_kind, np.array(None)), dtype="string"),
@@ -132,7 +133,7 @@ def manifest_for(law: Law, df: pd.DataFrame) -> dict:
         "started_at": float(df["started_at"].min()) if len(df) else None,
         "ended_at": float(df["finished_at"].max()) if len(df) else None,
         "scenario": {"name": "synthetic", "law": law_dict},
-        "channel": {"base_url": "synthetic://", "protocol": "anthropic", "model": law.model},
+        "channel": {"base_url": "synthetic://", "protocol": DEFAULT_PROTOCOL, "model": law.model},
         "versions": {"tokenload": "synthetic"},
         "scheduler_lag": {},
     }

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tokenload.protocolspec import SPECS
+
 Write = tuple[float, bytes]
 Ending = Literal["complete", "drop", "reset", "hang"]
 # How a connection lives after an answer:
@@ -326,16 +328,36 @@ def responses_stream(
     return _timed(events, token_at, first_delay, per_token)
 
 
-STREAM_BUILDERS: dict[str, Callable[..., list[Write]]] = {
-    "anthropic": anthropic_stream,
-    "openai-chat": chat_stream,
-    "openai-responses": responses_stream,
+@dataclass(frozen=True)
+class FakeWire:
+    """The fake's side of one protocol: its stream builder, the id its streams carry (the record's
+    server_request_id) and the builder's keyword for it, and the builder's keywords for an answer stopped at
+    its output limit."""
+
+    build: Callable[..., list[Write]]
+    stream_id: str
+    id_keyword: str
+    for_length: dict[str, Any]
+
+
+# One row per `tokenload.protocolspec.SPECS` row (tests/test_protocolspec.py checks).
+WIRES: dict[str, FakeWire] = {
+    "anthropic": FakeWire(anthropic_stream, "msg_fake01", "message_id", {"stop_reason": "max_tokens"}),
+    "openai-chat": FakeWire(chat_stream, "chatcmpl-fake01", "completion_id", {"finish_reason": "length"}),
+    "openai-responses": FakeWire(responses_stream, "resp_fake01", "response_id", {"incomplete": "max_output_tokens"}),
 }
+
+
+def api_base(url: str, protocol: str, prefix: str = "/api") -> str:
+    """A base URL for `protocol` on the server at `url` as its users write one: ending in the API root where the
+    protocol's SDKs expect it there (`OPENAI_BASE_URL=.../v1`), else in `prefix` (a relay's path)."""
+    spec = SPECS[protocol]
+    return url + (spec.root if spec.root_in_base else prefix)
 
 
 def stream_script(protocol: str, tokens: Sequence[str], first_delay: float = 0.0, per_token: float = 0.0, **kw: Any) -> Script:
     """A 200 event-stream answer in `protocol`'s wire format."""
-    return Script(writes=STREAM_BUILDERS[protocol](tokens, first_delay, per_token, **kw))
+    return Script(writes=WIRES[protocol].build(tokens, first_delay, per_token, **kw))
 
 
 def json_script(status: int, obj: Any, headers: Sequence[tuple[str, str]] = ()) -> Script:

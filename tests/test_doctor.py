@@ -38,6 +38,7 @@ from tokenload.doctor import (
     diagnose_channel,
     is_local,
 )
+from tokenload.protocolspec import PROTOCOLS
 from tokenload.sim import serve_in_thread
 
 KEY = "sk-doctor-7QxWv2LmZr9Tq4Hn"  # distinctive: must never appear in any output
@@ -82,7 +83,7 @@ def write_settings(path: Path, data: dict[str, Any] | str) -> Path:
 # ------------------------------------------------------------------ healthy
 
 
-@pytest.mark.parametrize("protocol", ["anthropic", "openai-chat", "openai-responses"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_healthy_channel_passes_every_check(sim: str, tmp_path: Path, protocol: str) -> None:
     results = run_doctor(tmp_path, base_url=sim, auth_token=KEY, model="sim-7b", protocol=protocol)
     assert statuses(results) == dict.fromkeys(NAMES, OK), {n: r.saw for n, r in results.items()}

@@ -35,7 +35,11 @@ def profile(tmp_path: Path, body: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("protocol", ["anthropic", "openai-chat"])
+# One protocol for each of the vendors' rate-limit header dialects the simulator speaks.
+RATE_LIMIT_DIALECTS = {"anthropic-ratelimit-*": "anthropic", "x-ratelimit-*": "openai-chat"}
+
+
+@pytest.mark.parametrize("protocol", RATE_LIMIT_DIALECTS.values(), ids=RATE_LIMIT_DIALECTS.keys())
 def test_a_rate_limited_channel_gets_its_limit_not_a_storm(tmp_path: Path, protocol: str) -> None:
     """8 users of short requests would send hundreds in 10 s; a 20-per-minute channel gets about 20.
 

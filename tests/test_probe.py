@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from fakeserver import FakeServer, Received, Script, body_script, json_script, sse, stream_script
+from fakeserver import FakeServer, Received, Script, api_base, body_script, json_script, sse, stream_script
 
 from tokenload.errors import FIXES
+from tokenload.protocolspec import PROTOCOLS, SPECS
 
-PROTOCOLS = ("anthropic", "openai-chat", "openai-responses")
 TOKENS = ["One", " [bold]two", " [/x]three", " four", " five", " six"]  # rich markup in answers must print verbatim
 KEY = "sk-zz-DISTINCTIVEsecret-4f9a2c7e1b"
 SPEC_FIELDS = {
@@ -47,7 +47,7 @@ def tokenload(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> 
 
 
 def base_url(server: FakeServer, protocol: str) -> str:
-    return server.url + ("/api" if protocol == "anthropic" else "/v1")
+    return api_base(server.url, protocol)
 
 
 def probe_args(server: FakeServer, protocol: str, *more: str) -> list[str]:
@@ -174,7 +174,7 @@ def test_key_never_printed(fake_server: FakeServer, tmp_path: Path, protocol: st
     fake_server.play(script)
     args = ["probe", "--base-url", base_url(fake_server, protocol), "--protocol", protocol] + (["--json"] if as_json else [])
     env: dict[str, str] = {}
-    prefix = "ANTHROPIC" if protocol == "anthropic" else "OPENAI"
+    prefix = SPECS[protocol].family.upper()
     if how == "flag":
         args += ["--api-key", KEY]
     elif how == "env":

@@ -25,6 +25,7 @@ from fakeserver import (
     Script,
     Write,
     anthropic_stream,
+    api_base,
     body_script,
     json_script,
     rechunk,
@@ -35,18 +36,17 @@ from fakeserver import (
 from tokenload import errors as ek
 from tokenload.channel import Channel
 from tokenload.measure import TOKEN_TEXT, TOKEN_THINKING, Timeline, formula, measure
+from tokenload.protocolspec import PROTOCOLS
 from tokenload.tokens import estimate_tokens
 from tokenload.transport.httpx_client import stream_once
 
-PROTOCOLS = ("anthropic", "openai-chat", "openai-responses")
 KEY = "sk-test-KEYkey-0123456789abcdef"
 PROMPT = "Say hello to the test suite, please."
 TOKENS = ["Hel", "lo", ", wö", "rld", " 😀", "!"]
 
 
 def channel_for(server: FakeServer, protocol: str, **fields: Any) -> Channel:
-    base = server.url + ("/api" if protocol == "anthropic" else "/v1")
-    return Channel(base_url=base, protocol=protocol, api_key=KEY, **fields)
+    return Channel(base_url=api_base(server.url, protocol), protocol=protocol, api_key=KEY, **fields)
 
 
 def probe(server: FakeServer, protocol: str, *scripts: Script, **fields: Any) -> tuple[dict[str, Any], str]:

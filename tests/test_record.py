@@ -13,11 +13,12 @@ import typing
 import pyarrow as pa
 import pytest
 
-from fakeserver import FakeServer, stream_script
+from fakeserver import FakeServer, api_base, stream_script
 
 from tokenload.analysis import records as analysis_records
 from tokenload.channel import Channel
 from tokenload.load import records as load_records
+from tokenload.protocolspec import PROTOCOLS
 from tokenload.record import COLUMNS, SPEC_COLUMNS, RequestRecord, SpecRecord, arrow_schema, column_types
 from tokenload.transport.httpx_client import stream_once
 
@@ -66,12 +67,11 @@ def test_analysis_reads_only_defined_columns() -> None:
         assert set(group) <= set(COLUMNS), set(group) - set(COLUMNS)
 
 
-@pytest.mark.parametrize("protocol", ["anthropic", "openai-chat", "openai-responses"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_real_exchange_fits_the_schema_without_loss(fake_server: FakeServer, protocol: str) -> None:
     """Every key a real request's record carries is a column, and survives the Arrow round trip unchanged."""
     fake_server.play(stream_script(protocol, ["Hel", "lo"], 0.01, 0.01))
-    base = fake_server.url + ("/api" if protocol == "anthropic" else "/v1")
-    record = stream_once(Channel(base_url=base, protocol=protocol, api_key="sk-test-record"), "Say hello.", 8)
+    record = stream_once(Channel(base_url=api_base(fake_server.url, protocol), protocol=protocol, api_key="sk-test-record"), "Say hello.", 8)
     assert record["status"] == "ok" and record["chunks"] == 2
     assert set(record) <= set(COLUMNS), set(record) - set(COLUMNS)
     row = pa.Table.from_pylist([record], schema=load_records.SCHEMA).to_pylist()[0]

@@ -17,27 +17,28 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from fakeserver import FakeServer, Received, Script, json_script, stream_script
+from fakeserver import WIRES, FakeServer, Received, Script, api_base, json_script, stream_script
 from loadkit import run_cli, write_scenario
 
 from tokenload.analysis import analyze_run
 from tokenload.analysis.report import verdict_rows
 from tokenload.channel import Channel
+from tokenload.protocolspec import PROTOCOLS, SPECS
 from tokenload.tokens import estimate_tokens
 from tokenload.transport.httpx_client import stream_once
 
-PROTOCOLS = ("anthropic", "openai-chat", "openai-responses")
 KEY = "sk-relay-test-1234567890"
 PROMPT = "Say hello to the relay, please."
 TOKENS = ["a", "b", "c", "d"]
 # message_start as LiteLLM's Anthropic route sends it, and the real counts it sends in message_delta
 RELAY_START = {"input_tokens": 0, "output_tokens": 0, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
 RELAY_DELTA = {"input_tokens": 5, "cache_read_input_tokens": 22, "cache_creation_input_tokens": 0}
-STREAM_IDS = {"anthropic": "msg_fake01", "openai-chat": "chatcmpl-fake01", "openai-responses": "resp_fake01"}
+# How the relay reports a stream's 27 input tokens, where it is not as the protocol's fake does by default.
+RELAY_USAGE: dict[str, dict[str, Any]] = {"anthropic": {"start_usage": RELAY_START, "delta_usage": RELAY_DELTA}}
 
 
 def channel_for(server: FakeServer, protocol: str) -> Channel:
-    return Channel(base_url=server.url + ("" if protocol == "anthropic" else "/v1"), protocol=protocol, api_key=KEY)
+    return Channel(base_url=api_base(server.url, protocol, ""), protocol=protocol, api_key=KEY)
 
 
 def once(server: FakeServer, protocol: str, script: Script, max_tokens: int = 32) -> dict[str, Any]:
@@ -77,7 +78,7 @@ def test_anthropic_start_counts_stand_when_the_delta_has_output_only(fake_server
     assert (record["cache_read_input_tokens"], record["cache_creation_input_tokens"]) == (22, 3)
 
 
-@pytest.mark.parametrize("protocol", ["openai-chat", "openai-responses"])
+@pytest.mark.parametrize("protocol", [p for p in PROTOCOLS if SPECS[p].family == "openai"])
 def test_openai_usage_of_zero_input_is_unknown(fake_server: FakeServer, protocol: str) -> None:
     record = once(fake_server, protocol, stream_script(protocol, TOKENS, input_tokens=0))
     assert (record["input_tokens"], record["input_tokens_source"]) == (estimate_tokens(PROMPT), "estimate")
@@ -91,7 +92,7 @@ def test_openai_usage_of_zero_input_is_unknown(fake_server: FakeServer, protocol
 def test_server_request_id_is_the_streams_own_id_without_a_header(fake_server: FakeServer, protocol: str) -> None:
     """llama.cpp sends no request-id header: the stream's id (msg_, chatcmpl-, resp_) joins to its log."""
     record = once(fake_server, protocol, stream_script(protocol, TOKENS))
-    assert record["server_request_id"] == STREAM_IDS[protocol]
+    assert record["server_request_id"] == WIRES[protocol].stream_id
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -109,21 +110,18 @@ def test_a_vendor_request_id_wins_over_a_relay_call_id(fake_server: FakeServer) 
 
 # ------------------------------------------------------------------------------------- truncated
 
-LENGTH = {"anthropic": {"stop_reason": "max_tokens"}, "openai-chat": {"finish_reason": "length"},
-          "openai-responses": {"incomplete": "max_output_tokens"}}
-
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_an_answer_cut_for_length_below_max_tokens_is_truncated(fake_server: FakeServer, protocol: str) -> None:
     """llama.cpp's full context slot: it stops for length after 4 tokens of the 32 asked."""
-    record = once(fake_server, protocol, stream_script(protocol, TOKENS, **LENGTH[protocol]), max_tokens=32)
-    assert record["stop_reason"] == next(iter(LENGTH[protocol].values()))
+    record = once(fake_server, protocol, stream_script(protocol, TOKENS, **WIRES[protocol].for_length), max_tokens=32)
+    assert record["stop_reason"] == SPECS[protocol].length_stop
     assert record["truncated"] is True
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_an_answer_that_reached_max_tokens_or_stopped_is_not_truncated(fake_server: FakeServer, protocol: str) -> None:
-    at_limit = once(fake_server, protocol, stream_script(protocol, TOKENS, **LENGTH[protocol]), max_tokens=4)
+    at_limit = once(fake_server, protocol, stream_script(protocol, TOKENS, **WIRES[protocol].for_length), max_tokens=4)
     natural = once(fake_server, protocol, stream_script(protocol, TOKENS), max_tokens=32)
     assert at_limit["truncated"] is False and natural["truncated"] is False
 
@@ -144,12 +142,10 @@ def _relay(protocol: str) -> Any:
     def answer(received: Received) -> Script:
         if received.method != "POST":
             return json_script(404, {"error": {"message": "not found", "type": "not_found"}})
-        n = next(numbers)
-        kw: dict[str, Any] = {"anthropic": {"message_id": f"msg_{n:04d}", "start_usage": RELAY_START,
-                                            "delta_usage": RELAY_DELTA},
-                              "openai-chat": {"completion_id": f"chatcmpl-{n:04d}", "input_tokens": 27},
-                              "openai-responses": {"response_id": f"resp_{n:04d}", "input_tokens": 27}}[protocol]
-        return stream_script(protocol, TOKENS, 0.0, 0.005, **kw, **LENGTH[protocol])
+        fake = WIRES[protocol]
+        kw = {fake.id_keyword: fake.stream_id.replace("fake01", f"{next(numbers):04d}"),
+              **RELAY_USAGE.get(protocol, {"input_tokens": 27})}
+        return stream_script(protocol, TOKENS, 0.0, 0.005, **kw, **fake.for_length)
 
     return answer
 
@@ -177,14 +173,14 @@ def test_the_load_path_records_the_relays_counts_ids_and_truncation(fake_server:
     """Real `tokenload run` (Locust, the load transport and its shape counting): the same record as probe's."""
     scenario = _two_users(tmp_path, max_tokens=32, step_s=2, drain_s=2)
     fake_server.route(_relay(protocol))
-    base = fake_server.url + ("" if protocol == "anthropic" else "/v1")
+    base = api_base(fake_server.url, protocol, "")
     result = run_cli(scenario, base, tmp_path / "run", "--protocol", protocol, "--api-key", KEY)
     posted = sum(r.method == "POST" for r in fake_server.requests)
     df = pd.read_parquet(tmp_path / "run" / "requests.parquet")
     assert result.returncode == 0, result.stderr[-2000:]
     done = df[df.status == "ok"]
     assert len(done) >= 4
-    prefix = STREAM_IDS[protocol].split("fake")[0]
+    prefix = WIRES[protocol].stream_id.split("fake")[0]
     assert done.server_request_id.str.startswith(prefix).all() and done.server_request_id.is_unique
     assert len(set(done.server_request_id)) <= posted
     assert (done.input_tokens == 27).all() and (done.input_tokens_source == "server").all()

@@ -27,11 +27,12 @@ import pytest
 from stampserver import StampServer
 
 from fakeserver import (
-    STREAM_BUILDERS,
+    WIRES,
     FakeServer,
     Script,
     Write,
     anthropic_stream,
+    api_base,
     chat_stream,
     json_script,
     sse,
@@ -44,6 +45,7 @@ from tokenload.channel import Channel, redact_secrets, resolve
 from tokenload.doctor import Doctor, Limits, check_latency
 from tokenload.failures import classify_exception, fix_for
 from tokenload.measure import Timeline, measure
+from tokenload.protocolspec import PROTOCOLS
 from tokenload.transport.httpx_client import stream_once
 
 KEY = "sk-wire-test-0123456789abcdef"
@@ -77,8 +79,7 @@ for case in cfg["cases"]:
 
 
 def _channel_fields(server_url: str, protocol: str, **fields: Any) -> dict[str, Any]:
-    base = server_url + ("/api" if protocol == "anthropic" else "/v1")
-    return {"base_url": base, "protocol": protocol, "api_key": KEY, **fields}
+    return {"base_url": api_base(server_url, protocol), "protocol": protocol, "api_key": KEY, **fields}
 
 
 def _load(server_url: str, protocol: str, cases: list[dict[str, Any]], *, env: dict[str, str] | None = None,
@@ -441,7 +442,7 @@ RELAY_CUT = {
 def test_a_relay_whose_upstream_was_cut_mid_stream_is_disconnected(fake_server: FakeServer, protocol: str) -> None:
     """HTTP 200, two tokens, then the relay's own words for its cut upstream stream: `disconnected`, on both
     clients, with the timings the stream got (not a `server_error` the server chose to send)."""
-    writes = [w for w in STREAM_BUILDERS[protocol](TOKENS) if not any(t.encode() in w[1] for t in TOKENS[2:])]
+    writes = [w for w in WIRES[protocol].build(TOKENS) if not any(t.encode() in w[1] for t in TOKENS[2:])]
     end = max(i for i, (_, data) in enumerate(writes) if TOKENS[1].encode() in data) + 1
     fake_server.play(Script(writes=[*writes[:end], (0.0, RELAY_CUT[protocol])]))
     for record in (_probe(fake_server, protocol), *_load(fake_server.url, protocol, [{}])):
@@ -517,7 +518,7 @@ def test_eos_counted_but_not_streamed_does_not_shrink_tpot() -> None:
     assert only["eos_only"] and only["status"] == "ok" and only["ttft_s"] is None and only["tpot_s"] is None
 
 
-@pytest.mark.parametrize("protocol", ["anthropic", "openai-chat", "openai-responses"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_eos_aware_tpot_over_http(fake_server: FakeServer, protocol: str) -> None:
     fake_server.play(stream_script(protocol, TOKENS, 0.05, 0.05, output_tokens=len(TOKENS) + 1))
     record = _probe(fake_server, protocol)

@@ -19,6 +19,8 @@ import pytest
 
 from loadkit import sim_run, write_scenario
 
+from tokenload.protocolspec import PROTOCOLS
+
 SESSION_SCENARIO = """
 [session]
 turns = 3
@@ -50,7 +52,7 @@ def _complete_sessions(df: pd.DataFrame, turns: int) -> pd.DataFrame:
     return df[counts == turns].sort_values(["session_id", "turn"])
 
 
-@pytest.mark.parametrize("protocol", ["anthropic", "openai-chat", "openai-responses"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_session_context_grows_by_each_answer_and_message(tmp_path: Path, protocol: str) -> None:
     """Turn k+1 resends turn k's context plus its answer (20 tokens) and a new 50-token message."""
     df, truth, _ = _run(tmp_path, SESSION_SCENARIO.format(cache="false", step_s=2), "--protocol", protocol)
@@ -120,7 +122,7 @@ def cache_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Run]:
     return run
 
 
-@pytest.mark.parametrize("protocol", ["anthropic", "openai-chat", "openai-responses"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_cache_hit_ratio_matches_truth_and_cached_requests_start_sooner(
         cache_run: Callable[[str], Run], protocol: str) -> None:
     """The shared system prompt and each session's history are read from the simulator's prefix cache."""

@@ -22,24 +22,7 @@ from typing import ClassVar, TypedDict
 from urllib.parse import urlsplit
 
 from tokenload.errors import ConfigError
-
-PROTOCOLS: tuple[str, ...] = ("anthropic", "openai-chat", "openai-responses")
-
-DEFAULT_BASE_URLS: dict[str, str] = {
-    "anthropic": "https://api.anthropic.com",
-    "openai-chat": "https://api.openai.com/v1",
-    "openai-responses": "https://api.openai.com/v1",
-}
-DEFAULT_MODELS: dict[str, str] = {
-    "anthropic": "claude-sonnet-4-20250514",
-    "openai-chat": "gpt-4o-mini",
-    "openai-responses": "gpt-4o-mini",
-}
-_ENDPOINTS: dict[str, str] = {
-    "anthropic": "/v1/messages",
-    "openai-chat": "/chat/completions",
-    "openai-responses": "/responses",
-}
+from tokenload.protocolspec import DEFAULT_PROTOCOL, ENV_VARS, PROTOCOLS, SPECS
 
 # Claude Code's settings files, highest precedence first.
 SETTINGS_CANDIDATES: tuple[str, ...] = (
@@ -48,21 +31,6 @@ SETTINGS_CANDIDATES: tuple[str, ...] = (
     "~/.claude/settings.json",
 )
 
-# Environment variables tokenload reads, by channel field and protocol family.
-ENV_VARS: dict[str, dict[str, str]] = {
-    "anthropic": {
-        "base_url": "ANTHROPIC_BASE_URL",
-        "api_key": "ANTHROPIC_API_KEY",
-        "auth_token": "ANTHROPIC_AUTH_TOKEN",
-        "model": "ANTHROPIC_MODEL",
-        "headers": "ANTHROPIC_CUSTOM_HEADERS",
-    },
-    "openai": {
-        "base_url": "OPENAI_BASE_URL",
-        "api_key": "OPENAI_API_KEY",
-        "model": "OPENAI_MODEL",
-    },
-}
 KNOWN_ENV_VARS: frozenset[str] = frozenset(v for family in ENV_VARS.values() for v in family.values())
 
 SECRET_FIELDS: tuple[str, ...] = ("api_key", "auth_token")
@@ -76,22 +44,19 @@ def fingerprint(secret: str) -> str:
 
 
 def family(protocol: str) -> str:
-    """`anthropic` or `openai`: which environment variables a protocol reads."""
-    return "anthropic" if protocol == "anthropic" else "openai"
+    """Which environment variables a protocol reads (a key of `ENV_VARS`)."""
+    return SPECS[protocol].family
 
 
-def endpoint_url(base_url: str, protocol: str) -> str:
-    """Join base URL and API path the way the official SDKs do.
+def endpoint_url(base_url: str, protocol: str, model: str = "") -> str:
+    """Join base URL and API path the way the official SDKs do (`ProtocolSpec.endpoint_url`).
 
     Anthropic: base + `/v1/messages`, so `https://host/api` gives
     `https://host/api/v1/messages` (and a base ending in `/v1` gives the 404
     `/v1/v1/messages`, faithfully, so `doctor` can catch it). OpenAI bases
     usually end in `/v1`; when one does not, `/v1` is added.
     """
-    base = base_url.rstrip("/")
-    if protocol != "anthropic" and not base.endswith("/v1"):
-        base += "/v1"
-    return base + _ENDPOINTS[protocol]
+    return SPECS[protocol].endpoint_url(base_url, model)
 
 
 def parse_headers(text: str) -> dict[str, str]:
@@ -115,8 +80,8 @@ class Channel:
     """A resolved model channel. Immutable; safe to share between users and threads."""
 
     base_url: str
-    protocol: str = "anthropic"
-    model: str = DEFAULT_MODELS["anthropic"]
+    protocol: str = DEFAULT_PROTOCOL
+    model: str = SPECS[DEFAULT_PROTOCOL].default_model
     api_key: str | None = None
     auth_token: str | None = None
     extra_headers: Mapping[str, str] = field(default_factory=dict)
@@ -135,8 +100,8 @@ class Channel:
 
     @property
     def url(self) -> str:
-        """The full request URL for this channel's protocol."""
-        return endpoint_url(self.base_url, self.protocol)
+        """The full request URL for this channel's protocol and model."""
+        return endpoint_url(self.base_url, self.protocol, self.model)
 
     @property
     def secrets(self) -> tuple[str, ...]:
@@ -144,23 +109,12 @@ class Channel:
 
     def auth_headers(self) -> dict[str, str]:
         """Authentication headers as the official SDKs send them."""
-        headers: dict[str, str] = {}
-        if self.protocol == "anthropic":
-            if self.api_key:
-                headers["x-api-key"] = self.api_key
-            if self.auth_token:
-                headers["authorization"] = f"Bearer {self.auth_token}"
-        else:
-            token = self.api_key or self.auth_token
-            if token:
-                headers["authorization"] = f"Bearer {token}"
-        return headers
+        return SPECS[self.protocol].auth_headers(self.api_key, self.auth_token)
 
     def headers(self) -> dict[str, str]:
         """Every header a streaming request carries, auth included."""
         headers = {"content-type": "application/json", "accept": "text/event-stream"}
-        if self.protocol == "anthropic":
-            headers["anthropic-version"] = "2023-06-01"
+        headers.update(SPECS[self.protocol].headers)
         headers.update(self.extra_headers)
         headers.update(self.auth_headers())
         return headers
@@ -339,15 +293,15 @@ def resolve(
     elif "protocol" in suggested:
         protocol, proto_source = suggested["protocol"], scenario_label
     else:
-        protocol = "openai-chat" if has_any("openai") and not has_any("anthropic") else "anthropic"
-        proto_source = "default" if protocol == "anthropic" else "inferred from OPENAI_* variables"
+        protocol, proto_source = _inferred_protocol([fam for fam in ENV_VARS if has_any(fam)])
     if protocol not in PROTOCOLS:
         raise ConfigError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
+    spec = SPECS[protocol]
     # An OpenAI-protocol run against a relay configured only through ANTHROPIC_*
     # (one endpoint speaking both APIs) falls back to those variables.
-    families = ["anthropic"] if protocol == "anthropic" else ["openai", "anthropic"]
+    families = spec.env_families
     flags = {"base_url": base_url, "api_key": api_key, "auth_token": auth_token, "model": model}
-    defaults = {"base_url": DEFAULT_BASE_URLS[protocol], "model": DEFAULT_MODELS[protocol]}
+    defaults = {"base_url": spec.default_base_url, "model": spec.default_model}
     raw: dict[str, str] = {}
     sources: dict[str, str] = {"protocol": proto_source}
     for name in ("base_url", "api_key", "auth_token", "model", "headers"):
@@ -379,9 +333,9 @@ def resolve(
         if not clean[name]:
             del clean[name]
     channel = Channel(
-        base_url=clean.get("base_url", DEFAULT_BASE_URLS[protocol]),
+        base_url=clean.get("base_url", spec.default_base_url),
         protocol=protocol,
-        model=clean.get("model", DEFAULT_MODELS[protocol]),
+        model=clean.get("model", spec.default_model),
         api_key=clean.get("api_key"),
         auth_token=clean.get("auth_token"),
         extra_headers=parse_headers(raw["headers"]) if "headers" in raw else {},
@@ -389,13 +343,22 @@ def resolve(
     return Resolution(channel=channel, sources=sources, warnings=warnings, settings_files=files, raw=raw)
 
 
+def _inferred_protocol(families_set: list[str]) -> tuple[str, str]:
+    """The protocol when nothing names one, and why: the default, unless only another family's variables are
+    set (OPENAI_* alone means openai-chat, the first protocol of that family)."""
+    default = SPECS[DEFAULT_PROTOCOL]
+    if len(families_set) == 1 and families_set[0] != default.family:
+        fam = families_set[0]
+        return next(s.name for s in SPECS.values() if s.family == fam), f"inferred from {fam.upper()}_* variables"
+    return default.name, "default"
+
+
 def add_channel_arguments(parser: argparse.ArgumentParser, several_models: bool = False) -> None:
     """The CHANNEL options, the same on every command (`several_models`: `--model` may be repeated, as on run)."""
     group = parser.add_argument_group(
         "channel",
-        "Resolution order: these flags > environment (ANTHROPIC_BASE_URL, ANTHROPIC_AUTH_TOKEN, "
-        "ANTHROPIC_API_KEY, ANTHROPIC_MODEL, ANTHROPIC_CUSTOM_HEADERS, OPENAI_BASE_URL, OPENAI_API_KEY, "
-        "OPENAI_MODEL) > settings.json (--settings, else ./.claude/settings.local.json, "
+        f"Resolution order: these flags > environment ({', '.join(v for fam in ENV_VARS.values() for v in fam.values())}"
+        ") > settings.json (--settings, else ./.claude/settings.local.json, "
         "./.claude/settings.json, ~/.claude/settings.json) > a scenario's [channel] table (run) > defaults.",
     )
     group.add_argument("--base-url", help="API base URL, e.g. https://relay.example/api (the path part matters)")

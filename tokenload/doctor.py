@@ -55,9 +55,7 @@ import httpx
 
 from tokenload import errors as ek
 from tokenload.channel import (
-    ENV_VARS,
     KNOWN_ENV_VARS,
-    PROTOCOLS,
     SECRET_FIELDS,
     SETTINGS_CANDIDATES,
     Channel,
@@ -83,6 +81,7 @@ from tokenload.measure import NATURAL_STOPS, Timeline
 from tokenload.modelsize import size_from_id as model_size
 from tokenload.protocols import ADAPTERS, ProtocolAdapter
 from tokenload.protocols.base import Conversation
+from tokenload.protocolspec import ENV_VARS, PROTOCOLS, SPECS
 from tokenload.record import RequestRecord
 from tokenload.tokens import synth_prompt
 from tokenload.transport.httpx_client import stream_exchange
@@ -261,7 +260,7 @@ class Doctor:
         """The channel's model ids from `/v1/models`, or None when it offers no list."""
         if not self._models_fetched:
             self._models_fetched = True
-            url = models_url(self.channel.base_url)
+            url = models_url(self.channel)
             try:
                 with self.client(self.limits.relay_probe_timeout_s) as http:
                     response = http.get(url, headers=self.channel.headers())
@@ -283,7 +282,7 @@ class Doctor:
             self._relay_asked = True
             self.models()
             if self._models_status is not None:
-                self._relay_route = f"GET {models_url(self.channel.base_url)} answered HTTP {self._models_status}"
+                self._relay_route = f"GET {models_url(self.channel)} answered HTTP {self._models_status}"
             else:
                 parts = urlsplit(self.channel.base_url)
                 health = urlunsplit((parts.scheme, parts.netloc, "/health", "", ""))
@@ -314,10 +313,14 @@ def fresh_nonce() -> str:
     return f"Request {uuid.uuid4().hex[:12]}."
 
 
-def models_url(base_url: str) -> str:
-    """`GET` URL of the model list: beside the chat endpoint, under `/v1`."""
-    base = base_url.rstrip("/")
-    return (base if base.endswith("/v1") else base + "/v1") + "/models"
+def models_url(channel: Channel) -> str:
+    """`GET` URL of the channel's model list: beside its endpoint, under the API root (`/v1`)."""
+    return SPECS[channel.protocol].models_url(channel.base_url)
+
+
+def _models_path(ctx: Doctor) -> str:
+    spec = SPECS[ctx.channel.protocol]
+    return spec.root + spec.models_path
 
 
 def is_local(url: str) -> bool:
@@ -356,13 +359,14 @@ def is_placeholder(key: str) -> bool:
 
 
 def base_variants(base_url: str) -> list[str]:
-    """The bases users most often meant: `/v1` removed, `/api` added, trailing path parts dropped."""
+    """The bases users most often meant: an API root (`/v1`) removed, `/api` added, trailing path parts dropped."""
     parts = urlsplit(base_url)
     segments = [s for s in parts.path.split("/") if s]
     prefixes = [segments[:i] for i in range(len(segments), -1, -1)]
+    roots = {spec.root.strip("/") for spec in SPECS.values()}
     paths: list[str] = []
     for prefix in prefixes:
-        trimmed = prefix[:-1] if prefix and prefix[-1] == "v1" else prefix
+        trimmed = prefix[:-1] if prefix and prefix[-1] in roots else prefix
         for candidate in (trimmed, trimmed + ["api"] if "api" not in trimmed else trimmed):
             path = "/" + "/".join(candidate) if candidate else ""
             if path not in paths:
@@ -387,7 +391,8 @@ def knock(ctx: Doctor, http: httpx.Client, base_url: str, protocol: str | None =
     """A cheap request at a base: POST an empty JSON body to its endpoint (an API answers 4xx JSON); `protocol`:
     another protocol's endpoint than the channel's."""
     channel = ctx.channel
-    return http.post(endpoint_url(base_url, protocol or channel.protocol), headers=channel.headers(), content=b"{}")
+    return http.post(endpoint_url(base_url, protocol or channel.protocol, channel.model), headers=channel.headers(),
+                     content=b"{}")
 
 
 def _s(value: float | None) -> str:
@@ -625,9 +630,12 @@ def check_key(ctx: Doctor) -> CheckResult:
         if raw.strip() and is_placeholder(raw):
             problems.append(f"the {label} from {res.sources[name]} is a placeholder, not a key")
             fixes.append(f"put the key you created into {ctx.where(name)}")
-    if channel.protocol == "anthropic" and channel.api_key and channel.auth_token and channel.api_key != channel.auth_token:
-        problems.append("ANTHROPIC_API_KEY and ANTHROPIC_AUTH_TOKEN are both set, to different values; both are sent")
-        fixes.append("keep one: ANTHROPIC_AUTH_TOKEN (Bearer) for relays, ANTHROPIC_API_KEY (x-api-key) for api.anthropic.com")
+    spec = SPECS[channel.protocol]
+    if spec.key_header and channel.api_key and channel.auth_token and channel.api_key != channel.auth_token:
+        names = ENV_VARS[spec.family]
+        problems.append(f"{names['api_key']} and {names['auth_token']} are both set, to different values; both are sent")
+        fixes.append(f"keep one: {names['auth_token']} (Bearer) for relays, {names['api_key']} ({spec.key_header}) for "
+                     f"{urlsplit(spec.default_base_url).hostname}")
     if not channel.secrets and not is_local(channel.base_url):
         names = ENV_VARS[family(channel.protocol)]
         wanted = " or ".join(names[n] for n in SECRET_FIELDS if n in names)
@@ -676,8 +684,8 @@ def check_base_url(ctx: Doctor) -> CheckResult:
             what = f"an HTML page ({message.removeprefix('HTML page: ')!r})" if kind == "html" else repr(message)
             saw = f"POST {url} answered HTTP {response.status_code} with {what}, not an API response"
             answered = next((b for b in base_variants(channel.base_url) if _answers(ctx, http, b)), None)
-            if answered and channel.protocol != "anthropic":
-                answered += "/v1"  # the form OpenAI SDKs expect in OPENAI_BASE_URL
+            if answered and SPECS[channel.protocol].root_in_base:
+                answered += SPECS[channel.protocol].root  # the form OpenAI SDKs expect in OPENAI_BASE_URL
             details["suggested_base_url"] = answered
             if answered:
                 return fail(f"{saw}; {answered} answers like an API", f"set {ctx.where('base_url')} to {answered}")
@@ -686,7 +694,8 @@ def check_base_url(ctx: Doctor) -> CheckResult:
                 protocol, base = speaks
                 details.update(speaks=protocol, suggested_base_url=base)
                 at = "" if base == channel.base_url else f" at {base}"
-                return fail(f"{saw}; POST {endpoint_url(base, protocol)} answers like an API: this endpoint speaks "
+                return fail(f"{saw}; POST {endpoint_url(base, protocol, channel.model)} answers like an API: this "
+                            "endpoint speaks "
                             f"{protocol}{at}, not {channel.protocol}",
                             f"this endpoint speaks {protocol}: use --protocol {protocol}"
                             + (f" with --base-url {base}" if at else ""))
@@ -749,20 +758,23 @@ def check_auth(ctx: Doctor) -> CheckResult:
         fix = "the key is valid but not allowed here: check its permissions, group or quota with the channel's operator"
     else:
         fix = f"{ek.FIXES[ek.AUTH]} (sent {_sent_as(ctx)})"
-        if channel.protocol == "anthropic" and not (channel.api_key and channel.auth_token):
-            other = "ANTHROPIC_AUTH_TOKEN (Bearer)" if channel.api_key else "ANTHROPIC_API_KEY (x-api-key)"
+        spec = SPECS[channel.protocol]
+        if spec.key_header and not (channel.api_key and channel.auth_token):
+            names = ENV_VARS[spec.family]
+            other = f"{names['auth_token']} (Bearer)" if channel.api_key else f"{names['api_key']} ({spec.key_header})"
             fix += f"; if the channel expects the other header, set {other} instead"
     return CheckResult("auth", "auth", FAIL, saw, fix, {"http_status": status})
 
 
 def _sent_as(ctx: Doctor) -> str:
     channel = ctx.channel
+    key_header = SPECS[channel.protocol].key_header
     headers = channel.auth_headers()
     parts = []
-    if "x-api-key" in headers and channel.api_key:
-        parts.append(f"x-api-key {fingerprint(channel.api_key)}")
+    if key_header in headers and channel.api_key:
+        parts.append(f"{key_header} {fingerprint(channel.api_key)}")
     if "authorization" in headers:
-        token = channel.auth_token if channel.protocol == "anthropic" else (channel.api_key or channel.auth_token)
+        token = channel.auth_token if key_header else (channel.api_key or channel.auth_token)
         parts.append(f"Bearer {fingerprint(token or '')}")
     return " and ".join(parts)
 
@@ -787,7 +799,7 @@ def check_model(ctx: Doctor) -> CheckResult:
     saw = f"{model} is not served: HTTP {record['http_status']}: {record['error_message']}"
     details: dict[str, Any] = {"models": models}
     if not models:
-        return CheckResult("model", "model", FAIL, saw + "; the channel offers no model list at /v1/models",
+        return CheckResult("model", "model", FAIL, saw + f"; the channel offers no model list at {_models_path(ctx)}",
                            f"ask the channel's operator for the exact model id and set it in {ctx.where('model')}", details)
     close = closest_model(model, models)
     details["closest"] = close

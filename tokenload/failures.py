@@ -35,6 +35,7 @@ import httpx
 
 from tokenload import errors as ek
 from tokenload.errors import ErrorKind
+from tokenload.protocolspec import SPECS
 
 # `^model: NAME` is the Anthropic API's own 404 message for an unknown model id.
 _MODEL_MISSING = re.compile(r"model.*(not[ _]found|does not exist|unknown|invalid|not supported|no such)|"
@@ -88,6 +89,8 @@ UNREACHED_FIX = ("check the host and port in --base-url and that the channel is 
                  "connection there")
 # Gateways say "my upstream failed" with the status alone: 502 Bad Gateway, 504 Gateway Timeout.
 _GATEWAY_STATUSES = frozenset({502, 504})
+# The fields of an error object that name what went wrong, in any protocol (Anthropic `type`, OpenAI `type`, `code`).
+_ERROR_KEYS = tuple(dict.fromkeys(key for spec in SPECS.values() for key in spec.error_keys))
 _DNS_WORDS = ("name or service not known", "nodename nor servname", "name resolution", "getaddrinfo",
               "no address associated")
 _PLAIN_HTTP_WORDS = ("wrong version number", "record layer failure", "packet length too long", "http request")
@@ -212,7 +215,7 @@ def error_message(obj: Any) -> str | None:
 
 
 def error_type(obj: Any) -> str:
-    """The type/code of an Anthropic or OpenAI error object ('' when absent).
+    """The type/code of an error object of any protocol ('' when absent; `ProtocolSpec.error_keys`).
 
     Responses' `response.failed` nests the error under `response.error`; its code
     (e.g. `rate_limit_exceeded`) says more than the event type.
@@ -223,7 +226,7 @@ def error_type(obj: Any) -> str:
             return error_type(response)
         err = obj.get("error", obj)
         if isinstance(err, dict):
-            return " ".join(str(err.get(k) or "") for k in ("type", "code")).strip()
+            return " ".join(str(err.get(k) or "") for k in _ERROR_KEYS).strip()
     return ""
 
 

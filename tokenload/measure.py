@@ -49,15 +49,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+from tokenload.protocolspec import SPECS
 from tokenload.record import RequestRecord
 
 TOKEN_TEXT = "text"
 TOKEN_THINKING = "thinking"
 TOKEN_OTHER = "other"  # tool-use input and similar output that is neither text nor thinking
-# Stop reasons that mean the model ended on its own (an end-of-sequence token), per protocol.
-NATURAL_STOPS = frozenset({"end_turn", "stop", "completed"})
-# Stop reasons that mean the answer hit an output limit: Anthropic, OpenAI Chat, OpenAI Responses (incomplete).
-LENGTH_STOPS = frozenset({"max_tokens", "length", "max_output_tokens"})
+# Stop reasons that mean the model ended on its own (an end-of-sequence token), and that the answer hit an
+# output limit, in every protocol.
+NATURAL_STOPS = frozenset(spec.natural_stop for spec in SPECS.values())
+LENGTH_STOPS = frozenset(spec.length_stop for spec in SPECS.values())
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tokenload.channel import PROTOCOLS
+from tokenload.protocolspec import DEFAULT_PROTOCOL, PROTOCOLS
 
 HELP = "run the whole pipeline against the built-in simulator: off-peak and peak capacity searches, reports, comparison"
 
@@ -39,8 +39,8 @@ PHASES: tuple[tuple[str, str, str], ...] = (("off-peak", "demo-offpeak", "offpea
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="where the runs go (default results/demo-<time>)")
-    parser.add_argument("--protocol", choices=PROTOCOLS, default="anthropic",
-                        help="wire protocol the simulator is spoken to with (default anthropic)")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default=DEFAULT_PROTOCOL,
+                        help=f"wire protocol the simulator is spoken to with (default {DEFAULT_PROTOCOL})")
     parser.add_argument("--duration", type=float, metavar="S",
                         help="cap each run at S seconds (default: until the search ends, about 25 s)")
     parser.add_argument("--offpeak-only", action="store_true", help="skip the peak run and the comparison")

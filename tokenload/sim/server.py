@@ -23,6 +23,7 @@ from random import Random
 from typing import Any, TextIO
 
 from tokenload.modelsize import size_from_id
+from tokenload.protocolspec import SPECS
 from tokenload.sim import wire
 from tokenload.sim.engine import Engine, RateLimiter, Sequence, Stats, rate_limit_headers, retry_after_header
 from tokenload.sim.faults import FaultPlan, markers_in
@@ -35,15 +36,33 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"
             411: "Length Required", 413: "Payload Too Large", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
             500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
             529: "Overloaded"}
+# Routes under the base path besides each protocol's endpoint (`ProtocolSpec.route`, whose route is its name).
 _ROUTES: dict[tuple[str, str], str] = {
-    ("POST", "/v1/messages"): "anthropic",
-    ("POST", "/v1/messages/count_tokens"): "count_tokens",
-    ("POST", "/v1/chat/completions"): "openai-chat",
-    ("POST", "/v1/responses"): "openai-responses",
-    ("GET", "/v1/models"): "models",
+    ("POST", "/v1/messages/count_tokens"): "count_tokens",  # Anthropic's token counter
+    **{("GET", spec.root + spec.models_path): "models" for spec in SPECS.values()},
     ("GET", "/health"): "health",
     ("GET", "/metrics"): "metrics",
 }
+_KEY_HEADERS = tuple(dict.fromkeys(spec.key_header for spec in SPECS.values() if spec.key_header))
+
+
+def _route(method: str, path: str) -> tuple[str | None, str | None]:
+    """(route, model the path names) of a request path under the base path; (None, None) when nothing serves it."""
+    route = _ROUTES.get((method, path))
+    if route is not None or method != "POST":
+        return route, None
+    for spec in SPECS.values():
+        match = spec.route().match(path)
+        if match is not None:
+            return spec.name, match.groupdict().get("model")
+    return None, None
+
+
+def _models_protocol(headers: dict[str, str]) -> str:
+    """Whose model list a request asks for: the first protocol whose fixed headers it carries (`anthropic-version`),
+    else the first that has none."""
+    carried = [s.name for s in SPECS.values() if s.headers and all(name in headers for name, _ in s.headers)]
+    return (carried or [s.name for s in SPECS.values() if not s.headers])[0]
 _HTML = """<!doctype html>
 <html><head><meta charset="utf-8"><title>{title}</title></head>
 <body><h1>{title}</h1><p>This is the tokenload channel simulator's web page, not its API.
@@ -333,9 +352,9 @@ class SimServer:
 
     async def _dispatch(self, request: Request, writer: asyncio.StreamWriter) -> bool:
         """Answer one request; False closes the connection."""
-        route = None
+        route, path_model = None, None
         if request.path.startswith(self.prefix + "/"):
-            route = _ROUTES.get((request.method, request.path[len(self.prefix):].rstrip("/") or "/"))
+            route, path_model = _route(request.method, request.path[len(self.prefix):].rstrip("/") or "/")
         elif (request.method, request.path) == ("GET", "/metrics"):  # at the root too, where vLLM serves it
             route = "metrics"
         if route is None:
@@ -351,12 +370,12 @@ class SimServer:
             text = self.metrics.render(gauges, self.stats).encode()
             self._plain(writer, 200, text, request.keep_alive, "text/plain; version=0.0.4; charset=utf-8")
             return True
-        return await Generation(self, request, writer, route).run()
+        return await Generation(self, request, writer, route, path_model).run()
 
     def authorized(self, headers: dict[str, str]) -> bool:
         if self._api_key is None:
             return True
-        given = [headers.get("x-api-key", "")]
+        given = [headers.get(name, "") for name in _KEY_HEADERS]
         auth = headers.get("authorization", "")
         if auth[:7].lower() == "bearer ":
             given.append(auth[7:])
@@ -380,16 +399,17 @@ def _record(request_id: str, request: Request, protocol: str | None) -> dict[str
 class Generation:
     """One API request from routing to the truth line; every early answer goes through `_error`."""
 
-    def __init__(self, server: SimServer, request: Request, writer: asyncio.StreamWriter, route: str) -> None:
+    def __init__(self, server: SimServer, request: Request, writer: asyncio.StreamWriter, route: str,
+                 path_model: str | None = None) -> None:
         self.server = server
         self.request = request
         self.writer = writer
         self.route = route
+        self.path_model = path_model  # the model a protocol names in its path instead of its body
         self.request_id = wire.new_request_id()
-        anthropic_style = route in ("anthropic", "count_tokens") or (
-            route == "models" and "anthropic-version" in request.headers)
-        self.proto: type[wire.Framer] = wire.PROTOCOLS["anthropic" if anthropic_style else route
-                                                          if route in wire.PROTOCOLS else "openai-chat"]
+        self.proto: type[wire.Framer] = (
+            wire.PROTOCOLS[route] if route in wire.PROTOCOLS else wire.AnthropicFramer if route == "count_tokens"
+            else wire.PROTOCOLS[_models_protocol(request.headers)])
         self.record = _record(self.request_id, request, self.proto.name)
         self.rate_headers: list[tuple[str, str]] = []  # set once the rate limiter has seen the request
 
@@ -413,9 +433,8 @@ class Generation:
     async def run(self) -> bool:
         server, request = self.server, self.request
         if not server.authorized(request.headers):
-            anthropic = self.proto is wire.AnthropicFramer
-            return self._error(401, "invalid x-api-key" if anthropic else "Incorrect API key provided.",
-                               error="auth", code=None if anthropic else "invalid_api_key")
+            message, code = self.proto.auth_error
+            return self._error(401, message, error="auth", code=code)
         if self.route == "models":
             data = [{"id": m, "object": "model", "type": "model", "display_name": m, "created": 0,
                      "created_at": "2025-01-01T00:00:00Z", "owned_by": "tokenload-sim"} for m in server.models]
@@ -428,17 +447,17 @@ class Generation:
                 raise ValueError
         except ValueError:
             return self._error(400, "The request body is not valid JSON.", error="bad_request")
+        if self.path_model is not None:
+            body = {**body, "model": self.path_model}
         try:
-            parsed = (wire.AnthropicFramer if self.route == "count_tokens" else self.proto).parse(
-                body if self.route != "count_tokens" else {"max_tokens": 1, **body}, server.profile.default_max_tokens)
+            parsed = self.proto.parse(body if self.route != "count_tokens" else {"max_tokens": 1, **body},
+                                      server.profile.default_max_tokens)
         except wire.BadRequest as exc:
             return self._error(400, str(exc), error="bad_request")
         self.record["model"] = parsed.model
         if parsed.model not in server.engines:
-            if self.proto is wire.AnthropicFramer:
-                return self._error(404, f"model: {parsed.model}", error="not_found_model")
-            return self._error(404, f"The model `{parsed.model}` does not exist", error="not_found_model",
-                               param="model", code="model_not_found")
+            message, param, code = self.proto.model_missing(parsed.model)
+            return self._error(404, message, error="not_found_model", param=param, code=code)
         n_in = sum(estimate_tokens(t) for t in parsed.texts)
         self.record["input_tokens"] = n_in
         if self.route == "count_tokens":
@@ -453,14 +472,14 @@ class Generation:
         if profile.max_concurrency and server.in_flight >= profile.max_concurrency:
             return self._rate_limited(1.0, "concurrency")
         wait = server.limiter.check(n_in + parsed.max_tokens)
-        self.rate_headers = rate_limit_headers(server.limiter.state(), self.proto is wire.AnthropicFramer)
+        self.rate_headers = rate_limit_headers(server.limiter.state(), self.proto.anthropic_headers)
         if wait is not None:
             return self._rate_limited(wait, "rate")
         return await self._generate(parsed, n_in, body)
 
     def _rate_limited(self, wait: float, what: str) -> bool:
         headers = [("retry-after", retry_after_header(wait))]
-        if self.proto is not wire.AnthropicFramer:  # the OpenAI SDK reads the finer form first
+        if not self.proto.anthropic_headers:  # the OpenAI SDK reads the finer form first
             headers.append(("retry-after-ms", f"{wait * 1000:.0f}"))
         message = ("Number of concurrent connections has exceeded your rate limit." if what == "concurrency"
                    else "This request would exceed your organization's rate limit. Please try again later.")
@@ -497,7 +516,7 @@ class Generation:
         engine = server.engines[parsed.model]
         cache_read, cache_written = engine.cache.use(parsed.texts[:parsed.cacheable])
         plan = wire.Plan(self.request_id, parsed.model, n_in, n_out, n_think, early,
-                         include_usage=parsed.include_usage or self.proto is not wire.OpenAIChatFramer,
+                         include_usage=parsed.include_usage,
                          unicode=faults.has("unicode"), offset=server.rng.randrange(1 << 16),
                          cache_read=cache_read, cache_creation=cache_written)
         self.record.update(fault=faults.describe(), planned_output_tokens=n_out, thinking_tokens=n_think,
@@ -518,9 +537,8 @@ class Generation:
         if faults.has("slow_headers"):
             await asyncio.sleep(faults.num("slow_headers", "seconds"))
         if engine.profile.max_queue and len(engine.waiting) >= engine.profile.max_queue:
-            if self.proto is wire.AnthropicFramer:
-                return self._error(529, "Overloaded", error="overloaded")
-            return self._error(503, "The server is overloaded, please try again later.", error="overloaded")
+            status, message = self.proto.overloaded
+            return self._error(status, message, error="overloaded")
         sse = wire.SSE(b"\r\n" if faults.has("crlf") else b"\r" if faults.has("cr") else b"\n",
                        space=not faults.has("nospace"), multiline=faults.has("multiline"), comments=faults.has("comments"))
         if faults.has("pad"):

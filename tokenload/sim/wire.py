@@ -166,10 +166,22 @@ def _model(body: dict[str, Any]) -> str:
 
 
 class Framer:
-    """Shared shape of the three framers; subclasses own every JSON layout."""
+    """Shared shape of the three framers; subclasses own every JSON layout.
 
-    name: ClassVar[str]
+    The class attributes say how the vendor's server answers around the stream; the defaults are OpenAI's,
+    which most servers and relays copy.
+    """
+
+    name: ClassVar[str]  # the protocol's name (`tokenload.protocolspec.SPECS`)
     stop_reasons: ClassVar[tuple[str, str]]  # (early stop, hit max_tokens)
+    auth_error: ClassVar[tuple[str, str | None]] = ("Incorrect API key provided.", "invalid_api_key")  # message, code
+    overloaded: ClassVar[tuple[int, str]] = (503, "The server is overloaded, please try again later.")
+    anthropic_headers: ClassVar[bool] = False  # rate limits as anthropic-ratelimit-*, no retry-after-ms
+
+    @classmethod
+    def model_missing(cls, model: str) -> tuple[str, str | None, str | None]:
+        """The 404 for a model the server does not serve: its message, the error's `param` and `code`."""
+        return f"The model `{model}` does not exist", "model", "model_not_found"
 
     def __init__(self, plan: Plan, sse: SSE, no_usage: bool = False) -> None:
         self.plan = plan
@@ -223,6 +235,13 @@ _ANTHROPIC_ERRORS = {
 class AnthropicFramer(Framer):
     name = "anthropic"
     stop_reasons = ("end_turn", "max_tokens")
+    auth_error = ("invalid x-api-key", None)
+    overloaded = (529, "Overloaded")
+    anthropic_headers = True
+
+    @classmethod
+    def model_missing(cls, model: str) -> tuple[str, str | None, str | None]:
+        return f"model: {model}", None, None
 
     def __init__(self, plan: Plan, sse: SSE, no_usage: bool = False) -> None:
         super().__init__(plan, sse, no_usage)

@@ -19,7 +19,7 @@ Schema (all sections optional except `[load]`):
     seed = 0                      # prompt texts, lengths and arrivals are reproducible
 
     [channel]                     # defaults: flags, environment, settings.json win
-    protocol = "anthropic"        # anthropic | openai-chat | openai-responses
+    protocol = "anthropic"        # {protocols}
     base_url = "http://..."
     models = ["sim-7b"]           # or model = "sim-7b"; requests pick uniformly (`run --model` repeated replaces it)
     model_sizes = { "my-model" = 30 }  # billions of parameters, for ids that do not name their size
@@ -129,15 +129,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tokenload.channel import PROTOCOLS
 from tokenload.compat import tomllib
 from tokenload.errors import ConfigError
+from tokenload.protocolspec import PROTOCOLS
 from tokenload.slo import DEFAULT as DEFAULT_SLO
 from tokenload.slo import METRICS as SLO_METRICS
 from tokenload.slo import Slo
 from tokenload.workload.datasets import load_dataset
 from tokenload.workload.traces import TIME_UNITS, load_trace, trace_span_s
 
+__doc__ = __doc__.replace("{protocols}", " | ".join(PROTOCOLS))
 # The schema part of this docstring is also `tokenload run --help`'s reference.
 SCHEMA_HELP = __doc__[__doc__.index("Schema (all sections"):]
 
