@@ -12,8 +12,8 @@ steps so far with their request and error counts, the live numbers that
 at the end, why the run stopped.
 
 Request and token limits are enforced where the requests are sent, not from
-Locust's aggregated stats (read about once a second, 3 s behind on a master,
-so fast failures overshot a limit of 200 to 2810): each process gets a share
+Locust's aggregated stats (read about once a second, 3 s behind on a master:
+fast failures overshoot a limit read there): each process gets a share
 of `[stop] max_requests` / `max_tokens` (`Budget`; split between workers by the
 master in its first step message) and a user takes a ticket before each send.
 Once a process's share is used up its users park, it tells the master

@@ -1,9 +1,8 @@
 """No orphans: Locust processes die with whatever started them, and `tokenload run` outlives its Locust.
 
 A load generator that outlives its run keeps loading the channel with nobody
-recording (a killed `tokenload run` left Locust sending for 15 s; a killed
-Locust master left its forked workers sending for ~58 s, until Locust's own
-60 s master timeout). The rules, on both sides of the process tree:
+recording (docs/benchmarks.md, "Process lifetime", has the cases measured). The
+rules, on both sides of the process tree:
 
 - `tokenload run` starts Locust in its own process group and passes its pid
   (`TOKENLOAD_PARENT_PID`). SIGTERM stops a run exactly like Ctrl-C, and Ctrl-C
@@ -24,9 +23,8 @@ Locust master left its forked workers sending for ~58 s, until Locust's own
 - A process that lost its parent or master stops at once instead of draining
   (the `on_lost` callback cuts the drain to 0 before Locust's Ctrl-C; a master
   tells its workers the same ahead of its stop): nobody is waiting for a drain,
-  and the open streams are cut and kept as records of what they got. (A drain
-  let a killed run's open streams run to their end: up to 12.5 s of load
-  nobody recorded.)
+  and the open streams are cut and kept as records of what they got (a drain
+  would let them run to their end with nobody recording).
 - Locust's web UI survives a Ctrl-C that comes while the plan runs: Locust
   stops the test and leaves the UI up "indefinitely" (no `--autoquit`), so a
   killed `tokenload run --web` left an orphan holding the port. A managed

@@ -1,55 +1,29 @@
 """The load generator's hot-path HTTP client: geventhttpclient, one pool per process.
 
-Chosen by measurement: `python benchmarks/client_overhead.py` drives each
-candidate client through the full path (adapter, SSE decoder, `measure()` record,
-Locust stats entries) against the simulator at 50 tokens/s per stream, each
-token its own SSE event and socket read, and compares client CPU per token and
-TTFT error against the simulator's truth file; README.md's Benchmarks section
-holds the current table.
+Chosen by measurement against Locust's own `requests` path and httpx
+(`benchmarks/client_overhead.py`; docs/benchmarks.md, "Load-generator client"):
+it costs the least CPU per token and adds the least to TTFT.
 
-`requests` is Locust's default `HttpUser` path (`HttpSession`, `stream=True`,
-`iter_lines`), httpx one shared unlimited `httpx.Client` with `iter_raw`. This
-client costs about 2x less CPU per token than requests and 6x less than httpx
-at 500 streams, and adds the least to TTFT at every level (p50 < 0.6 ms, p99
-< 3 ms at 500 streams: inside the 1 ms / 5 ms targets). Alternating this code
-and the previous version against one simulator (500 streams, 3 cells each) gave
-57-65k against 44-50k tokens per CPU-second. At 10 streams the figure is
-dominated by the process's fixed idle cost, not tokens.
+Reads: plain-HTTP bodies are read inside the event loop by
+`tokenload.transport.reader.HubReader` (kernel-stamped reads, the user's greenlet
+woken once per request), the first response bytes by `_first_read` with the same
+stamp; streams with a display callback, HTTPS and compressed bodies read in their
+greenlet, one read per call. First-token and stall timeouts are one libev timer
+per stream (`_Deadline`), not a gevent `Timeout` per read.
 
-How it reads: plain-HTTP bodies are read inside the event loop by
-`tokenload.transport.reader.HubReader` (one kernel-stamped `recvmsg` per wake-up,
-chunked bodies by its compiled core where it was built, the user's greenlet
-woken once per request), and the first response bytes by `_first_read` with
-the same stamp, so body bytes that came with the headers keep their arrival
-time (the header parser gets only the headers; `HubReader` the rest). Streams with a display
-callback, HTTPS and compressed bodies read in their greenlet (`_read_available`,
-one read per call: geventhttpclient's `read(n)` would hold small events back).
-Socket timeouts would allocate and start a gevent `Timeout` on every read;
-first-token and stall timeouts come from one libev timer per stream (`_Deadline`).
+Sends: one `Transport` (one pool, one SSL context) serves every user of a process.
+It writes the request itself on a pooled socket, so t0 is the kernel's stamp of
+the request's last byte leaving (plain HTTP, Linux 6.12+; else when the write
+returned), and everything before it (a connection from the pool or a new one, the
+event loop's turn, a write the server's receive window held back) is the client's
+own wait, `send_lag_s`, never the server's TTFT.
 
-One `Transport` (one connection pool, one SSL context) serves every user of a
-process, so spawning a user costs nothing here. It writes the request itself
-on a pooled socket (geventhttpclient's `HTTPClient.request` would hide when the
-connection became ready and when the request was out), so t0 is the kernel's stamp
-of the request's last byte leaving (plain HTTP, Linux 6.12+; else when the write
-returned: a pause of the process right after it would shorten TTFT). Everything before
-it is the client's own wait, recorded as `send_lag_s` from the moment the user
-handed the request over: a pooled or new connection (its setup is its own field
-too, `connect_s`, 0 on a reused connection), the event loop's turn (hundreds of
-users spawned at once share one loop) and a write the server's full receive
-window held back. None of it is the server's TTFT.
-
-Keep-alive: servers such as llama.cpp's advertise keep-alive and close after
-each streamed response; a request written on such a dying socket fails before
-any response byte arrives, and the server never saw it. Such a request, and
-only such a one, is written once more on a fresh connection (what browsers and
-urllib3 do) and the record counts it (`reconnects`); nothing else is retried:
-every other failure is recorded as what it was (a refused connection once the transport has opened one to
-the channel is `connection_refused`, the channel went down, not a wrong address). A response that says
-`Connection: close` leaves its socket out of the pool. The request says
-`Accept-Encoding: identity`; a server that compresses anyway is decoded (gzip,
-deflate). HTTPS reads go through gevent's SSL socket (the same single read per
-call; not benchmarked, the simulator speaks plain HTTP).
+Keep-alive: a request written on a socket the server already closed (llama.cpp
+closes after each streamed answer though it advertises keep-alive) is written once
+more on a fresh connection and counted (`reconnects`); nothing else is retried. A
+refused connection once the transport had one is `connection_refused` (the channel
+went down, not a wrong address). `Connection: close` keeps a socket out of the
+pool; the request asks for `identity` and a compressed answer is decoded anyway.
 """
 
 from __future__ import annotations
