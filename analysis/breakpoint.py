@@ -34,13 +34,14 @@ stays in `rules` so a reader sees what else happened.
 
 from __future__ import annotations
 
-import re
+from collections.abc import Mapping
 from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
 from tokenload.analysis.windows import level_text
+from tokenload.contracts.summary import Completeness, Outage
 from tokenload.slo import Slo
 
 # Knee: throughput grew by less than this fraction of the relative load increase...
@@ -124,15 +125,15 @@ def _below_range(hit: dict[str, Any]) -> dict[str, Any]:
             "detail": f"below {lowest}: not even the lowest load met it; {hit['detail']}"}
 
 
-def breakpoint_text(bp: dict[str, Any]) -> str:
+def breakpoint_text(bp: Mapping[str, Any]) -> str:
     """'16 users', or 'below 2 users' when no level met the SLO."""
     if bp.get("below_range"):
         return f"below {level_text(bp['lowest_load_level'], bp['load_unit'])}"
     return level_text(bp["load_level"], bp["load_unit"])
 
 
-def find_breakpoint(steps: pd.DataFrame, slo: Slo, complete: dict[str, Any] | None = None,
-                    outage: dict[str, Any] | None = None) -> dict[str, Any]:
+def find_breakpoint(steps: pd.DataFrame, slo: Slo, complete: Completeness | None = None,
+                    outage: Outage | None = None) -> dict[str, Any]:
     """Evaluate every rule on the decided steps ordered by load level.
 
     Returns `{"breakpoint": {...} | None, "breakpoint_note": str | None, "rules": {...}, "undecided": [...]}`;
@@ -162,7 +163,7 @@ def find_breakpoint(steps: pd.DataFrame, slo: Slo, complete: dict[str, Any] | No
             chosen = _below_range(chosen)
         return {"breakpoint": chosen, "breakpoint_note": too_few[2:] or None, "rules": rules, "undecided": undecided}
     levels = [(_at(r)) for _, r in decided.iterrows()]
-    complete = complete or {}
+    done: Mapping[str, Any] = complete or {}
     if outage is not None:
         before = (f"; no rule fired on the steps that ended before it ({levels[0]}"
                   f"{f' to {levels[-1]}' if len(levels) > 1 else ''})" if levels else "; no step ended before it")
@@ -170,11 +171,11 @@ def find_breakpoint(steps: pd.DataFrame, slo: Slo, complete: dict[str, Any] | No
                 f"not with the load){before}" + too_few)
     elif not levels:
         note = "no step had enough requests to judge a breakpoint" + too_few
-    elif complete.get("auto_stop"):
+    elif done.get("auto_stop"):
         note = (f"no breakpoint by the SLO up to {levels[-1]}, where the run's auto-stop ended it "
-                f"({complete['auto_stop']}): the live rule fired before the SLO did" + too_few)
-    elif complete.get("interrupted") or complete.get("truncated"):
-        note = (f"no breakpoint up to {levels[-1]}, but {complete.get('note')}: the higher loads were not measured, "
+                f"({done['auto_stop']}): the live rule fired before the SLO did" + too_few)
+    elif done.get("interrupted") or done.get("truncated"):
+        note = (f"no breakpoint up to {levels[-1]}, but {done.get('note')}: the higher loads were not measured, "
                 "so this is not a verdict on them" + too_few)
     elif len(levels) < 2:
         note = f"a single load step ({levels[0]}) cannot show a breakpoint: run a ramp to find one" + too_few
@@ -187,20 +188,14 @@ def find_breakpoint(steps: pd.DataFrame, slo: Slo, complete: dict[str, Any] | No
     return {"breakpoint": None, "breakpoint_note": note, "rules": rules, "undecided": undecided}
 
 
-# "auto-stop: step 5 (64 users) TTFT p95 1.23 s > 1 s ([stop] ...)"; "breakpoint:" is how runs recorded before
-# the live rule was named "auto-stop" begin.
-_AUTO_STOP = re.compile(r"^(?:auto-stop|breakpoint): step (\d+) \([^)]*\) (.*?)(?: \(\[stop\] \w+\))?$")
-
-
-def auto_stop(stop_reason: Any, steps: pd.DataFrame) -> dict[str, Any] | None:
-    """The live auto-stop (`[stop] breakpoint_ttft_p95_s` / `breakpoint_error_rate`) that ended the run, if one did."""
-    match = _AUTO_STOP.match(stop_reason) if isinstance(stop_reason, str) else None
-    if match is None:
+def auto_stop(stop: Any, steps: pd.DataFrame) -> dict[str, Any] | None:
+    """The live auto-stop (`[stop] breakpoint_ttft_p95_s` / `breakpoint_error_rate`) that ended the run, if one did,
+    from manifest.json's `stop` record (`tokenload.contracts.manifest.StopRecord`)."""
+    if not isinstance(stop, dict) or not stop.get("key"):
         return None
-    step, condition = int(match.group(1)), match.group(2)
-    rule = "breakpoint_ttft_p95_s" if condition.startswith("TTFT") else "breakpoint_error_rate"
+    step = int(stop["step"])
     row = steps.loc[step] if step in steps.index else None
-    return {"rule": rule, "step": step, "condition": condition, "reason": stop_reason,
+    return {"rule": stop["key"], "step": step, "condition": stop["condition"], "reason": stop["reason"],
             "load_level": None if row is None else float(row["load_level"]),
             "load_unit": None if row is None else str(row["load_unit"])}
 

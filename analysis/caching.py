@@ -18,10 +18,12 @@ request counts as a cache hit only when it read a real share of its input.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
+
+from tokenload.contracts.summary import Caching, Summary
 
 # Share of a later turn's input read from the cache above which caching counts as honoured.
 HONOURED_HIT_RATIO = 0.5
@@ -41,7 +43,7 @@ def _ratio(num: float, den: float) -> float | None:
     return float(f"{num / den:.4g}") if den > 0 else None
 
 
-def caching_summary(df: pd.DataFrame) -> dict[str, Any] | None:
+def caching_summary(df: pd.DataFrame) -> Caching | None:
     """summary.json's `caching` block, or None for runs recorded without cache columns."""
     if "cache_read_input_tokens" not in df:
         return None
@@ -70,7 +72,7 @@ def caching_summary(df: pd.DataFrame) -> dict[str, Any] | None:
         "ttft_p50_later_turns_s": _median(later["ttft_s"]),
     }
     out["honoured"], out["verdict"] = _verdict(out)
-    return out
+    return cast(Caching, out)
 
 
 def _verdict(c: dict[str, Any]) -> tuple[bool | None, str]:
@@ -99,13 +101,13 @@ def _verdict(c: dict[str, Any]) -> tuple[bool | None, str]:
     return False, f"probably NOT honoured (no cache usage fields, and later turns are not faster){ttft}"
 
 
-def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+def verdict_rows(summary: Summary) -> list[tuple[str, str, bool | None]]:
     """The verdict table's caching row, when the run has cache columns."""
     c = summary.get("caching")
     return [("Prompt caching", c["verdict"], c["honoured"])] if c else []
 
 
-def report_rows(summary: dict[str, Any]) -> list[list[Any]]:
+def report_rows(summary: Summary) -> list[list[Any]]:
     """report.html's "Prompt caching" table, as (label, value) rows; empty without cache columns."""
     c = summary.get("caching")
     if not c:

@@ -383,8 +383,8 @@ def _run_card(label: str, a: Analysis) -> dict[str, Any]:
         "breakpoint": s["breakpoint"], "breakpoint_note": s["breakpoint_note"],
         "bound": s["diagnosis"]["bound"], "max_active_users": max((x["active_users"] for x in s["steps"]), default=None),
         "load_levels": [x["load_level"] for x in s["steps"]], "load_unit": s["run"]["load_unit"],
-        **({"server_cause": (s["server_metrics"].get("cause") or {}).get("text")}
-           if s.get("server_metrics", {}).get("terms") else {}),
+        **({"server_cause": cause["text"] if (cause := s["server_metrics"].get("cause")) else None}
+           if s["server_metrics"].get("terms") else {}),
     }
 
 
@@ -438,7 +438,7 @@ def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = 
     views = list(zip(names, analyses))
     figures, drawn = [], []
     if capacities is not None:
-        figures.append(figure(plots.plot_capacity([(n, a.summary["search"]) for n, a in views],
+        figures.append(figure(plots.plot_capacity([(n, s) for n, a in views if (s := a.summary["search"]) is not None],
                                                   out / "plots" / "capacity.png"),
                               "Each run's breakpoint search: SLO attainment and goodput per probe (numbered in the "
                               "order they ran); shaded: where each run's boundary lies."))

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import cast
 
 from tokenload.analysis.windows import level_text
+from tokenload.contracts.summary import Bound, Breakpoint, Diagnosis, TtftFit
 from tokenload.errors import error_class
 from tokenload.failures import fix_for
 from tokenload.slo import Slo
@@ -43,24 +44,23 @@ def _error_advice(total: int, by_kind: dict[str, int], said: Mapping[str, str | 
     return lines
 
 
-def _ttft_advice(ttft: float, n_in: float, fit: dict[str, Any], limit: float) -> list[str]:
+def _ttft_advice(ttft: float, n_in: float, fit: TtftFit, limit: float) -> list[str]:
     """Common mistake 4: long prompt, large model or load; the fit says how short is short enough."""
     head = f"TTFT p50 {_g(ttft)} s at low load is above the {_g(limit)} s target"
-    if not fit.get("model"):
+    a, slope, k, power = fit["intercept_s"], fit["slope_s_per_token"], fit["exponent"], fit.get("power")
+    if not fit.get("model") or a is None or slope is None or k is None:
         return [f"{head}: shorten the prompt, try a smaller model, or send at off-peak times"]
-    a = fit["intercept_s"]
     if fit.get("intercept_check"):
         return [f"{head}: shorten the prompt, try a smaller model, or send at off-peak times (the TTFT fit is not "
                 f"used for advice: {fit['intercept_check']})"]
     if a >= limit:
         return [f"{head}; even an empty prompt takes {_g(a)} s (fit intercept): shortening the prompt "
                 "cannot meet it, use a smaller model or send at off-peak times"]
-    if fit["model"] == "power":
-        b, k = fit["power"]["b"], fit["exponent"]
+    if fit["model"] == "power" and power is not None:
+        b = power["b"]
         n_max = ((limit - a) / b) ** (1.0 / k) if b > 0 else math.inf
         law = f"{_g(a)} + {_g(b)} x n^{k:.2f}"
     else:
-        slope = fit["slope_s_per_token"]
         n_max = (limit - a) / slope if slope > 0 else math.inf
         law = f"{_g(a)} + {_g(slope)} x n"
     return [f"{head}: by the fit TTFT = {law} s, prompts of <= {n_max:.0f} input tokens meet it "
@@ -106,11 +106,11 @@ def diagnose_latency(
     share_ttft: float | None,
     low: dict[str, float],
     high: dict[str, float],
-    ttft_fit: dict[str, Any],
-    breakpoint: dict[str, Any] | None,
+    ttft_fit: TtftFit,
+    breakpoint: Breakpoint | None,
     open_requests: int = 0,
     said: Mapping[str, str | None] | None = None,
-) -> dict[str, Any]:
+) -> Diagnosis:
     """Return the contract's `diagnosis` {bound, share_ttft, advice} plus the numbers it rests on.
 
     `low` and `high` hold p50 ttft/tpot/e2e, median output/input tokens and active
@@ -132,7 +132,7 @@ def diagnose_latency(
                              "(their TTFT and e2e are censored): the channel is slower than the run's steps; lengthen "
                              "step_s or the run, or lower [output] max_tokens")
         bound = "errors" if counted and error_rate > slo.max_error_rate else None
-        return {"bound": bound, "share_ttft": None, "error_rate": round(error_rate, 6), "advice": lines}
+        return {"bound": cast("Bound | None", bound), "share_ttft": None, "error_rate": round(error_rate, 6), "advice": lines}
 
     load_share = 1.0 - low["e2e"] / high["e2e"] if high["e2e"] > 0 else 0.0
     share_low = low["ttft"] / low["e2e"] if low["e2e"] > 0 else 0.0
@@ -149,7 +149,7 @@ def diagnose_latency(
         advice += [("errors", line) for line in _error_advice(requests, errors_by_kind, said)]
     if load_share >= QUEUE_SHARE:
         good = breakpoint.get("last_good_load_level") if breakpoint else None
-        unit = str((breakpoint or {}).get("load_unit", "users"))
+        unit = breakpoint["load_unit"] if breakpoint else "users"
         what = "concurrency" if unit == "users" else "the request rate"
         keep = (f"keep {what} <= {level_text(good, unit)} (the last step before the breakpoint)"
                 if good else "lower the load")
@@ -170,6 +170,6 @@ def diagnose_latency(
         advice.append((bound, f"at low load the medians (TTFT {_g(low['ttft'])} s, TPOT {_g(low['tpot'])} s, "
                       f"e2e {_g(low['e2e'])} s) meet the SLO ({slo.describe()})"))
     advice.sort(key=lambda item: item[0] != bound)
-    return {"bound": bound, "bound_reason": why, "share_ttft": round(share_ttft, 4),
+    return {"bound": cast("Bound | None", bound), "bound_reason": why, "share_ttft": round(share_ttft, 4),
             "share_ttft_low_load": round(share_low, 4),
             "load_share_of_e2e": round(load_share, 4), "error_rate": round(error_rate, 6), "advice": [line for _, line in advice]}

@@ -11,10 +11,10 @@ those seen, and they describe the channel, not the load.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
+
+from tokenload.contracts.summary import Fidelity, Summary
 
 # Headers held until the first token: judged on requests whose TTFT is at least this long (s), counted when
 # the headers came within this share of TTFT before the first token, and a finding when most requests did so.
@@ -29,7 +29,7 @@ def _numbers(df: pd.DataFrame, column: str) -> np.ndarray:
     return pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=float)
 
 
-def fidelity_summary(df: pd.DataFrame) -> dict[str, Any]:
+def fidelity_summary(df: pd.DataFrame) -> Fidelity:
     """summary.json's `fidelity` block: counts of each kind of unfaithful answer and the findings they make."""
     ok = df[df["status"].eq("ok").to_numpy() & ~df["in_flight"].to_numpy()]
     chunks, usage, asked = _numbers(ok, "chunks"), _numbers(ok, "output_tokens"), _numbers(ok, "max_tokens")
@@ -54,7 +54,7 @@ def fidelity_summary(df: pd.DataFrame) -> dict[str, Any]:
             "headers_held": held, "headers_judged": int(judged.sum()), "findings": findings}
 
 
-def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+def verdict_rows(summary: Summary) -> list[tuple[str, str, bool | None]]:
     """The verdict table's "Channel fidelity" row, only when something was found."""
     f = summary.get("fidelity")
     return [("Channel fidelity", "; ".join(f["findings"]), False)] if f and f["findings"] else []

@@ -13,9 +13,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+
+from tokenload.contracts.summary import LinearFitSummary, TtftFit
 
 # Two-sided 95% normal quantile; fits here have hundreds of points or more.
 Z95 = 1.959963984540054
@@ -203,7 +205,7 @@ def flat_note(fit: LinearFit, concurrency: float | None = None) -> str | None:
     return f"{why}; no fit: fit TTFT against input length at 1 user (the packaged prompt-sweep scenario does)"
 
 
-def ttft_vs_input(n_tokens: np.ndarray, ttft: np.ndarray, concurrency: float | None = None) -> dict[str, Any]:
+def ttft_vs_input(n_tokens: np.ndarray, ttft: np.ndarray, concurrency: float | None = None) -> TtftFit:
     """The contract's `fits.ttft_vs_input`, plus both candidate models and the sub-linear verdict.
 
     For the power model `slope_s_per_token` is the local slope d(ttft)/dn at the
@@ -247,10 +249,10 @@ def ttft_vs_input(n_tokens: np.ndarray, ttft: np.ndarray, concurrency: float | N
         out["sublinear"] = f"contradicted: TTFT grows as n^{k:.2f} (> 1), faster than linear"
     else:
         out["sublinear"] = "not supported: a straight line fits TTFT vs input length as well as a power law"
-    return out
+    return cast(TtftFit, out)
 
 
-def linear_dict(fit: LinearFit | None) -> dict[str, Any] | None:
+def linear_dict(fit: LinearFit | None) -> LinearFitSummary | None:
     """The contract's linear-fit keys plus confidence intervals."""
     if fit is None:
         return None

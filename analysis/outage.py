@@ -39,6 +39,7 @@ import pandas as pd
 
 from tokenload import errors as ek
 from tokenload.analysis.windows import level_text
+from tokenload.contracts.summary import Outage
 from tokenload.failures import fix_for, upstream_failure
 from tokenload.rundir import REQUESTS_FILE
 from tokenload.slo import Slo
@@ -80,7 +81,7 @@ def _failure_runs(outcome: np.ndarray) -> list[tuple[int, int]]:
 
 
 def find_outage(df: pd.DataFrame, table: pd.DataFrame, slo: Slo, run_started_at: float | None,
-                run_dir: Path | None = None) -> dict[str, Any] | None:
+                run_dir: Path | None = None) -> Outage | None:
     """summary.json's `outage`, or None when the errors (if any) did not begin at a moment.
 
     `table`: the steps (their load levels); `run_dir`: where to read the channel's words (none: no words)."""
@@ -149,7 +150,7 @@ def channel_words(run_dir: Path | None, since: float = -np.inf,
 
 
 def _describe(found: dict[str, Any], failed: pd.DataFrame, recovered: pd.Series | None, table: pd.DataFrame,
-              run_started_at: float | None, run_dir: Path | None) -> dict[str, Any]:
+              run_started_at: float | None, run_dir: Path | None) -> Outage:
     zero = run_started_at if run_started_at is not None else float(failed["started_at"].min())
     began = found["began"]
     by_kind = failed["error_kind"].astype(str).value_counts()

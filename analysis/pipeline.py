@@ -11,7 +11,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -34,6 +34,8 @@ from tokenload.analysis.search import search_summary
 from tokenload.analysis.steps import StepOptions
 from tokenload.analysis.summary import Analysis, summarize
 from tokenload.analysis.windows import level_text
+from tokenload.contracts.manifest import Manifest
+from tokenload.contracts.summary import Summary
 from tokenload.errors import ConfigError, error_class
 from tokenload.slo import Slo
 
@@ -85,7 +87,7 @@ def _stages(console: Console | None, enabled: bool, total: int) -> Iterator[Call
 
 def analyze_run(run_dir: str | Path, slo: Slo | None = None, *, slo_overrides: Mapping[str, Any] | None = None,
                 low_load_users: int | None = None, console: Console | None = None,
-                write: bool = True, options: StepOptions | None = None) -> dict[str, Any]:
+                write: bool = True, options: StepOptions | None = None) -> Summary:
     """Analyse RUN_DIR, write summary.json, plots/*.png and report.html there, return the summary.
 
     Raises `ConfigError` when RUN_DIR is not a run (see `records.load_run`).
@@ -98,7 +100,7 @@ def analyze_run(run_dir: str | Path, slo: Slo | None = None, *, slo_overrides: M
     return analysis.summary
 
 
-def scenario_slo(manifest: dict[str, Any]) -> Slo:
+def scenario_slo(manifest: Manifest) -> Slo:
     """The SLO the run was planned with: its resolved scenario's `[slo]` (runs without one: the default)."""
     table = (manifest.get("scenario") or {}).get("slo")
     try:
@@ -108,12 +110,12 @@ def scenario_slo(manifest: dict[str, Any]) -> Slo:
                           "flags") from None
 
 
-def resolve_slo(manifest: dict[str, Any], overrides: Mapping[str, Any] | None) -> Slo:
+def resolve_slo(manifest: Manifest, overrides: Mapping[str, Any] | None) -> Slo:
     """The run's own SLO with the `--slo-*` flags' fields replaced."""
     return dataclasses.replace(scenario_slo(manifest), **(overrides or {}))
 
 
-def scenario_warmup(manifest: dict[str, Any]) -> float:
+def scenario_warmup(manifest: Manifest) -> float:
     """The run's own `[load] step_warmup_s` (0 when the scenario set none)."""
     value = ((manifest.get("scenario") or {}).get("load") or {}).get("step_warmup_s", 0.0)
     return float(value) if isinstance(value, (int, float)) and value >= 0 else 0.0
@@ -160,17 +162,17 @@ def write_report(analysis: Analysis, out_dir: Path, advance: Callable[[str], Non
             figures.append(figure(drawn, serverplot.CAPTION))
     advance("writing report.html")
     sections = [("Verdict", verdict_html(s))]
-    if s.get("search"):
+    if search := s.get("search"):
         sections.append(("Probes: each judged on its own requests, at its own load (times in seconds)",
-                         probes_html(s["search"], s["analysis_options"]["percentiles"])))
+                         probes_html(search, s["analysis_options"]["percentiles"])))
     sections.append(("Diagnosis: " + (f"{s['diagnosis']['bound']}-bound" if s["diagnosis"]["bound"]
                                       else "bound not determined"),
                      "<ul class='advice'>" + "".join(f"<li>{h(a)}</li>" for a in s["diagnosis"]["advice"]) + "</ul>"))
     if s["problems"]:
         sections.append(("What is missing", "<div class='problems'><ul>" +
                          "".join(f"<li>{h(p)}</li>" for p in s["problems"]) + "</ul></div>"))
-    if s.get("search"):
-        target = plots.plot_capacity([(s["run"]["label"], s["search"])], out_dir / "plots" / "capacity.png")
+    if search := s.get("search"):
+        target = plots.plot_capacity([(s["run"]["label"], search)], out_dir / "plots" / "capacity.png")
         figures.insert(0, figure(target, "The breakpoint search: each probe's SLO attainment (95% interval) and "
                                          "goodput, numbered in the order the probes ran; shaded: where the boundary "
                                          "lies; dash-dot: the SLO target."))
@@ -202,7 +204,7 @@ def _lag_text(lag: Any) -> str:
     return "; ".join(parts + [str(lag["warning"])] if lag.get("warning") else parts) or "not recorded"
 
 
-def _tables(s: dict[str, Any]) -> list[tuple[str, str]]:
+def _tables(s: Summary) -> list[tuple[str, str]]:
     out = []
     opts = s["analysis_options"]
     if s["steps"]:
@@ -219,7 +221,7 @@ def _tables(s: dict[str, Any]) -> list[tuple[str, str]]:
                 ["throughput", "tokens counted in the window they were streamed (each request's output spread "
                  "between its first and last token), input tokens at the first token, requests at completion"]]
     out.append(("How the numbers were made", html_table(["", "setting"], settings, left=2)))
-    rules = s["breakpoint_rules"]
+    rules = cast("dict[str, Mapping[str, Any]]", s["breakpoint_rules"])
     if rules:
         out.append(("Breakpoint rules", html_table(
             ["rule", "fired", "at", "detail"],
@@ -231,7 +233,9 @@ def _tables(s: dict[str, Any]) -> list[tuple[str, str]]:
                                                  sorted([k, classes[k], v] for k, v in s["errors_by_kind"].items()),
                                                  left=2)))
     fit_rows = []
-    for name, fit in s["fits"].items():
+    fits: dict[str, Mapping[str, Any]] = {"ttft_vs_input": s["fits"]["ttft_vs_input"],
+                                          "e2e_vs_output": s["fits"]["e2e_vs_output"]}
+    for name, fit in fits.items():
         slope = slope_text(fit) if fit.get("slope_s_per_token") is not None else None
         fit_rows.append([name, fit.get("model") or "not fitted", slope, fit.get("intercept_s"),
                          fit.get("exponent", 1.0), fit.get("r2"), fit.get("n"),
@@ -250,7 +254,7 @@ def _tables(s: dict[str, Any]) -> list[tuple[str, str]]:
           "how far single requests fall from the fitted line"]], left=1)))
     run = s["run"]
     complete = run.get("completeness") or {}
-    meta = [["run id", run.get("run_id")], ["run dir", run.get("run_dir")], ["models", ", ".join(run["models"])],
+    meta: list[list[Any]] = [["run id", run.get("run_id")], ["run dir", run.get("run_dir")], ["models", ", ".join(run["models"])],
             ["scenario", run.get("scenario")], ["load", f"{run.get('load_kind') or 'unknown'} ({run.get('load_unit')})"],
             ["stopped because", complete.get("stop_reason") or "not recorded"],
             ["channel", _channel_text(run.get("channel"))], ["scheduler lag (s)", _lag_text(run.get("scheduler_lag"))],
@@ -259,6 +263,6 @@ def _tables(s: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def print_verdict(summary: dict[str, Any], console: Console | None = None) -> None:
+def print_verdict(summary: Summary, console: Console | None = None) -> None:
     """Print the verdict table (the demo calls this after `analyze_run`)."""
     (console or Console()).print(verdict_table(summary))

@@ -25,6 +25,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from tokenload.analysis.steps import STEADY_REQUESTS  # noqa: E402
 from tokenload.analysis.summary import Analysis  # noqa: E402
 from tokenload.analysis.windows import USERS, level_text  # noqa: E402
+from tokenload.contracts.summary import SearchSummary, Summary  # noqa: E402
 
 View = tuple[str, Analysis]
 Curve = tuple[str, Callable[..., np.ndarray], str]  # (legend label, y(x), line style)
@@ -195,16 +196,17 @@ def _ci_band(t: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
-def breakpoint_marker(summary: dict[str, Any]) -> tuple[float, str] | None:
+def breakpoint_marker(summary: Summary) -> tuple[float, str] | None:
     """(load level, legend) of the breakpoint line; None when there is none to draw.
 
     A breakpoint below the range (no level met the SLO) has no level on the axis:
     a line at the lowest level would claim that level as the breakpoint.
     """
     bp = summary.get("breakpoint")
-    if not bp or bp.get("load_level") is None:
+    level = bp["load_level"] if bp else None
+    if not bp or level is None:
         return None
-    return float(bp["load_level"]), f"breakpoint {level_text(bp['load_level'], bp['load_unit'])} ({bp['reason']})"
+    return float(level), f"breakpoint {level_text(level, bp['load_unit'])} ({bp['reason']})"
 
 
 def _one_level(views: Sequence[View], panels: Sequence[Panel], name: str, level: float) -> plt.Figure:
@@ -421,7 +423,7 @@ def plot_timeline(views: Sequence[View], path: Path, bins: int = 120) -> Path:
     return _save(fig, path)
 
 
-def plot_capacity(searches: Sequence[tuple[str, dict[str, Any]]], path: Path) -> Path:
+def plot_capacity(searches: Sequence[tuple[str, SearchSummary]], path: Path) -> Path:
     """A breakpoint search: SLO attainment (with its 95% interval) and goodput per probe against load.
 
     Each probe is a point numbered in the order it ran; the SLO target is a line; the band where the
@@ -433,10 +435,11 @@ def plot_capacity(searches: Sequence[tuple[str, dict[str, Any]]], path: Path) ->
         color = f"C{i}"
         probes = [p for p in s["probes"] if p.get("attainment") is not None]
         for n, p in enumerate(s["probes"], start=1):
-            if p.get("attainment") is None:
+            att = p["attainment"]
+            if att is None:
                 continue
             ci = p.get("ci")
-            yerr = [[max(0.0, p["attainment"] - ci[0])], [max(0.0, ci[1] - p["attainment"])]] if ci else None
+            yerr = [[max(0.0, att - ci[0])], [max(0.0, ci[1] - att)]] if ci else None
             marker = {"pass": "o", "fail": "x", "undecided": "s"}[p["verdict"]]
             att_ax.errorbar(p["level"], p["attainment"], yerr=yerr, fmt=marker, color=color, capsize=3, ms=6)
             att_ax.annotate(str(n), (p["level"], p["attainment"]), textcoords="offset points", xytext=(5, 5),

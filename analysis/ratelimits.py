@@ -17,11 +17,12 @@ these columns existed (or against a channel that sends no such headers) get
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
 from tokenload import errors as ek
+from tokenload.contracts.summary import LowestRemaining, RateLimits
 from tokenload.rundir import REQUESTS_FILE
 
 COLUMNS = ("step", "started_at", "finished_at", "worker", "error_kind", "in_flight", "rl_requests_limit",
@@ -32,7 +33,7 @@ def _int(value: Any) -> int | None:
     return None if value is None or pd.isna(value) else int(value)
 
 
-def _lowest(df: pd.DataFrame, what: str) -> dict[str, Any] | None:
+def _lowest(df: pd.DataFrame, what: str) -> LowestRemaining | None:
     """The lowest remaining value of one limit, as a count and a share of the limit, with its step."""
     rows = df.dropna(subset=[f"rl_{what}_remaining", f"rl_{what}_limit"])
     rows = rows[rows[f"rl_{what}_limit"] > 0]
@@ -67,7 +68,7 @@ def told_to_wait_s(df: pd.DataFrame, end: float | None) -> float:
     return total
 
 
-def rate_limits(run_dir: str | Path, ended_at: float | None = None) -> dict[str, Any]:
+def rate_limits(run_dir: str | Path, ended_at: float | None = None) -> RateLimits:
     """`summary.json`'s `rate_limits` for one run directory."""
     import pyarrow.parquet as pq
 
@@ -96,17 +97,17 @@ def rate_limits(run_dir: str | Path, ended_at: float | None = None) -> dict[str,
     }
     if not out["seen"]:
         out["note"] = "the channel sent no rate-limit headers (anthropic-ratelimit-* or x-ratelimit-*)"
-    return out
+    return cast(RateLimits, out)
 
 
-def rate_limits_html(limits: dict[str, Any]) -> str:
+def rate_limits_html(limits: RateLimits) -> str:
     """The report's "Rate limits" section."""
     from tokenload.analysis.report import h, html_table
 
     if not limits.get("seen") and not limits.get("rate_limited"):
         return f"<p>{h(limits.get('note', 'no rate-limit information'))}</p>"
 
-    def lowest(item: dict[str, Any] | None) -> str:
+    def lowest(item: LowestRemaining | None) -> str:
         if not item:
             return "-"
         return f"{item['remaining']:,} of {item['limit']:,} ({item['share']:.0%}) at step {item['step']}"

@@ -13,13 +13,14 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
+from tokenload.contracts.manifest import Manifest
 from tokenload.errors import ConfigError
-from tokenload.record import SPEC_COLUMNS, STORM_PROBE
+from tokenload.record import COLUMNS, SPEC_COLUMNS, STORM_PROBE
 from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
 
 # The contract's "at least" columns (defined in tokenload.record). All must exist (a missing one is
@@ -30,27 +31,29 @@ FLOAT_COLUMNS: tuple[str, ...] = (
     "output_tokens", "itl_p50_s", "itl_p99_s", "itl_max_s",
 )
 CATEGORY_COLUMNS: tuple[str, ...] = ("status", "error_kind", "model")
-OPTIONAL_COLUMNS: tuple[str, ...] = ("finished_at", "in_flight", "cut_at", "prompt_tokens_target")
 ANALYSIS_COLUMNS: tuple[str, ...] = (
     "step", "active_users", *FLOAT_COLUMNS, *CATEGORY_COLUMNS,
 )
-# Workload columns (sessions, prompt caching, warm-up), carried through when the run has them.
+# Record columns the analysis' frame leaves out, to keep memory low on million-row runs: identifiers, words,
+# and the columns a module reads from requests.parquet itself when it needs them. Every other column of
+# `tokenload.record.RequestRecord` is carried through as the run has it (`CARRIED_COLUMNS`), so a new column
+# reaches the analysis unless it is named here.
+LEFT_OUT: dict[str, str] = {
+    "request_id": "an identifier", "run_id": "the manifest's", "worker": "an identifier", "user_id": "an identifier",
+    "protocol": "the manifest's channel", "server_request_id": "an identifier",
+    "http_status": "read by analysis.outage from the file", "error_message": "read by analysis.outage from the file",
+    "ttft_text_s": "not analysed", "input_tokens_source": "not analysed", "stop_reason": "words",
+    "late_s": "the manifest's open_loop_lateness", "duration_s": "not analysed", "reasoning_tokens": "not analysed",
+    "thinking_chunks": "not analysed", "malformed_events": "not analysed", "eos_only": "not analysed",
+    **{name: "read by analysis.ratelimits from the file" for name in (
+        "backoff_s", "held_s", "retry_of", "retry_after_s", "rl_requests_limit", "rl_requests_remaining",
+        "rl_tokens_limit", "rl_tokens_remaining")},
+}
+CARRIED_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in ANALYSIS_COLUMNS and c not in LEFT_OUT)
 # Rows of the run-level warm-up (`phase == "warmup"`, scenario `[load] warmup_requests` / `warmup_s`) and the
 # error-storm breaker's probes (`storm_probe`, sent while the users were paused) are set apart here (`Run.aside`),
 # so no statistic ever includes them.
-WORKLOAD_COLUMNS: tuple[str, ...] = (
-    "phase", "session_id", "turn", "context_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
-)
 WARMUP_PHASE = "warmup"
-# Connection setup (`connect_s`, 0 on a reused connection; `reconnects`), the client's wait to get each request
-# out (`send_lag_s`), the tokens read with the first one (`first_read_tokens`) and whether both ends of the TTFT
-# are the kernel's stamps (`ttft_exact`), carried through when the run has them.
-CONNECTION_COLUMNS: tuple[str, ...] = ("connect_s", "reconnects", "send_lag_s", "first_read_tokens", "ttft_exact")
-# What the answer was against what was asked: fidelity (tokenload.analysis.fidelity) and `truncated`
-# (cut for length below the max_tokens asked), carried through when the run has them.
-ANSWER_COLUMNS: tuple[str, ...] = ("chunks", "max_tokens", "output_tokens_source", "ttfb_s", "truncated")
-# When the run counted each request's SLO verdict: a search's probe counted those judged by its decision.
-JUDGED_COLUMNS: tuple[str, ...] = ("judged_at",)
 
 
 @dataclass
@@ -58,7 +61,7 @@ class Run:
     """One loaded run: the cleaned request frame plus what the manifest says."""
 
     run_dir: Path
-    manifest: dict[str, Any]
+    manifest: Manifest  # as the run wrote it; a run of an older version may lack keys
     df: pd.DataFrame
     problems: list[str] = field(default_factory=list)
     # The rows set apart (warm-up and storm probes, by `phase`), with the columns of `df`: in no statistic, but
@@ -127,20 +130,20 @@ def _unix(value: Any) -> float | None:
     return None
 
 
-def _read_manifest(run_dir: Path, problems: list[str]) -> dict[str, Any]:
+def _read_manifest(run_dir: Path, problems: list[str]) -> Manifest:
     path = run_dir / MANIFEST_FILE
     if not path.exists():
         problems.append(f"{MANIFEST_FILE} is missing: run metadata (scenario, channel) unknown")
-        return {}
+        return cast(Manifest, {})
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         problems.append(f"{MANIFEST_FILE} is unreadable ({exc}): run metadata unknown")
-        return {}
+        return cast(Manifest, {})
     if not isinstance(data, dict):
         problems.append(f"{MANIFEST_FILE} is not a JSON object: run metadata unknown")
-        return {}
-    return data
+        return cast(Manifest, {})
+    return cast(Manifest, data)
 
 
 def load_run(run_dir: str | Path) -> Run:
@@ -165,8 +168,7 @@ def load_run(run_dir: str | Path) -> Run:
     missing = [c for c in REQUIRED_COLUMNS if c not in schema_names]
     if missing:
         raise ConfigError(f"{parquet} lacks required column(s): {', '.join(missing)}")
-    carried = (*OPTIONAL_COLUMNS, *WORKLOAD_COLUMNS, *CONNECTION_COLUMNS, *ANSWER_COLUMNS, *JUDGED_COLUMNS)
-    wanted = [*ANALYSIS_COLUMNS, *(c for c in carried if c in schema_names)]
+    wanted = [*ANALYSIS_COLUMNS, *(c for c in CARRIED_COLUMNS if c in schema_names)]
     try:
         df = pq.read_table(parquet, columns=wanted).to_pandas()
     except Exception as exc:
@@ -191,10 +193,10 @@ def _when_cut(run: Run, last_sent: float) -> None:
 
 
 def _set_apart(raw: pd.DataFrame, out: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """`out` plus the workload, connection, answer and judged columns of `raw`: (the measured rows, the warm-up
-    and storm-probe rows)."""
-    for col in (*WORKLOAD_COLUMNS, *CONNECTION_COLUMNS, *ANSWER_COLUMNS, *JUDGED_COLUMNS):
-        if col in raw:
+    """`out` plus the other carried columns of `raw` (those `_normalise` did not make): (the measured rows, the
+    warm-up and storm-probe rows)."""
+    for col in CARRIED_COLUMNS:
+        if col in raw and col not in out:
             out[col] = raw[col].to_numpy()
     if "phase" not in out:
         return out, out.iloc[:0]

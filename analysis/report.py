@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from tokenload.analysis.breakpoint import breakpoint_text
 from tokenload.analysis.records import cut_text
 from tokenload.analysis.search import probe_text
 from tokenload.analysis.windows import level_text
+from tokenload.contracts.summary import Summary
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
@@ -45,7 +46,7 @@ def _fmt(x: Any, unit: str = "", digits: int = 3) -> str:
     return f"{x}{unit}"
 
 
-def slope_text(fit: dict[str, Any]) -> str:
+def slope_text(fit: Mapping[str, Any]) -> str:
     """A fit's s/token; a power law's slope changes with the input length, so it says where it was taken."""
     text = f"{fit['slope_s_per_token']:.3g} s/token"
     if fit.get("model") == "power" and fit.get("slope_at_input_tokens") is not None:
@@ -53,7 +54,7 @@ def slope_text(fit: dict[str, Any]) -> str:
     return text
 
 
-def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+def verdict_rows(summary: Summary) -> list[tuple[str, str, bool | None]]:
     """(topic, finding, ok?) rows; ok is None where the row is information, not a verdict."""
     run, slo, lat = summary["run"], summary["slo"], summary["latency"]
     ttft_fit, e2e_fit = summary["fits"]["ttft_vs_input"], summary["fits"]["e2e_vs_output"]
@@ -67,9 +68,9 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         rows += [(f"Probe {n}", probe_text(p, search["unit"], search["slo"]),
                   {"pass": True, "fail": False}.get(p["verdict"])) for n, p in enumerate(search["probes"], start=1)]
     if complete.get("interrupted") or complete.get("truncated") or complete.get("storm"):
-        rows.append(("Run incomplete", complete["note"], False))
-    if summary.get("outage"):
-        rows.append(("Outage", summary["outage"]["verdict"], False))
+        rows.append(("Run incomplete", complete["note"] or "", False))
+    if outage := summary.get("outage"):
+        rows.append(("Outage", outage["verdict"], False))
     rows += [
         ("Requests", f"{run['requests']:,} ({run['ok']:,} ok, {run['errors']:,} errors{_classes(summary)}, "
                      f"{cut_text(run['in_flight'], run.get('cut_step_down', 0))})",
@@ -88,8 +89,7 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         rows.append(("Answers cut short", f"{run['truncated']:,} answer(s) ended for length below the max_tokens "
                                           "asked: the server cut them (a full context slot); shorten the prompts "
                                           "or give the server a longer context", False))
-    for metric, unit in (("ttft", " s"), ("tpot", " s/token"), ("e2e", " s")):
-        p = lat[metric]
+    for metric, p, unit in (("ttft", lat["ttft"], " s"), ("tpot", lat["tpot"], " s/token"), ("e2e", lat["e2e"], " s")):
         shown = " · ".join(f"{k} {'≥ ' if k in p.get('bounds', []) else ''}{_fmt(v)}" for k, v in p.items()
                            if k.startswith("p") and k[1:2].isdigit())
         cut = (f"; {cut_text(p['censored'], p.get('censored_step_down', 0))}, censored when cut" if p.get("censored")
@@ -111,7 +111,8 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                                       f"{e2e_fit['intercept_s']:.3g} s, R² {e2e_fit['r2']:.3f}{vs}", None))
     else:
         rows.append(("e2e vs output", e2e_fit.get("note", "not fitted"), False))
-    if formula.get("mape_simple") is not None:
+    simple, exact = formula["mape_simple"], formula["mape_exact"]
+    if simple is not None and exact is not None:
         where = formula.get("typical_values_break_at")
         tail = (f"; with typical TTFT/TPOT it misses by > {100 * formula['typical_values_tolerance']:.0f}% "
                 f"from {where}" if where else "")
@@ -120,8 +121,8 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                      "to predict TTFT from them)")
         rows.append(("Formula TTFT + TPOT × N", "with each step's median TPOT and typical TTFT (at each request's own "
                                                 "input length where lengths vary within a step) it predicts e2e within "
-                                                f"{100 * formula['mape_simple']:.1f}% on average "
-                                                f"({100 * formula['mape_exact']:.1f}% with N − 1){tail}",
+                                                f"{100 * simple:.1f}% on average "
+                                                f"({100 * exact:.1f}% with N − 1){tail}",
                      formula["holds"]))
     elif formula.get("note"):
         rows.append(("Formula TTFT + TPOT × N", formula["note"], None))
@@ -135,8 +136,8 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     else:
         rows.append(("Breakpoint", summary.get("breakpoint_note") or "none",
                      None if (run.get("completeness") or {}).get("note") else True))
-    if summary.get("auto_stop"):
-        rows.append(("Auto-stop", summary["auto_stop"]["verdict"], None))
+    if auto := summary.get("auto_stop"):
+        rows.append(("Auto-stop", auto["verdict"], None))
     bound = diag["bound"] or "not determined (no request finished)"
     rows.append(("Bound", bound + (f" ({diag['bound_reason']})" if diag.get("bound_reason") else ""), None))
     if diag["advice"]:
@@ -148,7 +149,7 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     return rows
 
 
-def _classes(summary: dict[str, Any]) -> str:
+def _classes(summary: Summary) -> str:
     """': 3 load, 2 input' (only the load class counts towards the error-rate rule)."""
     by_class = summary.get("errors_by_class") or {}
     return (": " + ", ".join(f"{n:,} {cls}" for cls, n in sorted(by_class.items()))) if by_class else ""
@@ -164,7 +165,7 @@ def _steps(steps: Sequence[int]) -> str:
     return f"steps {steps[0]}–{steps[-1]}" if run else "steps " + ", ".join(map(str, steps))
 
 
-def verdict_table(summary: dict[str, Any], title: str | None = None) -> Table:
+def verdict_table(summary: Summary, title: str | None = None) -> Table:
     """The rich verdict table printed by `analyze` (and by `demo`)."""
     table = Table(title=title or f"tokenload verdict: {summary['run'].get('label')}", show_lines=False,
                   title_justify="left")
@@ -193,7 +194,7 @@ def html_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], left: int 
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def verdict_html(summary: dict[str, Any]) -> str:
+def verdict_html(summary: Summary) -> str:
     rows = []
     for topic, finding, good in verdict_rows(summary):
         cls = "" if good is None else (' class="good"' if good else ' class="bad"')
@@ -226,12 +227,12 @@ LOAD_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _load_cell(step: dict[str, Any]) -> str:
+def _load_cell(step: Mapping[str, Any]) -> str:
     text = level_text(step["load_level"], step["load_unit"])
     return text if step.get("decided", True) else f"{text} (too few to judge)"
 
 
-def _bounded(row: dict[str, Any], key: str) -> str:
+def _bounded(row: Mapping[str, Any], key: str) -> str:
     """'1.23', '≥ 4.5' for a censored bound, 'n/a' when absent."""
     value = row.get(key)
     if value is None:
@@ -239,7 +240,7 @@ def _bounded(row: dict[str, Any], key: str) -> str:
     return f"≥ {value:.3g}" if key in row.get("bounds", []) else f"{value:.3g}"
 
 
-def _with_ci(step: dict[str, Any], key: str) -> str:
+def _with_ci(step: Mapping[str, Any], key: str) -> str:
     """'1.23 [1.1, 1.4]', '≥ 4.5' for a censored bound, 'n/a' when absent."""
     value = step.get(key)
     if value is None or key in step.get("bounds", []):
@@ -248,7 +249,7 @@ def _with_ci(step: dict[str, Any], key: str) -> str:
     return f"{value:.3g}" + (f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else "")
 
 
-def probes_html(search: dict[str, Any], percentiles: Sequence[float] = (50, 95, 99)) -> str:
+def probes_html(search: Mapping[str, Any], percentiles: Sequence[float] = (50, 95, 99)) -> str:
     """A search's probes in the order they ran: verdict, evidence, latency percentiles of each probe's own
     requests (≥: a lower bound, streams cut before they reached it), goodput, time and tokens spent."""
     heads = ["#", "load", "trial", "verdict", "judged", "attainment [95% CI]"]
@@ -269,7 +270,7 @@ def probes_html(search: dict[str, Any], percentiles: Sequence[float] = (50, 95, 
     return f"<div class='scroll'>{html_table(heads, rows, left=4)}</div>"
 
 
-def steps_html(steps: Sequence[dict[str, Any]], percentiles: Sequence[float] = (50, 95, 99)) -> str:
+def steps_html(steps: Sequence[Mapping[str, Any]], percentiles: Sequence[float] = (50, 95, 99)) -> str:
     """Two per-step tables (load and throughput; latency with n and 95% CIs), each scrolling on its own."""
     load = html_table(["step", "load", *(name for _, name in LOAD_COLUMNS)],
                       ([s["step"], _load_cell(s), *(s.get(key) for key, _ in LOAD_COLUMNS)] for s in steps), left=2)

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -31,6 +31,7 @@ import pandas as pd
 from tokenload.analysis.records import Run
 from tokenload.analysis.steps import METRICS, PERCENTILES, latency_stats, pkey
 from tokenload.analysis.windows import level_text
+from tokenload.contracts.summary import ProbeRow, SearchSummary
 from tokenload.search.bisect import Probe, Search
 from tokenload.search.evidence import Evidence, wilson_interval
 from tokenload.search.resume import SEARCH_FILE
@@ -164,7 +165,7 @@ def _binding_detail(rows: pd.DataFrame, binding: str | None, slo: Slo) -> str:
     return f"{LABEL[binding]} p{pct} {bound}{float(np.percentile(every, pct)):.3g} s > {limit:g} s"
 
 
-def search_summary(run: Run, slo: Slo, percentiles: Sequence[float] = PERCENTILES) -> dict[str, Any] | None:
+def search_summary(run: Run, slo: Slo, percentiles: Sequence[float] = PERCENTILES) -> SearchSummary | None:
     """The `search` block of a searched run (None for any other run); each probe of this run with the
     `percentiles` of its own requests' latencies (censoring-aware, `steps.latency_stats`)."""
     path = Path(run.run_dir) / SEARCH_FILE
@@ -176,12 +177,12 @@ def search_summary(run: Run, slo: Slo, percentiles: Sequence[float] = PERCENTILE
     over = search.over
     run_id = run.manifest.get("run_id")
     df = run.df
-    probes: list[dict[str, Any]] = []
+    probes: list[ProbeRow] = []
     details: dict[float, str] = {}
     spend = _spend(run)
     earlier = 0  # tokens of the probes an earlier run (`--resume`) decided, as that run counted them
     for i, p in enumerate(search.probes):
-        entry = _probe_entry(p, over)
+        entry: dict[str, Any] = dict(_probe_entry(p, over))
         entry["this_run"] = not p.run_id or p.run_id == run_id
         if entry["this_run"] and "step" in df:
             rows = _trial_rows(df[df["step"].eq(p.step)], slo, search.probes, i)
@@ -197,7 +198,7 @@ def search_summary(run: Run, slo: Slo, percentiles: Sequence[float] = PERCENTILE
             details[p.level] = _binding_detail(rows, p.binding, slo)
         else:
             earlier += p.tokens
-        probes.append(entry)
+        probes.append(cast(ProbeRow, entry))
     capacity, first_failing = search.capacity, search.first_failing
     upper = search.bounds()[1]  # the lowest level failing for steering: a decided fail or an undecided one below target
     split = {**_split(spend), "earlier_runs": earlier}
@@ -222,7 +223,7 @@ def search_summary(run: Run, slo: Slo, percentiles: Sequence[float] = PERCENTILE
         out["served"] = max((p.served for p in search.probes if p.verdict == "fail" and p.served is not None
                              and p.served < p.level), default=None)
     out["verdict"] = verdict_text(out)
-    return out
+    return cast(SearchSummary, out)
 
 
 def _latency(rows: pd.DataFrame, cut: float, percentiles: Sequence[float]) -> dict[str, Any]:
@@ -234,13 +235,13 @@ def _latency(rows: pd.DataFrame, cut: float, percentiles: Sequence[float]) -> di
             "bounds": stats["bounds"]}
 
 
-def decided_steps(search: dict[str, Any]) -> set[int]:
+def decided_steps(search: Mapping[str, Any]) -> set[int]:
     """The steps of this run whose probe the search decided (passed or failed) on its evidence."""
     return {p["step"] for p in search["probes"] if p.get("this_run") and p["verdict"] in ("pass", "fail")}
 
 
-def _probe_entry(p: Probe, over: str) -> dict[str, Any]:
-    return {"level": _level(p.level, over), "verdict": p.verdict, "trial": p.trial, "n": p.n,
+def _probe_entry(p: Probe, over: str) -> ProbeRow:
+    return {"level": cast(float, _level(p.level, over)), "verdict": p.verdict, "trial": p.trial, "n": p.n,
             "attainment": p.attainment, "ci": p.ci, "error_rate": p.error_rate, "binding": p.binding,
             "duration_s": p.duration_s, "tokens": p.tokens, "step": p.step, "run_id": p.run_id,
             "confident": p.confident, "early": p.early, "served": p.served}
@@ -258,7 +259,7 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
 
 
-def verdict_text(s: dict[str, Any]) -> str:
+def verdict_text(s: Mapping[str, Any]) -> str:
     """"capacity 8 users (9 fails: TTFT p90 1.1 s > 0.5 s; boundary in [8, 9]; 7 probes, 3 min, 41k tokens)"."""
     unit = s["unit"]
     cost = f"{len(s['probes'])} probes, {_minutes(s['duration_s'])}, {_tokens(s['tokens'])} tokens"
@@ -297,7 +298,7 @@ def verdict_text(s: dict[str, Any]) -> str:
 TRIALS = {1: "", 2: ", 2nd trial"}
 
 
-def probe_text(p: dict[str, Any], unit: str, slo: dict[str, Any]) -> str:
+def probe_text(p: Mapping[str, Any], unit: str, slo: Mapping[str, Any]) -> str:
     """"9 users: fail on TTFT; 5 of 11 met, 45% [21%, 72%]; TTFT p50 0.52 · p95 ≥ 1.1 s; 2.4 s, 2.1k tokens"."""
     trial = p.get("trial", 1)
     head = f"{level_text(p['level'], unit)}{TRIALS.get(trial, f', trial {trial}')}: {p['verdict']}"
@@ -320,7 +321,7 @@ def probe_text(p: dict[str, Any], unit: str, slo: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def compare_capacities(searches: list[tuple[str, dict[str, Any] | None]]) -> dict[str, Any] | None:
+def compare_capacities(searches: list[tuple[str, SearchSummary | None]]) -> dict[str, Any] | None:
     """Searched runs side by side: each capacity with its interval, and whether the intervals tell them apart.
 
     The first run is the baseline. Two capacities differ only when their boundary intervals do not
@@ -339,14 +340,14 @@ def compare_capacities(searches: list[tuple[str, dict[str, Any] | None]]) -> dic
     return {"runs": rows, "headline": lines}
 
 
-def _capacity_text(s: dict[str, Any]) -> str:
+def _capacity_text(s: SearchSummary) -> str:
     lo, hi = s["interval"]
     if s["capacity"] is None:
         return f"capacity below {s['range'][0]} {s['unit']}" if s["below_range"] else "no capacity decided"
     return f"capacity {s['capacity']} {s['unit']} (boundary in [{lo}, {hi if hi is not None else '?'}])"
 
 
-def _order(base: dict[str, Any], other: dict[str, Any]) -> str:
+def _order(base: SearchSummary, other: SearchSummary) -> str:
     """'lower', 'higher' or 'not told apart', from the boundary intervals."""
     b_lo, b_hi = base["interval"]
     o_lo, o_hi = other["interval"]

@@ -13,15 +13,17 @@ is added between the client and the server: a relay, a gateway, the network).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from math import inf
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
 from tokenload.analysis.records import Run
 from tokenload.analysis.windows import level_text
+from tokenload.contracts.summary import ServerCause, ServerMetrics, StepServer, Summary
 from tokenload.rundir import SERVER_METRICS_FILE
 from tokenload.servermetrics import series
 
@@ -47,7 +49,7 @@ def _count(x: float) -> str:
     return f"{x:.0f}" if abs(x - round(x)) < 0.15 else f"{x:.1f}"
 
 
-def _step(df: pd.DataFrame, start: float, end: float, client_ttft: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def _step(df: pd.DataFrame, start: float, end: float, client_ttft: float | None) -> tuple[StepServer, dict[str, Any]]:
     """(the contract keys, the other numbers) of one window."""
     keys: dict[str, Any] = {}
     more: dict[str, Any] = {}
@@ -71,10 +73,10 @@ def _step(df: pd.DataFrame, start: float, end: float, client_ttft: float | None)
         rate = series.window_rate(df, term, start, end)
         if rate is not None:
             more[f"{term}_per_s"] = _r(rate)
-    return {k: keys[k] for k in STEP_KEYS if k in keys}, more
+    return cast(StepServer, {k: keys[k] for k in STEP_KEYS if k in keys}), more
 
 
-def _cause(details: dict[int, dict[str, Any]], at: dict[str, Any], low: dict[str, Any]) -> dict[str, Any] | None:
+def _cause(details: dict[int, dict[str, Any]], at: Mapping[str, Any], low: Mapping[str, Any]) -> ServerCause | None:
     """The server-side reason for the latency at step `at`, compared with the lowest-load step `low`."""
     server, more = at.get("server") or {}, details.get(at["step"], {})
     load = level_text(at["load_level"], at["load_unit"])
@@ -174,7 +176,7 @@ def outside_server(run: Run, start: float, end: float) -> Outside | None:
     return Outside(np.array(seconds), np.array(requests), source)
 
 
-def attach(summary: dict[str, Any], run: Run, table: pd.DataFrame) -> None:
+def attach(summary: Summary, run: Run, table: pd.DataFrame) -> None:
     """Add `steps[].server`, `server_metrics` and the server-side cause to a summary (in place)."""
     entry = run.manifest.get("server_metrics") or {}
     raw = series.load(run.run_dir / SERVER_METRICS_FILE)
@@ -188,7 +190,7 @@ def attach(summary: dict[str, Any], run: Run, table: pd.DataFrame) -> None:
         # the table's start already leaves the step's warm-up out, as the client's statistics do
         start, end = float(row["start"]), float(row["end"])
         record["server"], details[record["step"]] = _step(df, start, end, record.get("ttft_p50_s"))
-    overview: dict[str, Any] = {
+    overview: ServerMetrics = {
         "sources": entry.get("sources") or sorted(raw["source"].unique()), "servers": entry.get("servers", []),
         "terms": series.terms(df), "raw_names": int(raw["name"].nunique()),
         "steps": [{"step": s, **d} for s, d in details.items()], "cause": None,

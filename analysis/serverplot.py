@@ -11,6 +11,7 @@ from tokenload.analysis.plots import COLORS, _save, plt
 from tokenload.analysis.report import h, html_table
 from tokenload.analysis.summary import Analysis
 from tokenload.analysis.windows import level_text
+from tokenload.contracts.summary import StepServer, Summary
 from tokenload.rundir import SERVER_METRICS_FILE
 from tokenload.servermetrics import series
 
@@ -56,7 +57,7 @@ def plot_server_gauges(analysis: Analysis, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def report_section(summary: dict[str, Any]) -> tuple[str, str]:
+def report_section(summary: Summary) -> tuple[str, str]:
     """The report's "Server side" section: the cause, and the per-step numbers the server reported."""
     view = summary.get("server_metrics") or {}
     if view.get("sources") and not view.get("terms"):
@@ -78,10 +79,10 @@ def report_section(summary: dict[str, Any]) -> tuple[str, str]:
     return "Server side", head + html_table(["load", "client ttft_p50_s", *shown], rows, left=1)
 
 
-def side_by_side(base: dict[str, Any], step_base: int, other: dict[str, Any], step: int) -> dict[str, Any] | None:
+def side_by_side(base: Summary, step_base: int, other: Summary, step: int) -> dict[str, StepServer] | None:
     """`compare`: one matched load level's `steps[].server` of both runs; None when neither run has one."""
-    def server(summary: dict[str, Any], index: int) -> dict[str, Any]:
-        return next((s.get("server") or {} for s in summary["steps"] if s["step"] == index), {})
+    def server(summary: Summary, index: int) -> StepServer:
+        return next((s.get("server") or StepServer() for s in summary["steps"] if s["step"] == index), StepServer())
 
     pair = {"baseline": server(base, step_base), "run": server(other, step)}
     return pair if pair["baseline"] or pair["run"] else None

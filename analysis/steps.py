@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, cast, get_type_hints
 
 import numpy as np
 import pandas as pd
@@ -27,6 +27,7 @@ import pandas as pd
 from tokenload.analysis.fits import grouped_linear, planned_ttft
 from tokenload.analysis.stats import Quantile, bootstrap_ci, km_quantiles
 from tokenload.analysis.windows import by_time
+from tokenload.contracts.summary import StepRow
 from tokenload.errors import error_class
 from tokenload.search.evidence import wilson_interval
 from tokenload.slo import COLUMN as SLO_COLUMNS
@@ -298,24 +299,10 @@ def _step_formula_mape(ok: pd.DataFrame, table: pd.DataFrame) -> pd.Series:
     return err.groupby(ok.loc[err.index, "step"]).mean()
 
 
-# The contract's keys first (load_level/load_unit/censored included), then the extras.
-STEP_KEYS: tuple[str, ...] = (
-    "step", "load_level", "load_unit", "active_users", "requests", "censored", "errors", "error_rate", "rps",
-    "output_tok_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "e2e_p95_s", "slo_attainment",
-    "formula_mape",
-    # extras
-    "offered_rate", "achieved_rate", "achieved_concurrency", "planned_users", "input_tok_s", "total_tok_s",
-    "ok", "open_at_step_end", "warmup_excluded", "load_errors", "input_errors", "config_errors",
-    "load_error_rate", "start", "end", "duration_s", "slo_n", "slo_ci", "goodput_rps", "goodput_share", "ttft_n", "tpot_n", "e2e_n",
-    "ttft_censored", "e2e_censored", "e2e_p50_s", "itl_p50_s", "itl_p99_s", "input_tokens_p50",
-    "output_tokens_p50", "ttft_slope_s_per_token", "decided", "new_connections", "connect_p50_s", "connect_p95_s",
-    "reconnects", "send_lag_p99_s", "ttft_upper_bounds", "ttft_inexact", "steady",
-)
-
-INT_KEYS: frozenset[str] = frozenset({"active_users", "requests", "slo_n", "errors", "ok", "censored", "open_at_step_end",
-                                      "warmup_excluded", "load_errors", "input_errors", "config_errors",
-                                      "planned_users", "new_connections", "reconnects", "ttft_upper_bounds",
-                                      "ttft_inexact"})
+# The contract's keys first, then the extras: `StepRow`'s, in its order (the lists and dicts are built on their own).
+STEP_KEYS: tuple[str, ...] = tuple(k for k in get_type_hints(StepRow) if k not in ("bounds", "ci", "errors_by_kind",
+                                                                                  "server"))
+INT_KEYS: frozenset[str] = frozenset(k for k, hint in get_type_hints(StepRow).items() if hint is int and k != "step")
 
 
 def step_keys(percentiles: Sequence[float]) -> list[str]:
@@ -325,9 +312,9 @@ def step_keys(percentiles: Sequence[float]) -> list[str]:
 
 
 def steps_records(table: pd.DataFrame, errors_by_kind: pd.DataFrame,
-                  percentiles: Sequence[float] = PERCENTILES) -> list[dict[str, Any]]:
+                  percentiles: Sequence[float] = PERCENTILES) -> list[StepRow]:
     """`summary.json` `steps[]`: the contract's keys first, then extras incl. errors by kind, CIs and bounds."""
-    rows = []
+    rows: list[StepRow] = []
     for index, row in table.iterrows():
         step = cast(int, index)
         record: dict[str, Any] = {"step": int(step)}
@@ -350,7 +337,7 @@ def steps_records(table: pd.DataFrame, errors_by_kind: pd.DataFrame,
             record["errors_by_kind"] = {str(k): int(v) for k, v in kinds.items() if v}
         else:
             record["errors_by_kind"] = {}
-        rows.append(record)
+        rows.append(cast(StepRow, record))
     return rows
 
 

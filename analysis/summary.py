@@ -8,7 +8,7 @@ steps those were, and why, is part of the output.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -43,6 +43,19 @@ from tokenload.analysis.steps import (
     steps_records,
 )
 from tokenload.analysis.windows import level_text, step_windows
+from tokenload.contracts.summary import (
+    SUMMARY_VERSION,
+    AutoStop,
+    Completeness,
+    E2eDrivers,
+    E2eFit,
+    Formula,
+    Latency,
+    LoadUnit,
+    MetricLatency,
+    SearchSummary,
+    Summary,
+)
 from tokenload.errors import error_class
 from tokenload.slo import DEFAULT as DEFAULT_SLO
 from tokenload.slo import Slo, judged
@@ -64,7 +77,7 @@ class Analysis:
     table: pd.DataFrame
     ok: pd.DataFrame
     low_steps: list[int]
-    summary: dict[str, Any]
+    summary: Summary
     options: StepOptions = field(default_factory=StepOptions)
 
 
@@ -100,7 +113,7 @@ def low_load_steps(table: pd.DataFrame, max_users: int | None = None) -> tuple[l
                     f"{base_tpot:.3g} s/token)")
 
 
-def _latency(df: pd.DataFrame, cut: float, percentiles: tuple[float, ...]) -> dict[str, dict[str, Any]]:
+def _latency(df: pd.DataFrame, cut: float, percentiles: tuple[float, ...]) -> Latency:
     """Whole-run percentiles per metric, censoring-aware: {"p50": .., "n": .., "censored": .., "bounds": [..]}."""
     stats = latency_stats(df, cut, percentiles, with_ci=False) if len(df) else {"bounds": []}
     out = {}
@@ -110,11 +123,11 @@ def _latency(df: pd.DataFrame, cut: float, percentiles: tuple[float, ...]) -> di
         entry["censored"] = int(stats.get(f"{metric}_censored", 0))
         entry["censored_step_down"] = int(stats.get(f"{metric}_censored_step_down", 0))
         entry["bounds"] = [f"p{p:g}" for p in percentiles if pkey(metric, p) in stats["bounds"]]
-        out[metric] = entry
-    return out
+        out[metric] = cast(MetricLatency, entry)
+    return cast(Latency, out)
 
 
-def _formula(ok: pd.DataFrame, table: pd.DataFrame) -> dict[str, Any]:
+def _formula(ok: pd.DataFrame, table: pd.DataFrame) -> Formula:
     """The contract's `formula`: both forms with each step's *typical* TTFT and TPOT, a test that can fail.
 
     With a request's own TTFT and TPOT the exact form is true by the definition of
@@ -172,7 +185,7 @@ def _r2(x: np.ndarray, y: np.ndarray) -> float | None:
     return _r(1.0 - float(resid @ resid) / sst, 4) if sst > 0 else None
 
 
-def _e2e_drivers(low: pd.DataFrame) -> dict[str, Any]:
+def _e2e_drivers(low: pd.DataFrame) -> E2eDrivers:
     """How much of e2e's variance input length and output length explain (the claim: output length drives it)."""
     y = low["e2e_s"].to_numpy()
     n_in = low["input_tokens"].to_numpy()
@@ -190,7 +203,7 @@ def _e2e_drivers(low: pd.DataFrame) -> dict[str, Any]:
         out["verdict"] = f"supported: output length explains {_share(r_out)} of e2e variance, input {_share(r_in)}"
     else:
         out["verdict"] = f"not supported here: input length explains {_share(r_in)} of e2e variance, output {_share(r_out)}"
-    return out
+    return cast(E2eDrivers, out)
 
 
 def _share(r2: float) -> str:
@@ -198,10 +211,11 @@ def _share(r2: float) -> str:
     return f"{100 * max(r2, 0.0):.0f}%"
 
 
-def _e2e_fit(low: pd.DataFrame, ttft_p50: float | None, tpot_p50: float | None) -> dict[str, Any]:
+def _e2e_fit(low: pd.DataFrame, ttft_p50: float | None, tpot_p50: float | None) -> E2eFit:
     """The contract's `fits.e2e_vs_output`, with the slope set against TPOT and the intercept against TTFT."""
     note = spread_note(low["output_tokens"].to_numpy(), "output length", "output-sweep")
-    fit = linear_dict(linear_fit(low["output_tokens"].to_numpy(), low["e2e_s"].to_numpy())) if note is None else None
+    fit = cast("dict[str, Any] | None", linear_dict(linear_fit(low["output_tokens"].to_numpy(), low["e2e_s"].to_numpy()))
+               if note is None else None)
     if fit is None:
         return {"slope_s_per_token": None, "intercept_s": None, "r2": None, "n": int(len(low)),
                 "note": note or "output length did not vary enough (or too few successful requests) to fit"}
@@ -214,7 +228,7 @@ def _e2e_fit(low: pd.DataFrame, ttft_p50: float | None, tpot_p50: float | None) 
         fit["ttft_p50_s"] = _r(ttft_p50)
         # e2e = TTFT + TPOT x (N - 1): the exact form predicts intercept = TTFT - TPOT.
         fit["intercept_expected_exact_s"] = _r(ttft_p50 - tpot_p50)
-    return fit
+    return cast(E2eFit, fit)
 
 
 def _side(rows: pd.DataFrame, step: pd.Series) -> dict[str, Any]:
@@ -255,7 +269,7 @@ def _by_class(counts: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def completeness(run: Run, table: pd.DataFrame) -> dict[str, Any]:
+def completeness(run: Run, table: pd.DataFrame) -> Completeness:
     """Did the run finish its plan? An interrupted or cut-short run must not read as a clean ramp.
 
     A run ended by its own live rule (`[stop] breakpoint_*`, its auto-stop) ended as intended:
@@ -268,7 +282,7 @@ def completeness(run: Run, table: pd.DataFrame) -> dict[str, Any]:
     ran = len(table)
     censored = int(run.df["in_flight"].sum())
     step_down = int(run.df["cut_before_end"].sum()) if "cut_before_end" in run.df else 0
-    stopped = auto_stop(stop, table)
+    stopped = auto_stop(m.get("stop"), table)
     interrupted = stop == "interrupted" or bool(m.get("workers_lost")) or bool(m.get("recovered"))
     truncated = bool(planned and ran < planned) and stopped is None
     # The error-storm breaker ended the run: the channel failed, the plan did not complete whatever steps ran.
@@ -294,17 +308,17 @@ def completeness(run: Run, table: pd.DataFrame) -> dict[str, Any]:
             "auto_stop": None if stopped is None else f"{stopped['condition']}, [stop] {stopped['rule']}"}
 
 
-def _auto_stop(run: Run, table: pd.DataFrame, bp: dict[str, Any], slo: Slo) -> dict[str, Any] | None:
+def _auto_stop(run: Run, table: pd.DataFrame, bp: dict[str, Any], slo: Slo) -> AutoStop | None:
     """summary.json `auto_stop`: the live rule that ended the run, and how it relates to the breakpoint."""
-    stopped = auto_stop(run.manifest.get("stop_reason"), table)
+    stopped = auto_stop(run.manifest.get("stop"), table)
     if stopped is None:
         return None
     decided = table[table["decided"]].sort_values(["load_level", "start"]) if len(table) else table
     upto = (level_text(decided["load_level"].iloc[-1], str(decided["load_unit"].iloc[-1]))
             if len(decided) else None)
     found = bp["breakpoint"]
-    return {**stopped, "breakpoint": None if found is None else breakpoint_text(found),
-            "verdict": auto_stop_relation(stopped, found, slo, upto)}
+    return cast(AutoStop, {**stopped, "breakpoint": None if found is None else breakpoint_text(found),
+                           "verdict": auto_stop_relation(stopped, found, slo, upto)})
 
 
 def _attainment(df: pd.DataFrame, slo: Slo, cut: float) -> tuple[float | None, int]:
@@ -315,7 +329,7 @@ def _attainment(df: pd.DataFrame, slo: Slo, cut: float) -> tuple[float | None, i
 
 
 def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = None,
-              options: StepOptions = DEFAULT_OPTIONS, search: dict[str, Any] | None = None) -> Analysis:
+              options: StepOptions = DEFAULT_OPTIONS, search: SearchSummary | None = None) -> Analysis:
     """Compute every number of the report for one run.
 
     `search`: a searched run's `search` block (`search.search_summary`). Its probes decide the capacity on
@@ -346,7 +360,7 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
     in_flight = used["achieved_concurrency"].fillna(used["active_users"]) if len(used) else pd.Series(dtype=float)
     ttft_fit = ttft_vs_input(alone["input_tokens"].to_numpy(), alone["ttft_s"].to_numpy(),
                              concurrency=float(in_flight.median()) if len(in_flight) else None)
-    ttft_fit.update(steps_used=low_steps, steps_used_reason=low_reason, requests_used=alone_reason)
+    ttft_fit.update({"steps_used": low_steps, "steps_used_reason": low_reason, "requests_used": alone_reason})
     ttft_low = float(low["ttft_s"].median()) if len(low) else None
     tpot_low = float(low["tpot_s"].median()) if len(low) else None
     e2e_fit = _e2e_fit(low, ttft_low, tpot_low)
@@ -378,7 +392,8 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
 
     attainment, judged_n = _attainment(df, slo, cut) if len(df) and search is None else (None, 0)
     duration = (run.ended_at - run.started_at) if run.started_at and run.ended_at else None
-    summary: dict[str, Any] = {
+    summary: Summary = {
+        "schema_version": SUMMARY_VERSION,
         "run": {
             "run_id": run.manifest.get("run_id"), "run_dir": str(run.run_dir), "label": run.label,
             "started_at": run.started_at, "ended_at": run.ended_at, "duration_s": _r(duration),
@@ -390,7 +405,7 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
             "models": sorted(str(m) for m in df["model"].dropna().unique()),
             "channel": run.manifest.get("channel"), "scenario": (run.manifest.get("scenario") or {}).get("name"),
             "scheduler_lag": run.manifest.get("scheduler_lag"),
-            "load_unit": str(table["load_unit"].iloc[0]) if len(table) else None,
+            "load_unit": cast(LoadUnit, str(table["load_unit"].iloc[0])) if len(table) else None,
             "load_kind": ((run.manifest.get("scenario") or {}).get("load") or {}).get("kind"),
             "completeness": complete,
         },
@@ -417,6 +432,7 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
         "caching": caching_summary(df),
         "fidelity": fidelity_summary(df),
         "rate_limits": rate_limits(run.run_dir, run.ended_at),
+        "server_metrics": {},  # server.attach's, below
         "problems": problems,
         "search": search,
     }

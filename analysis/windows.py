@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tokenload.contracts.manifest import Manifest
+
 USERS = "users"
 RATE = "req/s"
 
@@ -31,7 +33,7 @@ def level_text(level: float, unit: str) -> str:
     return f"{int(level)} user" + ("" if int(level) == 1 else "s")
 
 
-def manifest_steps(manifest: dict[str, Any]) -> dict[int, dict[str, Any]]:
+def manifest_steps(manifest: Manifest) -> dict[int, dict[str, Any]]:
     """Step number -> the manifest's plan and record of it (users, rate, started_at, ended_at ...)."""
     steps: dict[int, dict[str, Any]] = {}
     for entry in [*(manifest.get("plan") or []), *(manifest.get("steps") or [])]:
@@ -40,7 +42,7 @@ def manifest_steps(manifest: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return steps
 
 
-def step_windows(df: pd.DataFrame, manifest: dict[str, Any], run_end: float) -> pd.DataFrame:
+def step_windows(df: pd.DataFrame, manifest: Manifest, run_end: float) -> pd.DataFrame:
     """One row per step: start, end (unix s), load_level, load_unit, planned users and rate.
 
     A step's window is the manifest's [started_at, ended_at]; without those it runs

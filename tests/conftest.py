@@ -7,11 +7,13 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import contractfiles  # noqa: E402
 from machineshare import machine  # noqa: E402
 
 from fakeserver import FakeServer  # noqa: E402
@@ -85,6 +87,9 @@ ALONE_TESTS = frozenset({
 ALONE_MODULES = frozenset({"test_sim_model"})  # the simulator's timing model, each test a few seconds
 
 
+CONTRACT_FILES = pytest.StashKey[tuple[Any, list[str]]]()
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return WORKERS
 
@@ -95,6 +100,34 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     module it imported again, about 0.1 CPU-s a process."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         compileall.compile_dir(Path(__file__).parents[1] / "tokenload", quiet=1)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Every summary.json and manifest.json the session wrote validates against the shipped JSON Schemas (in the
+    process that owns the session's temporary directory: the controller, or the only process); a file that does
+    not fails the session (tests/contractfiles.py)."""
+    factory = getattr(session.config, "_tmp_path_factory", None)  # what pytest-xdist gives its workers' paths from
+    if "PYTEST_XDIST_WORKER" in os.environ or factory is None:
+        return
+    counts, problems = contractfiles.check(factory.getbasetemp())
+    session.config.stash[CONTRACT_FILES] = (counts, problems)
+    if problems:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    counts, problems = terminalreporter.config.stash.get(CONTRACT_FILES, (None, []))
+    if counts is None:
+        return
+    if problems:
+        terminalreporter.section("summary.json / manifest.json against their JSON Schemas", red=True)
+        for line in problems:
+            terminalreporter.write_line(line, red=True)
+    older = counts.pop("older manifest.json", 0)
+    terminalreporter.write_line(f"contract files: {counts['summary.json']} summary.json and {counts['manifest.json']} "
+                                f"manifest.json judged against the shipped JSON Schemas, {len(problems)} problem(s); "
+                                f"{older} hand-written manifest.json of an older version not judged",
+                                red=bool(problems))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -9,8 +9,11 @@ disagrees with the Arrow column) a test failure instead of a lost column.
 from __future__ import annotations
 
 import typing
+from pathlib import Path
+from typing import Literal, get_args, get_origin
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from fakeserver import FakeServer, api_base, stream_script
@@ -20,6 +23,7 @@ from tokenload.channel import Channel
 from tokenload.load import records as load_records
 from tokenload.protocolspec import PROTOCOLS
 from tokenload.record import COLUMNS, SPEC_COLUMNS, RequestRecord, SpecRecord, arrow_schema, column_types
+from tokenload.rundir import REQUESTS_FILE
 from tokenload.transport.httpx_client import stream_once
 
 # The contract's per-request record: changing this list is changing the published contract.
@@ -62,9 +66,23 @@ def test_typed_dicts_are_not_total() -> None:
 def test_analysis_reads_only_defined_columns() -> None:
     assert analysis_records.REQUIRED_COLUMNS == SPEC_COLUMNS
     for group in (analysis_records.FLOAT_COLUMNS, analysis_records.CATEGORY_COLUMNS,
-                  analysis_records.OPTIONAL_COLUMNS, analysis_records.ANALYSIS_COLUMNS,
-                  analysis_records.WORKLOAD_COLUMNS):
+                  analysis_records.ANALYSIS_COLUMNS, analysis_records.LEFT_OUT):
         assert set(group) <= set(COLUMNS), set(group) - set(COLUMNS)
+
+
+def test_every_record_column_reaches_the_analysis_unless_it_is_left_out_by_name(tmp_path: Path) -> None:
+    """The analysis' frame is derived from `RequestRecord`: a new column is never silently absent (before,
+    `prompt_tokens_target` was read and then dropped, and every column outside five hand-made lists was absent)."""
+    types = column_types()
+    sample = {str: "x", float: 1.5, int: 2, bool: False}
+    row = {name: (get_args(hint)[0] if get_origin(hint) is Literal else sample.get(hint, 3))
+           for name, hint in types.items()}
+    row.update(status="ok", phase="measure", in_flight=False, error_kind=None)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    pq.write_table(pa.Table.from_pylist([row, row], schema=arrow_schema()), run_dir / REQUESTS_FILE)
+    frame = set(analysis_records.load_run(run_dir).df.columns)
+    assert set(COLUMNS) - set(analysis_records.LEFT_OUT) <= frame, set(COLUMNS) - set(analysis_records.LEFT_OUT) - frame
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

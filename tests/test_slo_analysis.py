@@ -27,6 +27,12 @@ def _run(tmp_path: Path, law: Law, n: int = 6000, **manifest: object) -> tuple[P
     return write_run(tmp_path / "run", df, {**manifest_for(law, df), **manifest}), df
 
 
+def _ttft_stop(reason: str, step: int, p95: float, limit: float) -> dict:
+    """manifest.json's `stop` as `tokenload.load.stoprules.record` writes it for the TTFT auto-stop."""
+    return {"rule": "breakpoint_ttft", "reason": reason, "key": "breakpoint_ttft_p95_s", "step": step,
+            "condition": f"TTFT p95 {p95:.2f} s > {limit:g} s", "value": p95, "limit": limit}
+
+
 def _rows(summary: dict) -> dict[str, str]:
     return {topic: finding for topic, finding, _ in verdict_rows(summary)}
 
@@ -87,7 +93,7 @@ def test_auto_stop_is_named_not_incomplete_and_related_to_the_slo_breakpoint(tmp
     law = Law(capacity=8, users=(1, 2, 4, 8, 16, 32))
     plan = [{"step": i + 1, "users": u} for i, u in enumerate((*law.users, 64))]
     reason = "auto-stop: step 6 (32 users) TTFT p95 9.10 s > 5 s ([stop] breakpoint_ttft_p95_s)"
-    run_dir, _ = _run(tmp_path, law, plan=plan, stop_reason=reason)
+    run_dir, _ = _run(tmp_path, law, plan=plan, stop_reason=reason, stop=_ttft_stop(reason, 6, 9.1, 5.0))
     s = analyze_run(run_dir, write=False)
     complete = s["run"]["completeness"]
     assert complete["truncated"] is False and complete["note"] is None
@@ -103,7 +109,8 @@ def test_auto_stop_is_named_not_incomplete_and_related_to_the_slo_breakpoint(tmp
 def test_auto_stop_with_no_slo_breakpoint_says_the_live_rule_was_stricter(tmp_path: Path) -> None:
     law = Law(capacity=NO_QUEUE, users=(1, 2, 4))
     reason = "auto-stop: step 3 (4 users) TTFT p95 0.60 s > 0.5 s ([stop] breakpoint_ttft_p95_s)"
-    run_dir, _ = _run(tmp_path, law, plan=[{"step": i, "users": 2 ** i} for i in range(5)], stop_reason=reason)
+    run_dir, _ = _run(tmp_path, law, plan=[{"step": i, "users": 2 ** i} for i in range(5)], stop_reason=reason,
+                      stop=_ttft_stop(reason, 3, 0.6, 0.5))
     s = analyze_run(run_dir, write=False)
     assert s["breakpoint"] is None
     assert "the live rule fired before the SLO did" in s["breakpoint_note"]

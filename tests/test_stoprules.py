@@ -85,6 +85,19 @@ def test_breakpoint_ttft_names_the_load_level_in_its_unit() -> None:
     assert stoprules.breakpoint_ttft(live(ended_step=ended)) is None  # off by default
 
 
+def test_the_rule_that_fired_is_recorded_by_name_and_fields_beside_its_sentence() -> None:
+    """manifest.json's `stop`: the analysis reads which auto-stop ended a run from it, not from the sentence."""
+    ended = {"step": 3, "users": 64, "rate": 8.0, "requests": 30, "load_error_rate": 0.0, "ttft_p95_s": 2.5}
+    at = live(ended_step=ended, stop=stop(breakpoint_ttft_p95_s=1.0))
+    fired = stoprules.first_stop(at)
+    assert fired is not None and fired[0] == "breakpoint_ttft"
+    assert stoprules.record(*fired, at) == {
+        "rule": "breakpoint_ttft", "reason": fired[1], "key": "breakpoint_ttft_p95_s", "step": 3,
+        "condition": "TTFT p95 2.50 s > 1 s", "value": 2.5, "limit": 1.0}
+    assert stoprules.record("plan_over", "plan complete", live(plan_over=True)) == {
+        "rule": "plan_over", "reason": "plan complete"}
+
+
 def test_storm_trigger_and_unresolved_storm() -> None:
     assert stoprules.storm(Counts(9, 9, 9, 0), STOP, users=50) is None  # too few to judge
     assert stoprules.storm(Counts(100, 100, 70, 0), STOP, users=50) is None  # 70% <= 80%

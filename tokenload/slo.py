@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, cast
 
+from tokenload.contracts.summary import SloTable
 from tokenload.errors import error_class
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -80,8 +81,8 @@ class Slo:
         terms = " and ".join(f"{LABEL[m]} <= {v:g} s" for m, v in self.thresholds.items()) or "no latency bound"
         return f"{terms} for {self.target:.0%} of requests"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    def to_dict(self) -> SloTable:
+        return cast(SloTable, {f.name: getattr(self, f.name) for f in fields(self)})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Slo:

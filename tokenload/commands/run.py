@@ -261,6 +261,7 @@ def _print_summary(err: Console, path: Path) -> bool:
     import numpy as np
     import pyarrow.parquet as pq
 
+    from tokenload.contracts.manifest import Manifest
     from tokenload.failures import fix_for
     from tokenload.rundir import MANIFEST_FILE
 
@@ -274,7 +275,7 @@ def _print_summary(err: Console, path: Path) -> bool:
         if len(vals):
             p50, p95 = np.percentile(vals, (50, 95))
             parts.append(f"{col[:-2].upper()} p50 {p50:.3f} s p95 {p95:.3f} s")
-    manifest = json.loads((path.parent / MANIFEST_FILE).read_text())
+    manifest: Manifest = json.loads((path.parent / MANIFEST_FILE).read_text())
     err.print(" · ".join(parts))
     for kind, group in errors.groupby("error_kind", sort=False):
         first = group.iloc[0]

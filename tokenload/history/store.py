@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
+from tokenload.contracts.manifest import Manifest
 from tokenload.errors import ConfigError
 from tokenload.load.records import COLUMNS, SCHEMA
 from tokenload.search.bisect import Search
@@ -397,7 +398,7 @@ def ingest_run(store: HistoryStore, run_dir: str | Path) -> tuple[str, int, int]
         raise ConfigError(f"{run_dir} is not a finished run directory (no {REQUESTS_FILE} or {MANIFEST_FILE}); "
                           "give the directory `tokenload run` printed")
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest: Manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         table = pq.read_table(requests_path)
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise ConfigError(f"{run_dir}: cannot read the run: {exc}") from None

@@ -46,6 +46,7 @@ from typing import Any
 from locust.env import Environment
 
 from tokenload.channel import Channel
+from tokenload.contracts.manifest import StopRecord
 from tokenload.load import roles, stoprules
 from tokenload.load.drain import ANSWERED, Drain, derive, initial
 from tokenload.load.messages import (
@@ -171,6 +172,7 @@ class RunControl:
         self.steps: list[dict[str, Any]] = []
         self.workers: set[str] = set()
         self.stopped: str | None = None
+        self.stop_record: StopRecord | None = None  # the rule that stopped the run, by name and fields
         self._step_start: Snapshot | None = None
         self._started_at = time.time()
         self.budgets: dict[str, list[int | None]] = {}  # master: each worker's [requests, tokens] share
@@ -271,6 +273,8 @@ class RunControl:
         if fired is None:
             return None
         rule, reason = fired
+        if self.stopped is None:
+            self.stop_record = stoprules.record(rule, reason, live)
         if storm is not None:  # the run ends with the users paused
             storm["outcome"] = "stopped"
         if rule == "misconfigured" and last is not None:
@@ -415,6 +419,7 @@ class RunControl:
             "plan": [asdict(p) for p in self.plan],
             "steps": self.steps,
             "stop_reason": self.stopped,
+            "stop": self.stop_record,
             "drain": self.drain.to_dict(),
             "storms": [{k: v for k, v in storm.items() if not k.startswith("_")} for storm in self.storms],
             "workers": sorted(self.workers),

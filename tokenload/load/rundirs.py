@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tokenload.contracts.manifest import MANIFEST_VERSION, Manifest
 from tokenload.errors import ConfigError
 from tokenload.load import lag, records
 from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
@@ -157,7 +158,8 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
         warnings.append("this run's `tokenload run` was killed; `tokenload analyze` finalised what its processes "
                         "had flushed")
     counts = table.group_by("worker").aggregate([("request_id", "count")]).to_pylist() if len(table) else []
-    manifest = {
+    manifest: Manifest = {
+        "schema_version": MANIFEST_VERSION,
         "run_id": info.get("run_id"),
         "scenario": scenario,
         "channel": info.get("channel"),
@@ -168,6 +170,7 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
         "started_at_iso": _iso(info.get("started_at")),
         "ended_at_iso": _iso(ended),
         "stop_reason": control.get("stop_reason") or ("interrupted" if locust_rc or recovered else None),
+        "stop": control.get("stop"),
         "drain": control.get("drain"),
         "workers_lost": lost,
         "plan": control.get("plan", []),
@@ -183,8 +186,9 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
         "scheduler_lag": scheduler_lag,
         "open_loop_lateness": lateness,
         "warnings": warnings,
-        **({"server_metrics": server} if server is not None else {}),
     }
+    if server is not None:
+        manifest["server_metrics"] = server
     records.write_json(run_dir / MANIFEST_FILE, manifest)
     return table
 

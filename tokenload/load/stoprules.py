@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenload.contracts.manifest import StopRecord
 from tokenload.errors import error_class
 from tokenload.workload.scenario import StopSection
 
@@ -144,20 +145,45 @@ def _at(step: dict[str, Any]) -> str:
     return f"step {step['step']} ({level})"
 
 
-def breakpoint_errors(live: Live) -> str | None:
-    """A whole step over the load-error limit."""
+def _errors_over(live: Live) -> tuple[float, str] | None:
+    """(value, condition) when the step that ended was over the load-error limit."""
     step, limit = live.ended_step, live.stop.breakpoint_error_rate
     if not limit or step is None or not step["requests"] or step["load_error_rate"] <= limit:
         return None
-    return f"auto-stop: {_at(step)} load error rate {step['load_error_rate']:.2f} > {limit:g} ([stop] breakpoint_error_rate)"
+    return step["load_error_rate"], f"load error rate {step['load_error_rate']:.2f} > {limit:g}"
+
+
+def _ttft_over(live: Live) -> tuple[float, str] | None:
+    """(value, condition) when the step that ended had its TTFT p95 over the limit."""
+    step, limit = live.ended_step, live.stop.breakpoint_ttft_p95_s
+    p95 = None if step is None else step.get("ttft_p95_s")
+    if not limit or p95 is None or p95 <= limit:
+        return None
+    return p95, f"TTFT p95 {p95:.2f} s > {limit:g} s"
+
+
+# The auto-stops: rule name -> (its [stop] key, the condition it checks on the step that ended).
+AUTO_STOPS: dict[str, tuple[str, Callable[[Live], tuple[float, str] | None]]] = {
+    "breakpoint_errors": ("breakpoint_error_rate", _errors_over),
+    "breakpoint_ttft": ("breakpoint_ttft_p95_s", _ttft_over),
+}
+
+
+def _auto_stop(live: Live, name: str) -> str | None:
+    key, over = AUTO_STOPS[name]
+    found = over(live)
+    if found is None or live.ended_step is None:
+        return None
+    return f"auto-stop: {_at(live.ended_step)} {found[1]} ([stop] {key})"
+
+
+def breakpoint_errors(live: Live) -> str | None:
+    """A whole step over the load-error limit."""
+    return _auto_stop(live, "breakpoint_errors")
 
 
 def breakpoint_ttft(live: Live) -> str | None:
-    step, limit = live.ended_step, live.stop.breakpoint_ttft_p95_s
-    p95 = None if step is None else step.get("ttft_p95_s")
-    if not limit or step is None or p95 is None or p95 <= limit:
-        return None
-    return f"auto-stop: {_at(step)} TTFT p95 {p95:.2f} s > {limit:g} s ([stop] breakpoint_ttft_p95_s)"
+    return _auto_stop(live, "breakpoint_ttft")
 
 
 def storm_unresolved(live: Live) -> str | None:
@@ -188,6 +214,18 @@ def first_stop(live: Live) -> tuple[str, str] | None:
         if reason is not None:
             return name, reason
     return None
+
+
+def record(name: str, reason: str, live: Live) -> StopRecord:
+    """manifest.json's `stop`: the rule that fired by name, with an auto-stop's fields beside its sentence."""
+    out: StopRecord = {"rule": name, "reason": reason}
+    if name in AUTO_STOPS and live.ended_step is not None:
+        key, over = AUTO_STOPS[name]
+        found = over(live)
+        if found is not None:
+            out.update({"key": key, "step": live.ended_step["step"], "condition": found[1], "value": found[0],
+                        "limit": getattr(live.stop, key)})
+    return out
 
 
 class FailureStreak:
