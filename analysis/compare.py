@@ -48,8 +48,10 @@ from tokenload.analysis.server import Outside, outside_server
 from tokenload.analysis.stats import BOOTSTRAP_MAX_N, BOOTSTRAP_RESAMPLES, MIN_CI_SAMPLES, holm, order_statistic_ci
 from tokenload.analysis.steps import METRICS, measured_rows
 from tokenload.analysis.summary import Analysis
+from tokenload.analysis.thresholds import judge_against
 from tokenload.analysis.windows import level_text
 from tokenload.errors import ConfigError
+from tokenload.thresholds import Threshold
 
 ALPHA = 0.01
 # |P(slower) - 0.5| below this is reported as negligible however small p is.
@@ -401,13 +403,15 @@ def _labels(analyses: Sequence[Analysis], labels: Sequence[str] | None) -> list[
 
 def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = None,
                  out_dir: str | Path | None = None, *, slo_overrides: Mapping[str, Any] | None = None,
-                 alpha: float = ALPHA, console: Console | None = None, relay: bool = False) -> dict[str, Any]:
+                 alpha: float = ALPHA, console: Console | None = None, relay: bool = False,
+                 thresholds: Sequence[Threshold] = ()) -> dict[str, Any]:
     """Compare runs (the first is the baseline); write comparison.json/.html and plots to out_dir.
 
     Every run is judged by one SLO: the baseline's own (its scenario's `[slo]`) with
     `slo_overrides` applied. out_dir defaults to `compare-<time>` next to the first run.
     `relay`: the later runs went through a relay in front of the baseline's channel;
     `overhead` then says what it adds.
+    `thresholds` are judged on every other run against the baseline (`comparison["thresholds"]`).
     """
     if len(run_dirs) < 2:
         raise ConfigError("compare needs at least two run directories")
@@ -431,6 +435,8 @@ def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = 
         "overhead": [_overhead(n, base, a) for n, a in zip(names[1:], analyses[1:])] if relay else [],
     }
     comparison["headline"] += [line for o in comparison["overhead"] for line in o["headline"]]
+    comparison["thresholds"] = [r for n, a in zip(names[1:], analyses[1:])
+                                for r in judge_against(base.summary, a, thresholds, levels[n], n)]
     capacities = compare_capacities([(n, a.summary.get("search")) for n, a in zip(names, analyses)])
     if capacities is not None:
         comparison["capacity"] = capacities

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -33,11 +33,14 @@ from tokenload.analysis.report import (
 from tokenload.analysis.search import search_summary
 from tokenload.analysis.steps import StepOptions
 from tokenload.analysis.summary import Analysis, summarize
+from tokenload.analysis.thresholds import judge as judge_thresholds
 from tokenload.analysis.windows import level_text
 from tokenload.contracts.manifest import Manifest
 from tokenload.contracts.summary import Summary
 from tokenload.errors import ConfigError, error_class
 from tokenload.slo import Slo
+from tokenload.thresholds import Threshold
+from tokenload.thresholds import parse as parse_threshold
 
 # Runs with at least this many rows show a progress bar.
 PROGRESS_MIN_ROWS = 100_000
@@ -87,16 +90,19 @@ def _stages(console: Console | None, enabled: bool, total: int) -> Iterator[Call
 
 def analyze_run(run_dir: str | Path, slo: Slo | None = None, *, slo_overrides: Mapping[str, Any] | None = None,
                 low_load_users: int | None = None, console: Console | None = None,
-                write: bool = True, options: StepOptions | None = None) -> Summary:
+                write: bool = True, options: StepOptions | None = None,
+                thresholds: Sequence[Threshold] = ()) -> Summary:
     """Analyse RUN_DIR, write summary.json, plots/*.png and report.html there, return the summary.
 
     Raises `ConfigError` when RUN_DIR is not a run (see `records.load_run`).
     With `write=False` only the summary is computed. The SLO is `slo`, else the run's own
     (its scenario's `[slo]`), with `slo_overrides` (the `--slo-*` flags) applied. `options`
     (percentiles, warm-up, goodput) default to the run's scenario: its `[load] step_warmup_s`,
-    p50/p95/p99, SLO goodput.
+    p50/p95/p99, SLO goodput. The run's own thresholds (its scenario's `[thresholds]`) and `thresholds` are
+    judged into `thresholds[]`.
     """
-    analysis = analyze(run_dir, slo, low_load_users, console, write, options, slo_overrides=slo_overrides)
+    analysis = analyze(run_dir, slo, low_load_users, console, write, options, slo_overrides=slo_overrides,
+                       thresholds=thresholds)
     return analysis.summary
 
 
@@ -115,6 +121,14 @@ def resolve_slo(manifest: Manifest, overrides: Mapping[str, Any] | None) -> Slo:
     return dataclasses.replace(scenario_slo(manifest), **(overrides or {}))
 
 
+def scenario_thresholds(manifest: Manifest) -> tuple[list[Threshold], str]:
+    """The thresholds the run was planned with (its resolved scenario's `[thresholds]`, `run --threshold`
+    included), and what an inconclusive one counts as."""
+    table = (manifest.get("scenario") or {}).get("thresholds") or {}
+    checks = [parse_threshold(c["expr"], abort_on_fail=bool(c.get("abort_on_fail"))) for c in table.get("checks", [])]
+    return checks, str(table.get("inconclusive") or "pass")
+
+
 def scenario_warmup(manifest: Manifest) -> float:
     """The run's own `[load] step_warmup_s` (0 when the scenario set none)."""
     value = ((manifest.get("scenario") or {}).get("load") or {}).get("step_warmup_s", 0.0)
@@ -123,7 +137,7 @@ def scenario_warmup(manifest: Manifest) -> float:
 
 def analyze(run_dir: str | Path, slo: Slo | None = None, low_load_users: int | None = None,
             console: Console | None = None, write: bool = True, options: StepOptions | None = None, *,
-            slo_overrides: Mapping[str, Any] | None = None) -> Analysis:
+            slo_overrides: Mapping[str, Any] | None = None, thresholds: Sequence[Threshold] = ()) -> Analysis:
     """Like `analyze_run` but returns the full `Analysis` (used by comparisons)."""
     path = Path(run_dir)
     enabled = path.is_dir() and _row_count(path) >= PROGRESS_MIN_ROWS
@@ -138,6 +152,7 @@ def analyze(run_dir: str | Path, slo: Slo | None = None, low_load_users: int | N
         # The probes are recounted against the SLO the run decided them by, whatever the flags say.
         search = search_summary(run, scenario_slo(run.manifest), options.percentiles)
         analysis = summarize(run, slo, low_load_users, options, search)
+        analysis.summary["thresholds"] = judge_thresholds(analysis, [*scenario_thresholds(run.manifest)[0], *thresholds])
         if write:
             advance("writing summary.json")
             (path / "summary.json").write_text(json.dumps(analysis.summary, indent=2, default=str) + "\n",

@@ -81,7 +81,7 @@ def waited(rows: pd.DataFrame, cut: float) -> np.ndarray:
     return np.where(np.isfinite(at), at, cut) - rows["started_at"].to_numpy(dtype=np.float64)
 
 
-def _observations(rows: pd.DataFrame, metric: str, cut: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def observations(rows: pd.DataFrame, metric: str, cut: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(times, observed?, cut at a step down?) of one metric: finished ok requests observed, cut ones censored
     when they were cut (the last flag: while the run went on, `cut_before_end`)."""
     ok = rows["status"].eq("ok").to_numpy()
@@ -115,7 +115,7 @@ def latency_stats(rows: pd.DataFrame, cut: float, percentiles: Sequence[float], 
     """Percentiles (censoring-aware), n, lower-bound flags and bootstrap CIs of TTFT, TPOT and e2e."""
     out: dict[str, Any] = {"bounds": [], "ci": {}}
     for m_index, metric in enumerate(METRICS):
-        times, events, step_down = _observations(rows, metric, cut)
+        times, events, step_down = observations(rows, metric, cut)
         out[f"{metric}_n"] = int(events.sum())
         out[f"{metric}_censored"] = int((~events).sum())
         out[f"{metric}_censored_step_down"] = int(step_down.sum())

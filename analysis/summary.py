@@ -433,6 +433,7 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
         "fidelity": fidelity_summary(df),
         "rate_limits": rate_limits(run.run_dir, run.ended_at),
         "server_metrics": {},  # server.attach's, below
+        "thresholds": [],  # the pipeline's, when thresholds are given
         "problems": problems,
         "search": search,
     }

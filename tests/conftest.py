@@ -56,6 +56,7 @@ SLOW_TESTS = frozenset({
     "test_csv_export_on_demand_has_every_record_and_column",
     "test_run_against_a_server_that_closes_after_each_answer_has_no_disconnected",
     "test_stream_faults_are_recorded_and_the_pool_recovers",
+    "test_compare_run_directories_judges_from_its_bootstrap_intervals",
 })
 LONG_FIXTURES = frozenset({"demo_run", "history_demo_run", "diurnal_watch"})
 

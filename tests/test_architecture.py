@@ -37,7 +37,7 @@ LAYERS: list[list[str]] = [
     ["tokenload.protocols"],
     ["tokenload.deltas", "tokenload.sse", "tokenload.limits", "tokenload.tokens"],
     ["tokenload.failures", "tokenload.measure", "tokenload.channel", "tokenload.dayclock", "tokenload.slo",
-     "tokenload.exporter"],
+     "tokenload.exporter", "tokenload.thresholds"],
     ["tokenload.record", "tokenload.errors", "tokenload.compat", "tokenload.rundir", "tokenload.modelsize",
      "tokenload.protocolspec", "tokenload.contracts"],
     ["tokenload"],  # the package's own __init__: the public API, imported on first use by name only

@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="tokenload",
         description="Load-test a streaming LLM channel: TTFT, TPOT, ITL and total latency under load.",
-        epilog="Exit codes: 0 success, 1 a check or run found a failure, 2 bad input.",
+        epilog="Exit codes: 0 success, 1 a check or run found a failure, 2 bad input, 99 a threshold was breached.",
     )
     parser.add_argument("--version", action="version", version=f"tokenload {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

@@ -22,10 +22,18 @@ recorded it); each --slo-* flag replaces one of its fields. Configuration and
 input errors (auth, model, base URL, bad request, context_length) are not
 judged: they count neither for nor against the SLO.
 
+Thresholds (docs/ci.md): the run's own (its scenario's [thresholds], and the
+`run --threshold` flags it ran with) and every --threshold given here are judged
+into summary.json's `thresholds[]` and shown as a ✓/✗ table; --junit writes
+them as JUnit XML, and with $GITHUB_STEP_SUMMARY set a Markdown summary is
+appended to it.
+
 Exit codes: 0 the report was written (even when it finds the channel broke:
-read the verdict or summary.json's `breakpoint` and `diagnosis`); 2 bad input
-(not a run directory, missing columns, an empty run: the report, when one could
-be written, says what is missing).
+read the verdict or summary.json's `breakpoint` and `diagnosis`) and no
+threshold was breached; 99 a threshold was breached; 2 bad input (not a run
+directory, missing columns, an empty run: the report, when one could be
+written, says what is missing; a threshold naming no number, with the valid
+names).
 
 A run whose `tokenload run` was killed (even with SIGKILL) holds only its
 flushed record segments: analyze finalises them first (requests.parquet and
@@ -40,6 +48,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tokenload.commands import threshold_flags
 from tokenload.commands.slo_flags import add_slo_arguments, slo_overrides
 
 if TYPE_CHECKING:
@@ -61,10 +70,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--goodput", nargs="+", default=None, metavar="METRIC:MS",
                         help="goodput criteria in milliseconds, any of ttft:X tpot:Y itl:Z e2e:W (as vLLM's "
                              "bench): a request is good when it meets all given; default: the SLO")
-    parser.add_argument("--quiet", action="store_true", help="no verdict table, only the report path")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no verdict table: the report path (and the thresholds' table, when any)")
     parser.add_argument("--csv", action="store_true",
                         help="also export every record, all columns, to RUN_DIR/requests.csv (for spreadsheets)")
     add_slo_arguments(parser)
+    threshold_flags.add_threshold_arguments(parser)
 
 
 def export_csv(run_dir: Path) -> Path:
@@ -129,7 +140,7 @@ def parse_goodput(items: list[str] | None) -> dict[str, float]:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from tokenload.analysis.pipeline import analyze_run, print_verdict
+    from tokenload.analysis.pipeline import analyze, print_verdict, scenario_thresholds
     from tokenload.analysis.steps import StepOptions
     from tokenload.errors import ConfigError
 
@@ -137,16 +148,22 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--warmup must be 0 or more seconds, got {args.warmup:g}")
     options = StepOptions(percentiles=parse_percentiles(args.percentiles), warmup_s=args.warmup,
                           goodput=parse_goodput(args.goodput))
+    thresholds = threshold_flags.from_args(args)
     console = Console(stderr=args.quiet)
     _recover(Path(args.run_dir), console)
-    summary = analyze_run(args.run_dir, slo_overrides=slo_overrides(args), low_load_users=args.low_load_users,
-                          console=console, options=options)
+    analysis = analyze(args.run_dir, slo_overrides=slo_overrides(args), low_load_users=args.low_load_users,
+                       console=console, options=options, thresholds=thresholds)
+    summary = analysis.summary
     if not args.quiet:
         print_verdict(summary, console)
+    gate = threshold_flags.report(summary["thresholds"], args, title=threshold_flags.title(summary),
+                                  inconclusive=scenario_thresholds(analysis.run.manifest)[1],
+                                  verdict=threshold_flags.verdict_pairs(summary),
+                                  plots=sorted(str(p) for p in Path(args.run_dir).glob("plots/*.png")))
     print(f"{summary['run']['run_dir']}/report.html")
     if args.csv:
         print(export_csv(Path(args.run_dir)))
     if summary["run"]["requests"] == 0:
         print("tokenload: error: the run recorded no requests; report.html says what is missing", file=sys.stderr)
         return 2
-    return 0
+    return gate

@@ -30,39 +30,103 @@ Writes into --out (default: compare-<time> next to the first run):
 
 Labels default to the runs' start times. Every run is judged by one SLO: the
 baseline's (its scenario's [slo]), with the --slo-* flags applied.
-Exit codes: 0 the comparison was written; 2 bad input.
+
+Thresholds (docs/ci.md) gate every other run against the baseline:
+'ttft.p95 <= +10%' at every matched load level from the bootstrap interval of
+the delta, 'capacity >= baseline - 1' against the baseline's own number, and
+absolute ones ('ttft.p95 < 1.2') on each run alone. The baseline may also be a
+run's summary.json kept as a file: the thresholds are then judged from its
+steps (their percentiles and intervals), and no comparison is written.
+Exit codes: 0 the comparison was written and no threshold was breached; 99 a
+threshold was breached; 2 bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from tokenload.commands import threshold_flags
 from tokenload.commands.slo_flags import add_slo_arguments, slo_overrides
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from tokenload.thresholds import Threshold
 
 HELP = "compare runs (off-peak vs peak) level by level: deltas, intervals, significance, overlaid charts"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="two or more run directories; the first is the baseline")
+    parser.add_argument("run_dirs", metavar="RUN_DIR", nargs="+",
+                        help="two or more run directories; the first is the baseline (with --threshold it may "
+                             "be a summary.json kept as a file)")
     parser.add_argument("--labels", metavar="A,B,...", help="comma-separated label per run (default: start times)")
     parser.add_argument("--out", metavar="DIR", help="output directory (default: compare-<time> next to the first run)")
-    parser.add_argument("--quiet", action="store_true", help="no delta table, only the comparison path")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no delta table: the comparison path (and the thresholds' table, when any)")
     parser.add_argument("--relay", action="store_true",
                         help="the runs after the first went through a relay in front of the first run's channel: "
                              "say what the relay adds (TTFT on a named basis, inter-token gaps, TTFB, held headers)")
     add_slo_arguments(parser)
+    threshold_flags.add_threshold_arguments(parser, baseline=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tokenload.analysis.compare import compare_runs, comparison_table
+    from tokenload.analysis.thresholds import check_relative
 
+    thresholds = threshold_flags.from_args(args, baseline=True)
+    check_relative(thresholds)
     labels = [x.strip() for x in args.labels.split(",")] if args.labels else None
     console = Console(stderr=args.quiet)
+    if Path(args.run_dirs[0]).is_file():
+        return _against_summary(args, thresholds, labels, console)
     comparison = compare_runs(args.run_dirs, labels, args.out, slo_overrides=slo_overrides(args), console=console,
-                              relay=args.relay)
+                              relay=args.relay, thresholds=thresholds)
     if not args.quiet:
         console.print(comparison_table(comparison))
+    gate = threshold_flags.report(comparison["thresholds"], args,
+                                  title=f"against {comparison['baseline']}")
     print(f"{comparison['out_dir']}/comparison.html")
-    return 0
+    return gate
+
+
+def _against_summary(args: argparse.Namespace, thresholds: list[Threshold], labels: list[str] | None,
+                     console: Console) -> int:
+    """A kept summary.json as the baseline: each run's thresholds judged against it, from its steps."""
+    import json
+
+    from tokenload.analysis.pipeline import analyze
+    from tokenload.analysis.thresholds import judge_against
+    from tokenload.errors import ConfigError
+    from tokenload.slo import Slo
+
+    path = Path(args.run_dirs[0])
+    try:
+        baseline = json.loads(path.read_text(encoding="utf-8"))
+        slo = Slo.from_dict({k: baseline["slo"][k] for k in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "target",
+                                                               "max_error_rate")})
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path} is not a summary.json that `tokenload analyze` wrote ({exc}); give the "
+                          "baseline's run directory or its summary.json") from None
+    if not thresholds:
+        raise ConfigError(f"{path} is a summary.json: without its records only thresholds can be judged against "
+                          "it; give --threshold, or the baseline's run directory to compare")
+    if len(args.run_dirs) < 2:
+        raise ConfigError("compare needs a run directory to judge against the baseline")
+    names = labels or [Path(d).name for d in args.run_dirs]
+    if len(names) != len(args.run_dirs):
+        raise ConfigError(f"--labels has {len(names)} label(s) for {len(args.run_dirs)} run(s): give one per run")
+    results = []
+    for name, run_dir in zip(names[1:], args.run_dirs[1:]):
+        candidate = analyze(run_dir, dataclasses.replace(slo, **slo_overrides(args)), console=console, write=False)
+        results += judge_against(baseline, candidate, thresholds, None, name)
+    console.print(f"baseline {path}: a summary.json, no records: the thresholds are judged from its steps' "
+                  "percentiles and intervals (a level-by-level comparison needs its run directory)",
+                  markup=False, soft_wrap=True)
+    return threshold_flags.report(results, args, title=f"against {names[0]}")

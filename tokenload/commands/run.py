@@ -67,9 +67,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenload.channel import add_channel_arguments
+from tokenload.commands import threshold_flags
 from tokenload.commands.prometheus_flags import add_prometheus_arguments, linger, serve_from_args
 from tokenload.commands.slo_flags import add_slo_arguments, slo_from_args
-from tokenload.workload.scenario import SCHEMA_HELP, packaged_names
+from tokenload.workload.scenario import SCHEMA_HELP, ThresholdsSection, packaged_names
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -103,6 +104,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "run into server_metrics.parquet (repeatable; replaces [server] metrics_url); without "
                              "it the base URL's origin + /metrics is tried once (see docs/server-metrics.md)")
     add_slo_arguments(parser)
+    threshold_flags.add_threshold_arguments(parser)
     add_prometheus_arguments(parser, "the run's records (all workers'; the master or the single process, headless)")
     dist = parser.add_argument_group("distributed across machines")
     dist.add_argument("--master", action="store_true", help="run as Locust master")
@@ -169,11 +171,13 @@ def run(args: argparse.Namespace) -> int:
                                  master_host=args.master_host, master_port=args.master_port,
                                  master_bind_host=args.master_bind_host, expect_workers=args.expect_workers)
     scenario = load_scenario(args.scenario).with_server_metrics(args.server_metrics)
-    scenario = dataclasses.replace(scenario, slo=slo_from_args(args, scenario.slo))
+    scenario = dataclasses.replace(scenario, slo=slo_from_args(args, scenario.slo),
+                                   thresholds=_thresholds(scenario.thresholds, args))
     scenario, resolution = resolve_scenario_channel(scenario, f"scenario {scenario.name} [channel]",
                                                     channel_flags(args), args.model or ())
     plan = plan_run(scenario, resolution.channel, args.out, users=args.users, duration_s=args.duration,
                     distribution=distribution, web=args.web, web_host=args.web_host, web_port=args.web_port)
+    threshold_flags.check_plan(plan.scenario)
     if args.prometheus_port is not None and (args.web or args.worker):
         from tokenload.errors import ConfigError
 
@@ -197,16 +201,42 @@ def run(args: argparse.Namespace) -> int:
     try:
         with err.status("starting Locust") as status:
             run_dir = execute(plan, on_live=_live_reporter(err, status.update), metrics=metrics)
-        failed = False
+        failed, gate = False, 0
         if not args.worker:
             failed = _print_summary(err, run_dir / REQUESTS_FILE)
+            if plan.scenario.thresholds.checks and not failed:
+                gate = _judge(run_dir, args, err)
         print(run_dir)
         sys.stdout.flush()
         linger(metrics)
     finally:
         if metrics is not None:
             metrics.close()
-    return 1 if failed else 0
+    return 1 if failed else gate
+
+
+def _thresholds(declared: ThresholdsSection, args: argparse.Namespace) -> ThresholdsSection:
+    """The scenario's `[thresholds]` with the `--threshold` and `--inconclusive` flags added, so manifest.json's
+    resolved scenario carries what `tokenload analyze` judges again."""
+    import dataclasses
+
+    merged = declared.with_exprs(args.threshold) if args.threshold else declared
+    return dataclasses.replace(merged, inconclusive=args.inconclusive) if args.inconclusive else merged
+
+
+def _judge(run_dir: Path, args: argparse.Namespace, err: Console) -> int:
+    """Analyse the run (summary.json, report.html) and judge its thresholds: the ✓/✗ table, JUnit, the step
+    summary; 0 or 99."""
+
+    from tokenload.analysis.pipeline import analyze, scenario_thresholds
+
+    analysis = analyze(run_dir, console=err)
+    summary = analysis.summary
+    err.print(f"analysed: {run_dir / 'report.html'}", markup=False, soft_wrap=True)
+    return threshold_flags.report(summary["thresholds"], args, title=threshold_flags.title(summary),
+                                  inconclusive=scenario_thresholds(analysis.run.manifest)[1],
+                                  verdict=threshold_flags.verdict_pairs(summary),
+                                  plots=sorted(str(p) for p in run_dir.glob("plots/*.png")))
 
 
 def _run_web(args: argparse.Namespace, scenario: Any, channel: Any, distribution: Any, err: Console) -> int:

@@ -532,6 +532,23 @@ class SearchSummary(_SearchSummary, total=False):
     binding_detail: str | None
 
 
+# ----- thresholds ----------------------------------------------------------------------------------------------
+
+
+class ThresholdResult(TypedDict):
+    """`thresholds[]`: one threshold (`tokenload.thresholds`) as judged: the number, its 95% interval (an end
+    null: unbounded there), the bound and the outcome."""
+
+    expr: str
+    value: float | None
+    ci: list[float | None] | None
+    bound: float | None
+    result: Literal["pass", "fail", "inconclusive"]
+    where: str  # "the whole run", "at 8 users", "model sim-7b", ...
+    relative: bool  # value, interval and bound are shares of the baseline's number (compare's "+10%")
+    note: str | None
+
+
 # ----- the whole file ------------------------------------------------------------------------------------------
 
 
@@ -561,6 +578,7 @@ class Summary(TypedDict):
     rate_limits: RateLimits
     search: SearchSummary | None
     server_metrics: ServerMetrics
+    thresholds: list[ThresholdResult]
     problems: list[str]
 
 

@@ -64,8 +64,9 @@ from tokenload.load.probing import Prober
 from tokenload.load.records import SEGMENTS_DIR, AsideWriter, write_json
 from tokenload.load.state import Budget, LoadState, shares
 from tokenload.load.stoprules import Counts, FailureStreak, Live
-from tokenload.load.tokenstats import Snapshot, current_run
+from tokenload.load.tokenstats import Snapshot, current_run, live_thresholds
 from tokenload.record import STORM_PROBE, RequestRecord
+from tokenload.thresholds import parse as parse_threshold
 from tokenload.workload.scenario import Scenario
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,9 @@ class RunControl:
         self.workers: set[str] = set()
         self.stopped: str | None = None
         self.stop_record: StopRecord | None = None  # the rule that stopped the run, by name and fields
+        # the thresholds that stop the run once the live statistics decide them breached
+        self.aborting = [parse_threshold(c.expr, abort_on_fail=True) for c in scenario.thresholds.checks
+                         if c.abort_on_fail]
         self._step_start: Snapshot | None = None
         self._started_at = time.time()
         self.budgets: dict[str, list[int | None]] = {}  # master: each worker's [requests, tokens] share
@@ -268,6 +272,7 @@ class RunControl:
             budget_spent=budget.spent if budget is not None else None,
             workers_spent=self.spent if all_spent else {}, config_streak=streak, config_error=last,
             storm_failed_probes=storm["failed_probes"] if storm else 0, storm_detail=storm["detail"] if storm else None,
+            thresholds=live_thresholds(current_run(self.environment).total(), self.aborting) if self.aborting else (),
         )
         fired = stoprules.first_stop(live)
         if fired is None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from tokenload.contracts.manifest import StopRecord
 from tokenload.errors import error_class
+from tokenload.search.evidence import wilson_interval
 from tokenload.workload.scenario import StopSection
 
 # The breaker's share needs this many requests in its window before it means anything, scaled to the load:
@@ -86,6 +87,18 @@ class Counts:
 
 
 @dataclass(frozen=True)
+class LiveThreshold:
+    """An `abort_on_fail` threshold as the live statistics see it: of `n` observations, `beyond` lie on the
+    breaching side of its bound, where it allows at most the share `allowed` (`tokenstats.live_thresholds`)."""
+
+    expr: str
+    n: int
+    beyond: int
+    allowed: float
+    what: str  # "TTFT at or above 0.05 s", "requests failed"
+
+
+@dataclass(frozen=True)
 class Live:
     """What the stop rules read at one tick."""
 
@@ -100,6 +113,7 @@ class Live:
     config_error: dict[str, Any] | None = None  # the latest one: kind, http_status, message
     storm_failed_probes: int = 0  # error-storm probes that failed since the pause began
     storm_detail: str | None = None  # what the breaker saw when it paused the users
+    thresholds: tuple[LiveThreshold, ...] = ()  # the scenario's abort_on_fail thresholds
 
 
 def plan_over(live: Live) -> str | None:
@@ -143,6 +157,21 @@ def token_limit(live: Live) -> str | None:
 def _at(step: dict[str, Any]) -> str:
     level = f"{step['rate']:g} req/s" if step.get("rate") is not None else f"{step['users']} users"
     return f"step {step['step']} ({level})"
+
+
+# An abort_on_fail threshold is decided breached on at least this many observations.
+THRESHOLD_MIN_N = 10
+
+
+def threshold_breached(live: Live) -> str | None:
+    """An `abort_on_fail` threshold the live statistics already decide is breached: the 95% Wilson interval of
+    the share beyond its bound lies above the share it allows (the analysis judges it again at the end)."""
+    for t in live.thresholds:
+        interval = wilson_interval(t.beyond, t.n) if t.n >= THRESHOLD_MIN_N else None
+        if interval is not None and interval[0] > t.allowed:
+            return (f"threshold {t.expr} breached (abort_on_fail): {t.beyond} of {t.n} {t.what}, at least "
+                    f"{interval[0]:.0%} at 95% confidence where it allows {t.allowed:.0%}")
+    return None
 
 
 def _errors_over(live: Live) -> tuple[float, str] | None:
@@ -202,6 +231,7 @@ RULES: tuple[tuple[str, StopRule], ...] = (
     ("request_limit", request_limit),
     ("token_limit", token_limit),
     ("storm_unresolved", storm_unresolved),
+    ("threshold_breached", threshold_breached),
     ("breakpoint_errors", breakpoint_errors),
     ("breakpoint_ttft", breakpoint_ttft),
 )

@@ -36,10 +36,11 @@ import numpy as np
 from tokenload.errors import LOAD_KINDS, error_class
 from tokenload.load import roles
 from tokenload.load.messages import REPORT_KEY, TOKENSTATS_MESSAGE
-from tokenload.load.stoprules import Counts
+from tokenload.load.stoprules import Counts, LiveThreshold
 from tokenload.load.warmup import WARMUP
 from tokenload.search.evidence import LATE, Evidence
 from tokenload.slo import Slo
+from tokenload.thresholds import Threshold
 
 if TYPE_CHECKING:  # importing Locust patches the interpreter with gevent: only where Locust runs
     from locust.env import Environment
@@ -108,6 +109,13 @@ class Hist(Counter[int]):
             if seen >= rank:
                 return _LO * _GROWTH ** (key + 0.5)
         return None
+
+    def beyond(self, bound: float, above: bool) -> int:
+        """How many counts lie wholly above `bound` (`above`), else wholly below it: a bucket the bound cuts
+        counts on neither side, so a decision on these counts never rests on a value it could not see."""
+        if above:
+            return sum(c for k, c in self.items() if k > 0 and _LO * _GROWTH ** k >= bound)
+        return sum(c for k, c in self.items() if k < _TOP and _LO * _GROWTH ** (k + 1) <= bound)
 
     def pairs(self) -> list[list[int]]:
         return [[k, v] for k, v in self.items()]
@@ -213,6 +221,29 @@ class Cell:
             for pct in PERCENTILES:
                 out[f"{metric}_p{pct}_s"] = self.hists[metric].percentile(pct)
         return out
+
+
+def live_thresholds(cell: Cell, thresholds: Sequence[Threshold]) -> tuple[LiveThreshold, ...]:
+    """What the live statistics say of each `abort_on_fail` threshold (`stoprules.threshold_breached` decides):
+    a percentile bound's counts beyond it, the errors (input errors aside), the requests that missed the SLO."""
+    out = []
+    for t in thresholds:
+        assert t.bound is not None
+        below = t.op in ("<", "<=")
+        pct = t.percentile
+        if pct is not None:
+            hist = cell.hists[pct[0]]
+            n, beyond = hist.n, hist.beyond(t.bound, above=below)
+            allowed = 1 - pct[1] / 100 if below else pct[1] / 100
+            what = f"{pct[0].upper()} {'at or above' if below else 'at or below'} {t.bound:g} s"
+        elif t.name == "error_rate":
+            n, allowed, what = cell.requests, t.bound, "requests failed"
+            beyond = sum(c for kind, c in cell.kinds.items() if error_class(kind) != "input")
+        else:  # slo_attainment
+            n, allowed, what = cell.evidence.judged, 1 - t.bound, "judged requests missed the SLO"
+            beyond = cell.evidence.judged - cell.evidence.met
+        out.append(LiveThreshold(t.expr, n, beyond, allowed, what))
+    return tuple(out)
 
 
 def _cell(cells: dict[int, Cell], key: int) -> Cell:

@@ -112,6 +112,12 @@ Schema (all sections optional except `[load]`):
     storm_s = 10                  # timeouts, ...) for storm_s seconds pauses every user; a probe request
     storm_probes = 3              # every storm_s then resumes the run or, after this many failed, stops it
 
+    [thresholds]                  # CI gates over summary.json's numbers, judged at the end (docs/ci.md): run,
+                                  # analyze and compare exit 99 when one is breached; --threshold adds more
+    checks = ["ttft.p95 < 1.2", "error_rate < 0.01"]  # NAME OP BOUND; or { expr = "...", abort_on_fail = true }:
+                                  # stop the run once the live statistics decide it is breached
+    inconclusive = "pass"         # an interval straddling the bound: pass (not breached) or fail
+
     [server]                      # the inference server's own Prometheus metrics, sampled during the run
     metrics_url = ["http://gpu-host:8000/metrics"]  # default: <base URL's origin>/metrics when it answers
     interval_s = 1                # seconds between scrapes
@@ -135,6 +141,8 @@ from tokenload.protocolspec import PROTOCOLS
 from tokenload.slo import DEFAULT as DEFAULT_SLO
 from tokenload.slo import METRICS as SLO_METRICS
 from tokenload.slo import Slo
+from tokenload.thresholds import INCONCLUSIVE_CHOICES
+from tokenload.thresholds import parse as parse_threshold
 from tokenload.workload.datasets import load_dataset
 from tokenload.workload.traces import TIME_UNITS, load_trace, trace_span_s
 
@@ -710,6 +718,50 @@ def parse_slo(data: Any, ctx: _Ctx) -> Slo:
 
 
 @dataclass(frozen=True)
+class Check:
+    """One threshold of `[thresholds] checks`: its expression (`tokenload.thresholds`), and whether it stops the
+    run once decided breached."""
+
+    expr: str
+    abort_on_fail: bool = False
+
+
+@dataclass(frozen=True)
+class ThresholdsSection:
+    """`[thresholds]`: the gates judged at the end of the run (and by analyze), checked before it starts."""
+
+    checks: tuple[Check, ...] = ()
+    inconclusive: str = "pass"
+
+    @classmethod
+    def parse(cls, data: Any, ctx: _Ctx) -> ThresholdsSection:
+        w = "[thresholds]"
+        d = ctx.table(data, w, ("checks", "inconclusive"))
+        items = d.get("checks", [])
+        if not isinstance(items, list):
+            raise ctx.fail(f"{w} checks", f"expected a list of expressions, got {_show(items)}")
+        checks = []
+        for item in items:
+            entry = ctx.table({"expr": item} if isinstance(item, str) else item, f"{w} checks",
+                              ("expr", "abort_on_fail"))
+            check = Check(expr=ctx.text(entry, "expr", f"{w} checks") or "",
+                          abort_on_fail=ctx.flag(entry, "abort_on_fail", f"{w} checks", False))
+            try:
+                parse_threshold(check.expr, abort_on_fail=check.abort_on_fail)
+            except ConfigError as exc:
+                raise ctx.fail(f"{w} checks", str(exc)) from None
+            checks.append(check)
+        return cls(checks=tuple(checks),
+                   inconclusive=ctx.text(d, "inconclusive", w, "pass", choices=INCONCLUSIVE_CHOICES) or "pass")
+
+    def with_exprs(self, exprs: list[str]) -> ThresholdsSection:
+        """`tokenload run --threshold EXPR ...`: these checks besides the scenario's (validated alike)."""
+        for expr in exprs:
+            parse_threshold(expr)  # a bad one is its own one-line error
+        return dataclasses.replace(self, checks=(*self.checks, *(Check(expr.strip()) for expr in exprs)))
+
+
+@dataclass(frozen=True)
 class ServerSection:
     """`[server]`: where the inference server publishes Prometheus metrics (see docs/server-metrics.md)."""
 
@@ -753,12 +805,13 @@ class Scenario:
     design: DesignSection | None = None
     slo: Slo = DEFAULT_SLO
     server: ServerSection = field(default_factory=ServerSection)
+    thresholds: ThresholdsSection = field(default_factory=ThresholdsSection)
 
     @classmethod
     def from_dict(cls, data: Any, source: str, base_dir: Path, default_name: str) -> Scenario:
         ctx = _Ctx(source)
         d = ctx.table(data, "top level", ("name", "description", "seed", "channel", "prompt", "session", "output", "load",
-                                          "stop", "slo", "server", "design"))
+                                          "stop", "slo", "server", "design", "thresholds"))
         session = SessionSection.parse(d["session"], ctx) if "session" in d else None
         trace = isinstance(d.get("load"), dict) and d["load"].get("kind") == "trace"
         for section in ("session", "design"):
@@ -783,6 +836,7 @@ class Scenario:
             stop=StopSection.parse(d.get("stop"), ctx),
             slo=parse_slo(d["slo"], ctx) if "slo" in d else DEFAULT_SLO,
             server=ServerSection.parse(d.get("server"), ctx),
+            thresholds=ThresholdsSection.parse(d.get("thresholds"), ctx),
         )
 
     def to_dict(self) -> dict[str, Any]:
