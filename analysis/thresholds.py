@@ -8,12 +8,13 @@ model's percentiles are over that model's requests.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
 
-from tokenload.analysis.stats import bootstrap_ci, km_quantiles
+from tokenload.analysis.stats import Z95, bootstrap_ci, km_quantiles
 from tokenload.analysis.steps import measured_rows, observations
 from tokenload.analysis.summary import Analysis
 from tokenload.analysis.windows import level_text
@@ -107,10 +108,19 @@ def _percentile(rows: Any, analysis: Analysis, metric: str, pct: float, seed: in
         return None, None
     q = km_quantiles(times, events, [pct / 100])[0]
     ci = bootstrap_ci(times, events, pct / 100, seed=seed)
-    lo = None if ci is None else ci[0]
     if q.bound:
-        return q.value, (min(lo, q.value) if lo is not None else q.value, None)
-    return q.value, None if ci is None else (lo, ci[1])
+        return q.value, (min(ci[0], q.value) if ci is not None else q.value, None)
+    return q.value, _few(times[events], pct / 100) if ci is None else ci
+
+
+def _few(values: np.ndarray, q: float) -> Interval:
+    """The distribution-free 95% interval of the q-quantile of a handful of observations (too few to bootstrap):
+    the order statistics at n q -/+ z sqrt(n q (1 - q)), an end beyond the data unbounded (None). Four first
+    tokens of 12.9 s say a p95 is above 1 s; they cannot say it is below 30 s."""
+    x = np.sort(values)
+    half = Z95 * math.sqrt(x.size * q * (1 - q))
+    lo, hi = math.floor(x.size * q - half), math.ceil(x.size * q + half)
+    return (float(x[lo]) if lo >= 0 else None), (float(x[hi]) if hi < x.size else None)
 
 
 def _share(hits: int, n: int) -> Measured:

@@ -49,6 +49,21 @@ def test_an_interval_decides_pass_fail_or_inconclusive() -> None:
     assert verdict("<", 1.0, 0.5, None) == "pass" and verdict("<", 1.0, None, None) == "inconclusive"
 
 
+def test_a_handful_of_observations_gets_an_interval_open_where_the_data_end() -> None:
+    """Too few to bootstrap (a slow real server's 4 requests): four first tokens of 12.9 s breach `ttft.p95 < 1`
+    but cannot pass `ttft.p95 < 30` (before, the value alone decided: a confident pass on 4 requests)."""
+    import numpy as np
+
+    from tokenload.analysis.thresholds import _few
+
+    four = np.array([12.6, 12.7, 12.9, 12.9])
+    assert _few(four, 0.95) == (12.9, None) and _few(four, 0.5) == (12.6, None)
+    assert verdict("<", 1.0, 12.9, _few(four, 0.95)) == "fail"
+    assert verdict("<", 30.0, 12.9, _few(four, 0.95)) == "inconclusive"
+    lo, hi = _few(np.arange(1.0, 41.0), 0.5)  # 40 values: both ends inside the data
+    assert lo is not None and hi is not None and lo < 20.5 < hi
+
+
 def test_the_names_come_from_the_summary_types_and_an_unknown_one_lists_them() -> None:
     assert parse("ttft.p95 < 1.2").percentile == ("ttft", 95.0)
     assert parse("steps[users=8].tpot.p50 <= 0.05").step_key == "tpot_p50_s"
