@@ -73,7 +73,7 @@ WORKERS = int(os.environ.get("TOKENLOAD_TEST_WORKERS", "5"))
 # Tests that judge timing against a clock run with the machine to themselves (tests/machineshare.py): they
 # failed beside other workers' runs. The long side-by-side runs are among them.
 ALONE_TESTS = frozenset({
-    "test_ttft_follows_the_hour_of_the_simulated_day", "test_a_saturated_client_warns_live_with_advice_that_can_help",
+    "test_ttft_follows_the_hour_of_the_simulated_day",
     "test_analyze_does_not_finalise_a_run_that_is_still_writing",
     "test_records_after_a_lost_worker_carry_the_users_really_running",
     "test_a_full_kv_cache_is_named_before_the_queue", "test_auto_stop_is_named_and_related_to_the_slo_breakpoint",
