@@ -13,7 +13,28 @@ from tokenload.errors import ConfigError
 from tokenload.tokens import estimate_tokens
 from tokenload.workload.datasets import load_dataset
 from tokenload.workload.prompts import PromptSource, Sampler
-from tokenload.workload.scenario import Distribution, Scenario, _Ctx, load_scenario, packaged
+from tokenload.workload.scenario import (
+    DEFAULT_PROMPT_TOKENS,
+    SCHEMA_HELP,
+    ChannelSection,
+    DesignSection,
+    Distribution,
+    Key,
+    LoadSection,
+    OutputSection,
+    PromptSection,
+    Scenario,
+    SearchSpec,
+    ServerSection,
+    SessionSection,
+    StopSection,
+    ThresholdsSection,
+    _Ctx,
+    _keys,
+    key_names,
+    load_scenario,
+    packaged,
+)
 
 SHIPPED = sorted(p.stem for p in packaged("demo").parent.glob("*.toml"))
 
@@ -222,3 +243,72 @@ def test_a_searchs_max_probes_defaults_to_what_its_range_needs(tmp_path: Path) -
     assert spec('over = "rate"').max_probes == 16  # 1..100 req/s to 10%: 8 + 2 x 3 + 2
     assert spec("max_probes = 5").max_probes == 5  # set, it wins
     assert load_scenario("search").load.search.max_probes == 29  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------ every key declared once
+
+SECTIONS = (ChannelSection, SessionSection, OutputSection, DesignSection, LoadSection, StopSection, ThresholdsSection,
+            ServerSection)
+
+
+@pytest.mark.parametrize("section", SECTIONS, ids=lambda cls: cls.TABLE)
+def test_an_empty_section_parses_to_its_declared_defaults(section: type) -> None:
+    """The field defaults are the parse defaults: no second copy in parse (the search's range too)."""
+    assert section.parse({}, _Ctx("t.toml")) == section()
+    assert SearchSpec.parse({}, _Ctx("t.toml")) == SearchSpec()
+    prompt = PromptSection.parse({}, _Ctx("t.toml"), Path("."))
+    assert prompt == PromptSection(tokens=Distribution("fixed", {"value": DEFAULT_PROMPT_TOKENS}))
+
+
+def _bad(key: Key) -> object:
+    """A value the key's declaration refuses."""
+    if key.kind == "flag":
+        return "yes"
+    if key.kind == "text":
+        return "no such choice" if key.choices else ""
+    if key.minimum is not None:
+        return key.minimum - 1
+    if key.above is not None:
+        return key.above
+    return 0.5 if key.kind == "integer" else "ten"
+
+
+def _tables_for(section: str, tmp_path: Path) -> list[dict[str, object]]:
+    """Scenario tables in which a key of `section` is used (the [load] keys: by one kind or another)."""
+    if section != "load":
+        return [{"load": {"kind": "constant"}}]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 0, "input_tokens": 8, "output_tokens": 8}\n', encoding="utf-8")
+    return [{"load": load} for load in ({"kind": "steps"}, {"kind": "poisson", "rate": 1, "arrival": "gamma"},
+                                        {"kind": "trace", "trace": str(trace)}, {"kind": "search"})]
+
+
+def test_every_declared_check_is_the_one_parse_applies(tmp_path: Path) -> None:
+    """Each key whose `Key` declares its check (a bound, a type, choices) refuses a bad value with a line that
+    names the key: a declaration parse ignored would let it through."""
+    checked = 0
+    for section in (*SECTIONS, PromptSection, Scenario):
+        table = getattr(section, "TABLE", None)
+        for name, _, key in _keys(section):
+            if key.kind == "custom":
+                continue
+            where = f"[{table}] {name}" if table else f"top level {name}"
+            errors = []
+            for base in _tables_for(table or "", tmp_path):
+                data = json.loads(json.dumps(base))
+                target = data if table is None else data.setdefault(table, {})
+                target[name] = _bad(key)
+                try:
+                    Scenario.from_dict(data, "t.toml", tmp_path, "t")
+                except ConfigError as exc:
+                    errors.append(str(exc))
+            assert any(e.startswith(f"t.toml: {where}: ") and "not used by kind" not in e for e in errors), (
+                where, errors)
+            checked += 1
+    assert checked >= 40
+
+
+def test_the_schema_has_a_line_for_every_key_the_parser_takes() -> None:
+    for section in (*SECTIONS, PromptSection, SearchSpec, Scenario):
+        for name in key_names(section):
+            assert f"\n    {name} = " in SCHEMA_HELP, name

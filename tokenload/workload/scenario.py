@@ -12,116 +12,10 @@ round-trips: `tokenload run` writes it to the run directory, the Locust
 processes read it back through the same validation, and `manifest.json` shows
 exactly what ran.
 
-Schema (all sections optional except `[load]`):
-
-    name = "demo"                 # default: file stem
-    description = "..."
-    seed = 0                      # prompt texts, lengths and arrivals are reproducible
-
-    [channel]                     # defaults: flags, environment, settings.json win
-    protocol = "anthropic"        # {protocols}
-    base_url = "http://..."
-    models = ["sim-7b"]           # or model = "sim-7b"; requests pick uniformly (`run --model` repeated replaces it)
-    model_sizes = { "my-model" = 30 }  # billions of parameters, for ids that do not name their size
-                                  # (`sim-30b`, `70b`, `270m`, `8x7b` are read from the id)
-    first_token_timeout_s = 120
-    idle_timeout_s = 60
-
-    [prompt]
-    tokens = 500                  # fixed; [128, 512] sweeps round-robin; or a table:
-                                  # {dist="uniform", min, max} | {dist="normal", mean, std, min?, max?}
-                                  # | {dist="lognormal", median, sigma, min?, max?}
-    dataset = "prompts.jsonl"     # instead of tokens: one request per row, format told by the row:
-                                  # JSONL {"prompt"} | {"messages", "system"?} (OpenAI chat, Anthropic)
-                                  # | ShareGPT {"conversations": [{"from", "value"}]} (JSON array or JSONL);
-                                  # a row's max_tokens / output_tokens (or trailing reply) sets its output
-    order = "sequential"          # dataset rows in file order, or "shuffle" (seeded)
-    shared_prefix_tokens = 0      # a prefix common to every request (prompt-cache hits); 0 = all unique
-    calibrate = true              # scale synthetic prompts by the server's reported input tokens
-
-    [session]                     # multi-turn conversations instead of independent prompts
-    turns = 3                     # turns per conversation (same forms as prompt.tokens)
-    user_tokens = 200             # length of each new user message (same forms)
-    system_tokens = 0             # system prompt shared by every user and session; 0 = none
-    think_time_s = 0              # pause between a conversation's turns
-    cache_control = false         # Anthropic: prompt-cache breakpoints on the system prompt and the newest message
-
-    [output]
-    max_tokens = 128              # same forms as prompt.tokens
-    ignore_eos = false            # sent as "ignore_eos": true (vLLM/SGLang extension)
-    min_tokens = 0                # sent as "min_tokens" when > 0
-
-    [design]                      # vary prompt length, output length and model independently (sweeps otherwise
-                                  # advance in lockstep): the levels are [prompt] tokens, [output] max_tokens
-                                  # (lists or one value) and the channel's models; every [load] step runs it all
-    kind = "factorial"            # factorial: every combination; latin: a Latin hypercube of `points`
-                                  # combinations (each level of each factor equally often)
-    points = 0                    # latin: combinations per block; 0 = the largest number of levels
-                                  # each user sends a block's cells in its own seeded random order, then the next
-
-    [load]
-    kind = "steps"                # steps | constant | poisson | trace | search
-    warmup_requests = 0           # any kind: each load process's first N requests are warm-up (phase = "warmup"
-                                  # in the records, left out of the analysis)
-    warmup_s = 0                  # any kind: requests sent in the run's first S seconds are warm-up (the same)
-    users = [1, 2, 4]             # steps: list, or {start=1, factor=2, max=64}; constant: one number
-    step_s = 10                   # steps/poisson: hold time of each level; constant: duration
-    spawn_rate = 100              # users started per second
-    think_time_s = 0              # closed loop: pause between a user's requests
-    rate = 5.0                    # poisson: requests/s, or a list of rates stepped every step_s
-    max_users = 64                # poisson: user pool that sends the scheduled requests
-    arrival = "poisson"           # poisson | constant (evenly spaced) | gamma (bursty, as vLLM's --burstiness)
-    burstiness = 1.0              # gamma: shape factor; 1 = Poisson, < 1 burstier, > 1 more even (CV = 1/sqrt(b))
-    ramp = "none"                 # poisson: none | linear | exponential rise of the rate within each step, from
-                                  # the previous step's rate (the first step from a tenth of its own)
-    trace = "trace.jsonl"         # trace: JSONL or CSV rows with a timestamp (or interval_s) and input and
-                                  # output token counts (BurstGPT, Mooncake columns understood)
-    speed = 1.0                   # trace: replay this many times faster (2 = each request at half its offset)
-    time_unit = "s"               # trace: unit of the timestamps, s or ms (intervals are always seconds)
-    max_rps = 0                   # any kind: our own cap on requests/s across all workers; 0 = none
-    max_tokens_per_min = 0        # any kind: cap on tokens/min sent (prompt estimate + max_tokens); 0 = none
-    retry = 0                     # any kind: retries of a request the channel pushed back (429/529/503),
-                                  # each after its back-off and recorded as a new request with retry_of; 0 = none
-    min_requests = 0              # steps/constant: hold a step past step_s until N requests finished; 0 = off
-    max_step_s = 0                # steps/constant: longest a step is held for min_requests; 0 = 4 x step_s
-    step_warmup_s = 0             # analysis leaves requests started in each step's first S seconds out
-    over = "users"                # search: users (closed loop) or rate (open loop, requests/s; max_users pool)
-    min = 1                       # search: the lowest level probed (users or requests/s)
-    max = 256                     # search: the highest level probed
-    resolution = 1                # search: stop when the boundary is this close (users: 1; rate: 0.1 = 10%)
-    max_probe_s = 60              # search: a probe undecided after this long says "undecided"
-    probe_warmup_s = 2            # search: requests sent in each probe's first S seconds are warm-up (at a
-                                  # step up, only those sent before the level is whole: each new user's first;
-                                  # after a step down, users wait until the higher level's backlog is below it)
-    confirm = true                # search: hold the last passing level again; it must pass twice (at 95%)
-    max_probes = 29               # search: at most this many probes (default: what the range needs, see docs)
-
-    [stop]
-    duration_s = 0                # cap on the whole run; 0 = the load plan's length
-    max_requests = 0              # 0 = unlimited
-    max_tokens = 0                # token budget (input + output, all workers); 0 = unlimited
-    drain_s = 20                  # a hard drain: at the end, in-flight streams get this long to finish;
-                                  # unset = derived when the plan ends: 2 x the longest e2e/TTFT of the last
-                                  # step or the run's p99 e2e, at least drain_min_s, at most 600 s
-    drain_min_s = 30              # the floor of the derived drain (and the drain of a Ctrl-C)
-    breakpoint_error_rate = 0     # stop after a whole step above this error rate; 0 = off
-    breakpoint_ttft_p95_s = 0     # stop after a whole step above this TTFT p95; 0 = off
-    config_errors = 5             # stop after this many configuration errors in a row (auth, unknown model,
-                                  # wrong base URL; counted across workers), with doctor's fix; 0 = off
-    storm_error_rate = 0.8        # error-storm breaker (0 = off): more than this share of load errors (429, 5xx,
-    storm_s = 10                  # timeouts, ...) for storm_s seconds pauses every user; a probe request
-    storm_probes = 3              # every storm_s then resumes the run or, after this many failed, stops it
-
-    [thresholds]                  # CI gates over summary.json's numbers, judged at the end (docs/ci.md): run,
-                                  # analyze and compare exit 99 when one is breached; --threshold adds more
-    checks = ["ttft.p95 < 1.2", "error_rate < 0.01"]  # NAME OP BOUND; or { expr = "...", abort_on_fail = true }:
-                                  # stop the run once the live statistics decide it is breached
-    inconclusive = "pass"         # an interval straddling the bound: pass (not breached) or fail
-
-    [server]                      # the inference server's own Prometheus metrics, sampled during the run
-    metrics_url = ["http://gpu-host:8000/metrics"]  # default: <base URL's origin>/metrics when it answers
-    interval_s = 1                # seconds between scrapes
-    discover = true               # false: without metrics_url, do not try <origin>/metrics
+Each key is declared once, as a field of its section's dataclass: the field's
+default is the key's default, and its `Key` (`_key(...)`) says how the value is
+checked and what its line in the schema says. `SCHEMA_HELP`, printed by
+`tokenload run --help` and copied into docs/scenarios.md, is generated from them.
 """
 
 from __future__ import annotations
@@ -130,9 +24,10 @@ import dataclasses
 import importlib.util
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from tokenload.compat import tomllib
@@ -145,10 +40,6 @@ from tokenload.thresholds import INCONCLUSIVE_CHOICES
 from tokenload.thresholds import parse as parse_threshold
 from tokenload.workload.datasets import load_dataset
 from tokenload.workload.traces import TIME_UNITS, load_trace, trace_span_s
-
-__doc__ = __doc__.replace("{protocols}", " | ".join(PROTOCOLS))
-# The schema part of this docstring is also `tokenload run --help`'s reference.
-SCHEMA_HELP = __doc__[__doc__.index("Schema (all sections"):]
 
 DISTRIBUTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # name: (required parameters, optional parameters)
@@ -165,6 +56,90 @@ DATASET_ORDERS = ("sequential", "shuffle")
 _ANY_KIND = ("max_rps", "max_tokens_per_min", "retry", "step_warmup_s", "warmup_s", "warmup_requests")  # [load] keys every kind takes
 ARRIVALS = ("poisson", "constant", "gamma")
 RAMPS = ("none", "linear", "exponential")
+_COMMENT_AT = 30  # the schema's comments start in this column (after a 4-space indent)
+DEFAULT_PROMPT_TOKENS = 256  # [prompt] tokens when neither tokens, a dataset nor a [session] is given
+
+
+@dataclass(frozen=True)
+class Key:
+    """How one scenario key is checked and shown in the schema (its default is its field's).
+
+    `kind` number | integer | flag | text are checked by `_Ctx.read`; `custom` ones by their section's
+    parse (a distribution, a list, a default that depends on another key). `example` is the schema's
+    value where the default says nothing (no default, or one computed at parse); `toml` the key's name
+    where it differs from the field's; `inline` a dataclass whose keys sit in this section's table.
+    """
+
+    help: str = ""
+    kind: str = "custom"
+    minimum: float | None = None
+    above: float | None = None
+    choices: tuple[str, ...] | None = None
+    example: str | None = None
+    toml: str | None = None
+    inline: type | None = None
+
+
+def _key(default: Any = None, help: str = "", *, factory: Any = None, **how: Any) -> Any:
+    """A scenario key: a dataclass field with its default and its `Key`."""
+    meta = {"key": Key(help, **how)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _keys(cls: type, inline: bool = True) -> Iterator[tuple[str, dataclasses.Field[Any], Key]]:
+    """(TOML name, field, Key) of every key `cls` declares (`inline`: an inline dataclass's too)."""
+    for f in dataclasses.fields(cls):
+        key = f.metadata.get("key")
+        if key is None:
+            continue
+        if key.inline is not None:
+            if inline:
+                yield from _keys(key.inline)
+        else:
+            yield key.toml or f.name, f, key
+
+
+def key_names(cls: type) -> tuple[str, ...]:
+    """The TOML keys of a section."""
+    return tuple(name for name, _, _ in _keys(cls))
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    return f.default_factory() if callable(f.default_factory) else f.default
+
+
+def _toml(value: Any) -> str:
+    """A default as the schema shows it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return f"{value:g}"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, Distribution):
+        params = value.params
+        return _toml(params["value"]) if value.dist == "fixed" else _toml(params.get("values"))
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(f"no schema form for {value!r}")
+
+
+def _commented(text: str, help: str) -> list[str]:
+    """`text` with its comment from column `_COMMENT_AT`, continuation lines below it."""
+    first, *more = help.split("\n") if help else [""]
+    lines = [f"{text:<{_COMMENT_AT - 2}}  # {first}".rstrip() if first else text]
+    return lines + [" " * _COMMENT_AT + f"# {line}" for line in more]
+
+
+def schema_lines(cls: type) -> list[str]:
+    """One section's lines of the schema: its `[table]` line (none for the top level), then a line per key."""
+    table: str | None = getattr(cls, "TABLE", None)
+    lines = _commented(f"[{table}]", getattr(cls, "HELP", "")) if table else []
+    for name, f, key in _keys(cls):
+        lines += _commented(f"{name} = {key.example if key.example is not None else _toml(_default(f))}", key.help)
+    return lines
 
 
 class _Ctx:
@@ -218,6 +193,23 @@ class _Ctx:
         if choices and value not in choices:
             raise self.fail(f"{where} {key}", f"must be one of {', '.join(choices)}, got {value!r}")
         return value
+
+    def read(self, cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
+        """Field name -> value of every key of `cls` its `Key` checks (the others are the section's own):
+        the value given, else the field's default (a default of None: absent stays None)."""
+        out: dict[str, Any] = {}
+        for name, f, key in _keys(cls, inline=False):
+            default = _default(f)
+            if key.kind == "custom" or (default is None and name not in data):
+                continue
+            if key.kind == "flag":
+                out[f.name] = self.flag(data, name, where, default)
+            elif key.kind == "text":
+                out[f.name] = self.text(data, name, where, default, choices=key.choices)
+            else:
+                out[f.name] = self.number(data, name, where, default, integer=key.kind == "integer",
+                                          minimum=key.minimum, above=key.above)
+        return out
 
 
 def _show(value: Any) -> str:
@@ -281,18 +273,24 @@ class Distribution:
 
 @dataclass(frozen=True)
 class ChannelSection:
-    protocol: str | None = None
-    base_url: str | None = None
-    models: tuple[str, ...] = ()
-    first_token_timeout_s: float = 120.0
-    idle_timeout_s: float = 60.0
-    model_sizes: dict[str, float] = field(default_factory=dict)
+    TABLE: ClassVar[str] = "channel"
+    HELP: ClassVar[str] = "defaults: flags, environment, settings.json win"
+
+    protocol: str | None = _key(None, " | ".join(PROTOCOLS), kind="text", choices=PROTOCOLS,
+                                example='"anthropic"')
+    base_url: str | None = _key(None, kind="text", example='"http://..."')
+    models: tuple[str, ...] = _key((), 'or model = "sim-7b"; requests pick uniformly (`run --model` repeated '
+                                   "replaces it)", example='["sim-7b"]')
+    model_sizes: dict[str, float] = _key(help="billions of parameters, for ids that do not name their size\n"
+                                         "(`sim-30b`, `70b`, `270m`, `8x7b` are read from the id)", factory=dict,
+                                         example='{ "my-model" = 30 }')
+    first_token_timeout_s: float = _key(120.0, kind="number", above=0)
+    idle_timeout_s: float = _key(60.0, kind="number", above=0)
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx) -> ChannelSection:
         w = "[channel]"
-        d = ctx.table(data, w, ("protocol", "base_url", "model", "models", "first_token_timeout_s", "idle_timeout_s",
-                                "model_sizes"))
+        d = ctx.table(data, w, (*key_names(cls), "model"))
         if "model" in d and "models" in d:
             raise ctx.fail(f"{w} model", "give either model or models, not both")
         models: Any = [d["model"]] if "model" in d else d.get("models", [])
@@ -301,42 +299,47 @@ class ChannelSection:
         sizes = d.get("model_sizes", {})
         if not isinstance(sizes, dict):
             raise ctx.fail(f"{w} model_sizes", f"expected a table of model id = billions of parameters, got {_show(sizes)}")
-        return cls(
-            protocol=ctx.text(d, "protocol", w, choices=PROTOCOLS),
-            base_url=ctx.text(d, "base_url", w),
-            models=tuple(models),
-            first_token_timeout_s=ctx.number(d, "first_token_timeout_s", w, 120.0, above=0),
-            idle_timeout_s=ctx.number(d, "idle_timeout_s", w, 60.0, above=0),
-            model_sizes={str(m): float(ctx.number(sizes, m, f"{w} model_sizes", above=0)) for m in sizes},
-        )
+        return cls(**ctx.read(cls, d, w), models=tuple(models),
+                   model_sizes={str(m): float(ctx.number(sizes, m, f"{w} model_sizes", above=0)) for m in sizes})
 
 
 @dataclass(frozen=True)
 class PromptSection:
-    tokens: Distribution | None = None
-    dataset: str | None = None
-    shared_prefix_tokens: int = 0
-    calibrate: bool = True
-    order: str = "sequential"
+    TABLE: ClassVar[str] = "prompt"
+
+    tokens: Distribution | None = _key(help="fixed; [128, 512] sweeps round-robin; or a table:\n"
+                                       '{dist="uniform", min, max} | {dist="normal", mean, std, min?, max?}\n'
+                                       '| {dist="lognormal", median, sigma, min?, max?}',
+                                       example=str(DEFAULT_PROMPT_TOKENS))
+    dataset: str | None = _key(None, "instead of tokens: one request per row, format told by the row:\n"
+                               'JSONL {"prompt"} | {"messages", "system"?} (OpenAI chat, Anthropic)\n'
+                               '| ShareGPT {"conversations": [{"from", "value"}]} (JSON array or JSONL);\n'
+                               "a row's max_tokens / output_tokens (or trailing reply) sets its output",
+                               kind="text", example='"prompts.jsonl"')
+    order: str = _key("sequential", 'dataset rows in file order, or "shuffle" (seeded)', kind="text",
+                      choices=DATASET_ORDERS)
+    shared_prefix_tokens: int = _key(0, "a prefix common to every request (prompt-cache hits); 0 = all unique",
+                                     kind="integer", minimum=0)
+    calibrate: bool = _key(True, "scale synthetic prompts by the server's reported input tokens", kind="flag")
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx, base_dir: Path, session: bool = False) -> PromptSection:
         """With a [session], messages come from there: only `calibrate` applies."""
         w = "[prompt]"
-        d = ctx.table(data, w, ("tokens", "dataset", "shared_prefix_tokens", "calibrate", "order"))
-        order = ctx.text(d, "order", w, "sequential", choices=DATASET_ORDERS) or "sequential"
-        if order != "sequential" and "dataset" not in d:
+        d = ctx.table(data, w, key_names(cls))
+        read = ctx.read(cls, d, w)
+        if read["order"] != "sequential" and "dataset" not in d:
             raise ctx.fail(f"{w} order", "only applies to a dataset")
         if session:
             clash = [k for k in ("tokens", "dataset") if k in d] + (["shared_prefix_tokens"] if d.get("shared_prefix_tokens") else [])
             if clash:
                 raise ctx.fail(f"{w} {clash[0]}", "a [session] scenario draws its messages from [session] "
                                "user_tokens and system_tokens; remove this key")
-            return cls(None, None, 0, ctx.flag(d, "calibrate", w, True))
+            return cls(calibrate=read["calibrate"])
         if "tokens" in d and "dataset" in d:
             raise ctx.fail(f"{w} dataset", "give either tokens or dataset, not both")
-        shared = ctx.number(d, "shared_prefix_tokens", w, 0, integer=True, minimum=0)
-        dataset = ctx.text(d, "dataset", w)
+        shared = read["shared_prefix_tokens"]
+        dataset = read.get("dataset")
         tokens = None
         if dataset is not None:
             path = (base_dir / dataset).resolve()
@@ -347,51 +350,58 @@ class PromptSection:
             dataset = str(path)
             load_dataset(dataset)  # every row checked now, before any load starts
         else:
-            tokens = Distribution.parse(d.get("tokens", 256), f"{w} tokens", ctx, floor=max(1, shared))
-        return cls(tokens, dataset, shared, ctx.flag(d, "calibrate", w, True), order)
+            tokens = Distribution.parse(d.get("tokens", DEFAULT_PROMPT_TOKENS), f"{w} tokens", ctx, floor=max(1, shared))
+        return cls(**{**read, "tokens": tokens, "dataset": dataset})
 
 
 @dataclass(frozen=True)
 class SessionSection:
     """Coding-assistant traffic: each user holds a conversation whose context grows turn by turn."""
 
-    turns: Distribution = field(default_factory=lambda: Distribution("fixed", {"value": 3}))
-    user_tokens: Distribution = field(default_factory=lambda: Distribution("fixed", {"value": 200}))
-    system_tokens: int = 0
-    think_time_s: float = 0.0
-    cache_control: bool = False
+    TABLE: ClassVar[str] = "session"
+    HELP: ClassVar[str] = "multi-turn conversations instead of independent prompts"
+
+    turns: Distribution = _key(help="turns per conversation (same forms as prompt.tokens)",
+                               factory=lambda: Distribution("fixed", {"value": 3}))
+    user_tokens: Distribution = _key(help="length of each new user message (same forms)",
+                                     factory=lambda: Distribution("fixed", {"value": 200}))
+    system_tokens: int = _key(0, "system prompt shared by every user and session; 0 = none", kind="integer",
+                              minimum=0)
+    think_time_s: float = _key(0.0, "pause between a conversation's turns", kind="number", minimum=0)
+    cache_control: bool = _key(False, "Anthropic: prompt-cache breakpoints on the system prompt and the newest "
+                               "message", kind="flag")
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx) -> SessionSection:
         w = "[session]"
-        d = ctx.table(data, w, tuple(f.name for f in dataclasses.fields(cls)))
-        return cls(
-            turns=Distribution.parse(d.get("turns", 3), f"{w} turns", ctx),
-            user_tokens=Distribution.parse(d.get("user_tokens", 200), f"{w} user_tokens", ctx),
-            system_tokens=ctx.number(d, "system_tokens", w, 0, integer=True, minimum=0),
-            think_time_s=ctx.number(d, "think_time_s", w, 0.0, minimum=0),
-            cache_control=ctx.flag(d, "cache_control", w, False),
-        )
+        d = ctx.table(data, w, key_names(cls))
+        lengths: dict[str, Any] = {k: Distribution.parse(d[k], f"{w} {k}", ctx) for k in ("turns", "user_tokens")
+                                   if k in d}
+        return cls(**ctx.read(cls, d, w), **lengths)
 
 
 @dataclass(frozen=True)
 class OutputSection:
-    max_tokens: Distribution = field(default_factory=lambda: Distribution("fixed", {"value": 128}))
-    ignore_eos: bool = False
-    min_tokens: int = 0
+    TABLE: ClassVar[str] = "output"
+
+    max_tokens: Distribution = _key(help="same forms as prompt.tokens",
+                                    factory=lambda: Distribution("fixed", {"value": 128}))
+    ignore_eos: bool = _key(False, 'sent as "ignore_eos": true (vLLM/SGLang extension)', kind="flag")
+    min_tokens: int = _key(0, 'sent as "min_tokens" when > 0', kind="integer", minimum=0)
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx) -> OutputSection:
         w = "[output]"
-        d = ctx.table(data, w, ("max_tokens", "ignore_eos", "min_tokens"))
-        max_tokens = Distribution.parse(d.get("max_tokens", 128), f"{w} max_tokens", ctx)
-        min_tokens = ctx.number(d, "min_tokens", w, 0, integer=True, minimum=0)
+        d = ctx.table(data, w, key_names(cls))
+        read = ctx.read(cls, d, w)
+        max_tokens = Distribution.parse(d["max_tokens"], f"{w} max_tokens", ctx) if "max_tokens" in d else cls().max_tokens
+        min_tokens = read["min_tokens"]
         lowest = max_tokens.params.get("value", max_tokens.params.get("min"))
         if max_tokens.dist == "sweep":
             lowest = min(max_tokens.params["values"])
         if min_tokens and lowest is not None and min_tokens > lowest:
             raise ctx.fail(f"{w} min_tokens", f"{min_tokens} is above the smallest max_tokens ({lowest})")
-        return cls(max_tokens, ctx.flag(d, "ignore_eos", w, False), min_tokens)
+        return cls(**read, max_tokens=max_tokens)
 
     def extra_body(self) -> dict[str, Any]:
         """Body fields beyond the protocol's own (vLLM/SGLang extensions)."""
@@ -410,17 +420,25 @@ DESIGN_KINDS = ("factorial", "latin")
 class DesignSection:
     """`[design]`: the factors crossed instead of swept in lockstep (`tokenload.workload.design` draws the cells)."""
 
-    kind: str = "factorial"
-    points: int = 0
+    TABLE: ClassVar[str] = "design"
+    HELP: ClassVar[str] = ("vary prompt length, output length and model independently (sweeps otherwise\n"
+                           "advance in lockstep): the levels are [prompt] tokens, [output] max_tokens\n"
+                           "(lists or one value) and the channel's models; every [load] step runs it all")
+
+    kind: str = _key("factorial", "factorial: every combination; latin: a Latin hypercube of `points`\n"
+                     "combinations (each level of each factor equally often)", kind="text", choices=DESIGN_KINDS)
+    points: int = _key(0, "latin: combinations per block; 0 = the largest number of levels\n"
+                       "each user sends a block's cells in its own seeded random order, then the next",
+                       kind="integer", minimum=0)
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx) -> DesignSection:
         w = "[design]"
-        d = ctx.table(data, w, ("kind", "points"))
-        kind = ctx.text(d, "kind", w, "factorial", choices=DESIGN_KINDS) or "factorial"
-        if d.get("points") and kind != "latin":
+        d = ctx.table(data, w, key_names(cls))
+        read = ctx.read(cls, d, w)
+        if d.get("points") and read["kind"] != "latin":
             raise ctx.fail(f"{w} points", 'only applies to kind = "latin"')
-        return cls(kind, ctx.number(d, "points", w, 0, integer=True, minimum=0))
+        return cls(**read)
 
     @staticmethod
     def check(ctx: _Ctx, prompt: PromptSection, output: OutputSection, models: tuple[str, ...]) -> None:
@@ -438,7 +456,8 @@ class DesignSection:
                            "levels, or several [channel] models")
 
 
-SEARCH_KEYS = ("over", "min", "max", "resolution", "max_probe_s", "probe_warmup_s", "confirm", "max_probes")
+RATE_MAX, RATE_RESOLUTION = 100.0, 0.1  # a search over rate: the highest rate probed and the boundary's closeness
+RATE_POOL = 256  # a search over rate: its users (`max_users`)
 # Probes beyond the plan a search may need: a second trial that disagrees sends it one level down, and again.
 PROBE_SLACK = 2
 # Over users, a served-concurrency hint that missed (`Search._hinted`): two levels, each with its second trial.
@@ -462,34 +481,37 @@ def default_max_probes(over: str, low: float, high: float, resolution: float) ->
 class SearchSpec:
     """`[load] kind = "search"`: where to look for the highest level that meets the SLO, and how hard."""
 
-    over: str = "users"
-    min_level: float = 1.0
-    max_level: float = 256.0
-    resolution: float = 1.0
-    max_probe_s: float = 60.0
-    probe_warmup_s: float = 2.0
-    confirm: bool = True
-    max_probes: int = 29  # parse derives it from the range (`default_max_probes`)
+    # The defaults of `min`, `max` and `resolution` are the users' (a search over rate: RATE_MAX, RATE_RESOLUTION).
+    over: str = _key("users", "search: users (closed loop) or rate (open loop, requests/s; max_users pool)",
+                     kind="text", choices=SEARCH_OVER)
+    min_level: float = _key(1.0, "search: the lowest level probed (users or requests/s)", toml="min")
+    max_level: float = _key(256.0, "search: the highest level probed", toml="max")
+    resolution: float = _key(1.0, "search: stop when the boundary is this close (users: 1; rate: 0.1 = 10%)")
+    max_probe_s: float = _key(60.0, 'search: a probe undecided after this long says "undecided"', kind="number",
+                              above=0)
+    probe_warmup_s: float = _key(2.0, "search: requests sent in each probe's first S seconds are warm-up (at a\n"
+                                 "step up, only those sent before the level is whole: each new user's first;\n"
+                                 "after a step down, users wait until the higher level's backlog is below it)",
+                                 kind="number", minimum=0)
+    confirm: bool = _key(True, "search: hold the last passing level again; it must pass twice (at 95%)", kind="flag")
+    max_probes: int = _key(29, "search: at most this many probes (default: what the range needs, see docs)")
 
     @classmethod
     def parse(cls, d: dict[str, Any], ctx: _Ctx) -> SearchSpec:
         w = "[load]"
-        over = ctx.text(d, "over", w, "users", choices=SEARCH_OVER) or "users"
+        read = ctx.read(cls, d, w)
+        over = read["over"]
         users = over == "users"
-        low = ctx.number(d, "min", w, 1, integer=users, above=0)
-        high = ctx.number(d, "max", w, 256 if users else 100.0, integer=users, above=0)
+        low = ctx.number(d, "min", w, int(cls.min_level) if users else cls.min_level, integer=users, above=0)
+        high = ctx.number(d, "max", w, int(cls.max_level) if users else RATE_MAX, integer=users, above=0)
         if high < low:
             raise ctx.fail(f"{w} max", f"must be at least min ({low:g}), got {high:g}")
-        resolution = ctx.number(d, "resolution", w, 1 if users else 0.1, integer=users, above=0)
-        max_probe_s = ctx.number(d, "max_probe_s", w, 60.0, above=0)
-        warmup = ctx.number(d, "probe_warmup_s", w, 2.0, minimum=0)
-        if warmup >= max_probe_s:
-            raise ctx.fail(f"{w} probe_warmup_s", f"must be shorter than max_probe_s ({max_probe_s:g}), got {warmup:g}")
-        confirm = d.get("confirm", True)
-        if not isinstance(confirm, bool):
-            raise ctx.fail(f"{w} confirm", f"expected true or false, got {_show(confirm)}")
-        return cls(over=over, min_level=float(low), max_level=float(high), resolution=float(resolution),
-                   max_probe_s=max_probe_s, probe_warmup_s=warmup, confirm=confirm,
+        resolution = ctx.number(d, "resolution", w, int(cls.resolution) if users else RATE_RESOLUTION,
+                                integer=users, above=0)
+        if read["probe_warmup_s"] >= read["max_probe_s"]:
+            raise ctx.fail(f"{w} probe_warmup_s", f"must be shorter than max_probe_s ({read['max_probe_s']:g}), "
+                           f"got {read['probe_warmup_s']:g}")
+        return cls(**read, min_level=float(low), max_level=float(high), resolution=float(resolution),
                    max_probes=ctx.number(d, "max_probes", w, default_max_probes(over, low, high, resolution),
                                          integer=True, minimum=1))
 
@@ -503,28 +525,46 @@ class SearchSpec:
 
 @dataclass(frozen=True)
 class LoadSection:
-    kind: str = "steps"
-    users: tuple[int, ...] = (1,)
-    step_s: float = 10.0
-    spawn_rate: float = 100.0
-    think_time_s: float = 0.0
-    rate: tuple[float, ...] = ()
-    max_users: int = 0
-    arrival: str = "poisson"
-    burstiness: float = 1.0
-    ramp: str = "none"
-    trace: str | None = None
-    speed: float = 1.0
-    time_unit: str = "s"
-    warmup_requests: int = 0
-    max_rps: float = 0.0
-    max_tokens_per_min: float = 0.0
-    retry: int = 0
-    min_requests: int = 0
-    max_step_s: float = 0.0
-    step_warmup_s: float = 0.0
-    warmup_s: float = 0.0
-    search: SearchSpec | None = None
+    TABLE: ClassVar[str] = "load"
+
+    kind: str = _key("steps", " | ".join(LOAD_KINDS), kind="text", choices=LOAD_KINDS)
+    warmup_requests: int = _key(0, 'any kind: each load process\'s first N requests are warm-up (phase = "warmup"\n'
+                                "in the records, left out of the analysis)", kind="integer", minimum=0)
+    warmup_s: float = _key(0.0, "any kind: requests sent in the run's first S seconds are warm-up (the same)",
+                           kind="number", minimum=0)
+    users: tuple[int, ...] = _key((1, 2, 4, 8), "steps: list, or {start=1, factor=2, max=64}; constant: one number "
+                                  "(default 1)")
+    step_s: float = _key(10.0, "steps/poisson: hold time of each level; constant: duration", kind="number", above=0)
+    spawn_rate: float = _key(100.0, "users started per second", kind="number", above=0)
+    think_time_s: float = _key(0.0, "closed loop: pause between a user's requests", kind="number", minimum=0)
+    rate: tuple[float, ...] = _key((), "poisson: requests/s, or a list of rates stepped every step_s", example="5.0")
+    max_users: int = _key(64, "poisson, trace: user pool that sends the scheduled requests (search: see docs)")
+    arrival: str = _key("poisson", "poisson | constant (evenly spaced) | gamma (bursty, as vLLM's --burstiness)",
+                        kind="text", choices=ARRIVALS)
+    burstiness: float = _key(1.0, "gamma: shape factor; 1 = Poisson, < 1 burstier, > 1 more even (CV = 1/sqrt(b))",
+                             kind="number", above=0)
+    ramp: str = _key("none", "poisson: none | linear | exponential rise of the rate within each step, from\n"
+                     "the previous step's rate (the first step from a tenth of its own)", kind="text", choices=RAMPS)
+    trace: str | None = _key(None, "trace: JSONL or CSV rows with a timestamp (or interval_s) and input and\n"
+                             "output token counts (BurstGPT, Mooncake columns understood)", example='"trace.jsonl"')
+    speed: float = _key(1.0, "trace: replay this many times faster (2 = each request at half its offset)",
+                        kind="number", above=0)
+    time_unit: str = _key("s", "trace: unit of the timestamps, s or ms (intervals are always seconds)", kind="text",
+                          choices=tuple(TIME_UNITS))
+    max_rps: float = _key(0.0, "any kind: our own cap on requests/s across all workers; 0 = none", kind="number",
+                          minimum=0)
+    max_tokens_per_min: float = _key(0.0, "any kind: cap on tokens/min sent (prompt estimate + max_tokens); 0 = none",
+                                     kind="number", minimum=0)
+    retry: int = _key(0, "any kind: retries of a request the channel pushed back (429/529/503),\n"
+                      "each after its back-off and recorded as a new request with retry_of; 0 = none",
+                      kind="integer", minimum=0)
+    min_requests: int = _key(0, "steps/constant: hold a step past step_s until N requests finished; 0 = off",
+                             kind="integer", minimum=0)
+    max_step_s: float = _key(0.0, "steps/constant: longest a step is held for min_requests; 0 = 4 x step_s",
+                             kind="number", minimum=0)
+    step_warmup_s: float = _key(0.0, "analysis leaves requests started in each step's first S seconds out",
+                                kind="number", minimum=0)
+    search: SearchSpec | None = _key(None, inline=SearchSpec)
 
     @property
     def open_loop(self) -> bool:
@@ -542,42 +582,29 @@ class LoadSection:
         if data is None:
             raise ctx.fail(w, "missing; every scenario needs a [load] section")
         evidence = ("min_requests", "max_step_s")
-        d = ctx.table(data, w, ("kind", "users", "step_s", "spawn_rate", "think_time_s", "rate", "max_users", "arrival",
-                                "burstiness", "ramp", "trace", "speed", "time_unit", *evidence, *SEARCH_KEYS,
-                                *_ANY_KIND))
-        kind = ctx.text(d, "kind", w, "steps", choices=LOAD_KINDS)
+        search_keys = key_names(SearchSpec)
+        d = ctx.table(data, w, key_names(cls))
+        kind = ctx.text(d, "kind", w, cls.kind, choices=LOAD_KINDS)
         assert kind is not None
         allowed = {
             "steps": {"users", "step_s", "spawn_rate", "think_time_s", *evidence},
             "constant": {"users", "step_s", "spawn_rate", "think_time_s", *evidence},
             "poisson": {"rate", "step_s", "spawn_rate", "max_users", "arrival", "burstiness", "ramp"},
             "trace": {"trace", "speed", "time_unit", "spawn_rate", "max_users"},
-            "search": {"spawn_rate", "think_time_s", "max_users", "arrival", *SEARCH_KEYS},
+            "search": {"spawn_rate", "think_time_s", "max_users", "arrival", *search_keys},
         }[kind]
         extra = sorted(set(d) - allowed - {"kind", *_ANY_KIND})
         if extra:
             raise ctx.fail(f"{w} {extra[0]}", f"not used by kind = {kind!r}; its keys: {', '.join(sorted(allowed))}")
-        common = dict(
-            kind=kind,
-            step_s=ctx.number(d, "step_s", w, 10.0, above=0),
-            spawn_rate=ctx.number(d, "spawn_rate", w, 100.0, above=0),
-            max_rps=ctx.number(d, "max_rps", w, 0.0, minimum=0),
-            max_tokens_per_min=ctx.number(d, "max_tokens_per_min", w, 0.0, minimum=0),
-            retry=ctx.number(d, "retry", w, 0, integer=True, minimum=0),
-            step_warmup_s=ctx.number(d, "step_warmup_s", w, 0.0, minimum=0),
-            warmup_s=ctx.number(d, "warmup_s", w, 0.0, minimum=0),
-            warmup_requests=ctx.number(d, "warmup_requests", w, 0, integer=True, minimum=0),
-        )
-        if common["step_warmup_s"] >= common["step_s"]:
-            raise ctx.fail(f"{w} step_warmup_s", f"must be shorter than step_s ({common['step_s']:g}), "
-                                                 f"got {common['step_warmup_s']:g}")
+        read = ctx.read(cls, d, w)
+        if read["step_warmup_s"] >= read["step_s"]:
+            raise ctx.fail(f"{w} step_warmup_s", f"must be shorter than step_s ({read['step_s']:g}), "
+                                                 f"got {read['step_warmup_s']:g}")
         if kind == "search":
             search = SearchSpec.parse(d, ctx)
-            return cls(**{**common, "step_s": search.max_probe_s}, search=search,
-                       think_time_s=ctx.number(d, "think_time_s", w, 0.0, minimum=0),
+            return cls(**{**read, "step_s": search.max_probe_s}, search=search,
                        max_users=ctx.number(d, "max_users", w, math.ceil(search.max_level) if search.over == "users"
-                                            else 256, integer=True, minimum=1),
-                       arrival=ctx.text(d, "arrival", w, "poisson", choices=ARRIVALS) or "poisson")
+                                            else RATE_POOL, integer=True, minimum=1))
         if kind == "trace":
             trace = ctx.text(d, "trace", w)
             if trace is None:
@@ -585,35 +612,28 @@ class LoadSection:
             path = (base_dir / trace).resolve()
             if not path.is_file():
                 raise ctx.fail(f"{w} trace", f"file {path} does not exist")
-            speed = ctx.number(d, "speed", w, 1.0, above=0)
-            unit = ctx.text(d, "time_unit", w, "s", choices=tuple(TIME_UNITS)) or "s"
-            rows = load_trace(str(path), unit)  # every row checked now, before any load starts
-            span = trace_span_s(rows, speed)
-            return cls(**{**common, "step_s": span}, rate=(len(rows) / span,), trace=str(path), speed=speed,
-                       time_unit=unit, max_users=ctx.number(d, "max_users", w, 64, integer=True, minimum=1))
+            rows = load_trace(str(path), read["time_unit"])  # every row checked now, before any load starts
+            span = trace_span_s(rows, read["speed"])
+            return cls(**{**read, "step_s": span}, rate=(len(rows) / span,), trace=str(path),
+                       max_users=ctx.number(d, "max_users", w, cls.max_users, integer=True, minimum=1))
         if kind == "poisson":
             rate = d.get("rate")
             rates: list[Any] = rate if isinstance(rate, list) else [rate]
             if rate is None or not rates or any(isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0 for r in rates):
                 raise ctx.fail(f"{w} rate", f"expected requests/s > 0 or a list of them, got {_show(rate)}")
-            arrival = ctx.text(d, "arrival", w, "poisson", choices=ARRIVALS) or "poisson"
-            if "burstiness" in d and arrival != "gamma":
+            if "burstiness" in d and read["arrival"] != "gamma":
                 raise ctx.fail(f"{w} burstiness", 'only applies to arrival = "gamma"')
-            return cls(**common, rate=tuple(float(r) for r in rates),
-                       max_users=ctx.number(d, "max_users", w, 64, integer=True, minimum=1), arrival=arrival,
-                       burstiness=ctx.number(d, "burstiness", w, 1.0, above=0),
-                       ramp=ctx.text(d, "ramp", w, "none", choices=RAMPS) or "none")
-        think = ctx.number(d, "think_time_s", w, 0.0, minimum=0)
+            return cls(**read, rate=tuple(float(r) for r in rates),
+                       max_users=ctx.number(d, "max_users", w, cls.max_users, integer=True, minimum=1))
         users: tuple[int, ...]
         if kind == "constant":
-            users = (ctx.number(d, "users", w, 1, integer=True, minimum=1),)
+            users = (ctx.number(d, "users", w, cls.users[0], integer=True, minimum=1),)
         else:
-            users = _user_ladder(d.get("users", [1, 2, 4, 8]), f"{w} users", ctx)
-        max_step = ctx.number(d, "max_step_s", w, 0.0, minimum=0)
-        if max_step and max_step < common["step_s"]:
-            raise ctx.fail(f"{w} max_step_s", f"must be at least step_s ({common['step_s']:g}) or 0, got {max_step:g}")
-        return cls(**common, users=users, think_time_s=think, max_step_s=max_step,
-                   min_requests=ctx.number(d, "min_requests", w, 0, integer=True, minimum=0))
+            users = _user_ladder(d.get("users", list(cls.users)), f"{w} users", ctx)
+        if read["max_step_s"] and read["max_step_s"] < read["step_s"]:
+            raise ctx.fail(f"{w} max_step_s", f"must be at least step_s ({read['step_s']:g}) or 0, "
+                           f"got {read['max_step_s']:g}")
+        return cls(**read, users=users)
 
     def to_dict(self) -> dict[str, Any]:
         """Only the keys this kind uses, so the dict parses back to the same section."""
@@ -666,40 +686,41 @@ def _user_ladder(value: Any, where: str, ctx: _Ctx) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class StopSection:
-    duration_s: float = 0.0
-    max_requests: int = 0
-    max_tokens: int = 0
-    drain_s: float | None = None  # None: derived when the plan ends (`drain.derive`)
-    drain_min_s: float = 30.0
-    breakpoint_error_rate: float = 0.0
-    breakpoint_ttft_p95_s: float = 0.0
-    config_errors: int = 5
-    storm_error_rate: float = 0.8
-    storm_s: float = 10.0
-    storm_probes: int = 3
+    TABLE: ClassVar[str] = "stop"
+
+    duration_s: float = _key(0.0, "cap on the whole run; 0 = the load plan's length", kind="number", minimum=0)
+    max_requests: int = _key(0, "0 = unlimited", kind="integer", minimum=0)
+    max_tokens: int = _key(0, "token budget (input + output, all workers); 0 = unlimited", kind="integer", minimum=0)
+    drain_s: float | None = _key(None, "a hard drain: at the end, in-flight streams get this long to finish;\n"
+                                 "unset = derived when the plan ends: 2 x the longest e2e/TTFT of the last\n"
+                                 "step or the run's p99 e2e, at least drain_min_s, at most 600 s",
+                                 kind="number", minimum=0, example="20")
+    drain_min_s: float = _key(30.0, "the floor of the derived drain (and the drain of a Ctrl-C)", kind="number",
+                              minimum=0)
+    breakpoint_error_rate: float = _key(0.0, "stop after a whole step above this error rate; 0 = off",
+                                        kind="number", minimum=0)
+    breakpoint_ttft_p95_s: float = _key(0.0, "stop after a whole step above this TTFT p95; 0 = off", kind="number",
+                                        minimum=0)
+    config_errors: int = _key(5, "stop after this many configuration errors in a row (auth, unknown model,\n"
+                              "wrong base URL; counted across workers), with doctor's fix; 0 = off",
+                              kind="integer", minimum=0)
+    storm_error_rate: float = _key(0.8, "error-storm breaker (0 = off): more than this share of load errors\n"
+                                   "(429, 5xx, timeouts, ...) for storm_s seconds pauses every user",
+                                   kind="number", minimum=0)
+    storm_s: float = _key(10.0, "the storm's window, and the wait between the breaker's probe requests",
+                          kind="number", above=0)
+    storm_probes: int = _key(3, "failed probes after which the breaker stops the run (a probe that succeeds\n"
+                             "resumes it)", kind="integer", minimum=1)
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx) -> StopSection:
         w = "[stop]"
-        d = ctx.table(data, w, tuple(f.name for f in dataclasses.fields(cls)))
-        error_rate = ctx.number(d, "breakpoint_error_rate", w, 0.0, minimum=0)
-        storm_rate = ctx.number(d, "storm_error_rate", w, 0.8, minimum=0)
-        for key, value in (("breakpoint_error_rate", error_rate), ("storm_error_rate", storm_rate)):
-            if value > 1:
-                raise ctx.fail(f"{w} {key}", f"is a fraction between 0 and 1, got {value}")
-        return cls(
-            duration_s=ctx.number(d, "duration_s", w, 0.0, minimum=0),
-            max_requests=ctx.number(d, "max_requests", w, 0, integer=True, minimum=0),
-            max_tokens=ctx.number(d, "max_tokens", w, 0, integer=True, minimum=0),
-            drain_s=ctx.number(d, "drain_s", w, minimum=0) if "drain_s" in d else None,
-            drain_min_s=ctx.number(d, "drain_min_s", w, 30.0, minimum=0),
-            breakpoint_error_rate=error_rate,
-            breakpoint_ttft_p95_s=ctx.number(d, "breakpoint_ttft_p95_s", w, 0.0, minimum=0),
-            config_errors=ctx.number(d, "config_errors", w, 5, integer=True, minimum=0),
-            storm_error_rate=storm_rate,
-            storm_s=ctx.number(d, "storm_s", w, 10.0, above=0),
-            storm_probes=ctx.number(d, "storm_probes", w, 3, integer=True, minimum=1),
-        )
+        d = ctx.table(data, w, key_names(cls))
+        read = ctx.read(cls, d, w)
+        for key in ("breakpoint_error_rate", "storm_error_rate"):
+            if read[key] > 1:
+                raise ctx.fail(f"{w} {key}", f"is a fraction between 0 and 1, got {read[key]}")
+        return cls(**read)
 
 
 def parse_slo(data: Any, ctx: _Ctx) -> Slo:
@@ -723,36 +744,41 @@ class Check:
     run once decided breached."""
 
     expr: str
-    abort_on_fail: bool = False
+    abort_on_fail: bool = _key(False, kind="flag")
 
 
 @dataclass(frozen=True)
 class ThresholdsSection:
     """`[thresholds]`: the gates judged at the end of the run (and by analyze), checked before it starts."""
 
-    checks: tuple[Check, ...] = ()
-    inconclusive: str = "pass"
+    TABLE: ClassVar[str] = "thresholds"
+    HELP: ClassVar[str] = ("CI gates over summary.json's numbers, judged at the end (docs/ci.md): run,\n"
+                           "analyze and compare exit 99 when one is breached; --threshold adds more")
+
+    checks: tuple[Check, ...] = _key((), 'NAME OP BOUND; or { expr = "...", abort_on_fail = true }:\n'
+                                     "stop the run once the live statistics decide it is breached",
+                                     example='["ttft.p95 < 1.2", "error_rate < 0.01"]')
+    inconclusive: str = _key("pass", "an interval straddling the bound: pass (not breached) or fail", kind="text",
+                             choices=INCONCLUSIVE_CHOICES)
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx) -> ThresholdsSection:
         w = "[thresholds]"
-        d = ctx.table(data, w, ("checks", "inconclusive"))
+        d = ctx.table(data, w, key_names(cls))
         items = d.get("checks", [])
         if not isinstance(items, list):
             raise ctx.fail(f"{w} checks", f"expected a list of expressions, got {_show(items)}")
         checks = []
         for item in items:
-            entry = ctx.table({"expr": item} if isinstance(item, str) else item, f"{w} checks",
-                              ("expr", "abort_on_fail"))
-            check = Check(expr=ctx.text(entry, "expr", f"{w} checks") or "",
-                          abort_on_fail=ctx.flag(entry, "abort_on_fail", f"{w} checks", False))
+            where = f"{w} checks"
+            entry = ctx.table({"expr": item} if isinstance(item, str) else item, where, ("expr", *key_names(Check)))
+            check = Check(expr=ctx.text(entry, "expr", where) or "", **ctx.read(Check, entry, where))
             try:
                 parse_threshold(check.expr, abort_on_fail=check.abort_on_fail)
             except ConfigError as exc:
-                raise ctx.fail(f"{w} checks", str(exc)) from None
+                raise ctx.fail(where, str(exc)) from None
             checks.append(check)
-        return cls(checks=tuple(checks),
-                   inconclusive=ctx.text(d, "inconclusive", w, "pass", choices=INCONCLUSIVE_CHOICES) or "pass")
+        return cls(**ctx.read(cls, d, w), checks=tuple(checks))
 
     def with_exprs(self, exprs: list[str]) -> ThresholdsSection:
         """`tokenload run --threshold EXPR ...`: these checks besides the scenario's (validated alike)."""
@@ -765,21 +791,23 @@ class ThresholdsSection:
 class ServerSection:
     """`[server]`: where the inference server publishes Prometheus metrics (see docs/server-metrics.md)."""
 
-    metrics_url: tuple[str, ...] = ()
-    interval_s: float = 1.0
-    discover: bool = True
+    TABLE: ClassVar[str] = "server"
+    HELP: ClassVar[str] = "the inference server's own Prometheus metrics, sampled during the run"
+
+    metrics_url: tuple[str, ...] = _key((), "default: <base URL's origin>/metrics when it answers",
+                                        example='["http://gpu-host:8000/metrics"]')
+    interval_s: float = _key(1.0, "seconds between scrapes", kind="number", minimum=0.1)
+    discover: bool = _key(True, "false: without metrics_url, do not try <origin>/metrics", kind="flag")
 
     @classmethod
     def parse(cls, data: Any, ctx: _Ctx) -> ServerSection:
         w = "[server]"
-        d = ctx.table(data, w, tuple(f.name for f in dataclasses.fields(cls)))
+        d = ctx.table(data, w, key_names(cls))
         urls: Any = d.get("metrics_url", [])
         urls = [urls] if isinstance(urls, str) else urls
         if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
             raise ctx.fail(f"{w} metrics_url", f"expected a list of URLs, got {_show(urls)}")
-        return cls(metrics_url=tuple(cls.url(u, ctx, f"{w} metrics_url") for u in urls),
-                   interval_s=ctx.number(d, "interval_s", w, 1.0, minimum=0.1),
-                   discover=ctx.flag(d, "discover", w, True))
+        return cls(**ctx.read(cls, d, w), metrics_url=tuple(cls.url(u, ctx, f"{w} metrics_url") for u in urls))
 
     @staticmethod
     def url(value: str, ctx: _Ctx, where: str) -> str:
@@ -793,10 +821,10 @@ class ServerSection:
 class Scenario:
     """A validated scenario; immutable, JSON round-trippable via `to_dict` / `from_dict`."""
 
-    name: str
+    name: str = field(metadata={"key": Key("default: file stem", example='"demo"')})
     load: LoadSection
-    description: str = ""
-    seed: int = 0
+    description: str = _key("", example='"..."')
+    seed: int = _key(0, "prompt texts, lengths and arrivals are reproducible", kind="integer")
     channel: ChannelSection = field(default_factory=ChannelSection)
     prompt: PromptSection = field(default_factory=PromptSection)
     output: OutputSection = field(default_factory=OutputSection)
@@ -824,11 +852,11 @@ class Scenario:
         if design is not None:
             DesignSection.check(ctx, prompt, output, channel.models)
         return cls(
+            **ctx.read(cls, d, "top level"),
             session=session,
             design=design,
             name=ctx.text(d, "name", "top level", default_name) or default_name,
             description=(ctx.text(d, "description", "top level") or "") if d.get("description") else "",
-            seed=ctx.number(d, "seed", "top level", 0, integer=True),
             channel=channel,
             prompt=prompt,
             output=output,
@@ -881,6 +909,12 @@ class Scenario:
                 raise ConfigError(f"--duration must be greater than 0 seconds, got {duration_s:g}")
             scenario = dataclasses.replace(scenario, stop=dataclasses.replace(scenario.stop, duration_s=duration_s))
         return scenario
+
+
+SCHEMA_HELP = "Schema (all sections optional except `[load]`):\n\n" + "\n\n".join(
+    "\n".join(f"    {line}" for line in schema_lines(section))
+    for section in (Scenario, ChannelSection, PromptSection, SessionSection, OutputSection, DesignSection,
+                    LoadSection, StopSection, ThresholdsSection, ServerSection)) + "\n"
 
 
 def packaged(name: str) -> Path:
