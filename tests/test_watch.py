@@ -138,6 +138,21 @@ def test_a_down_channel_is_recorded_as_errors_and_watching_goes_on(tmp_path: Pat
     assert len(frame) == 3 and set(frame["error_kind"]) == {"bad_base_url"}  # one request per failing sample
 
 
+def test_a_channel_that_answered_and_then_refuses_went_down_it_is_not_a_wrong_address(tmp_path: Path) -> None:
+    """The same watcher, and a restarted one reading the store, call a refusal after answers `connection_refused`
+    (the channel went down), while a channel that never answered stays `bad_base_url` (the test above)."""
+    with closing(open_store(tmp_path / "h.db")) as store:
+        with serve_in_thread("fast") as sim:
+            channel = Channel(base_url=sim.base_url, model="sim-7b")
+            watcher = Watcher(store, channel, WatchPlan(every_s=0.01))
+            assert watcher.run(max_samples=1) == 1
+        assert watcher.run(max_samples=1) == 1  # the simulator is gone: its port refuses
+        assert Watcher(store, channel, WatchPlan(every_s=0.01)).run(max_samples=1) == 1
+        frame = store.query()
+    assert list(frame["status"]) == ["ok"] * 3 + ["error"] * 2, frame[["status", "error_kind"]]
+    assert list(frame["error_kind"].iloc[3:]) == ["connection_refused"] * 2
+
+
 def test_restart_resumes_the_rhythm(tmp_path: Path) -> None:
     with serve_in_thread("fast") as sim, closing(open_store(tmp_path / "h.db")) as store:
         channel = Channel(base_url=sim.base_url, model="sim-7b")

@@ -161,6 +161,9 @@ class Watcher:
         self.stop = stop or threading.Event()
         self.metrics = metrics  # `--prometheus-port`: every request as it ends, one user while a sample runs
         self._input_seen = 0  # the server's input count of the last request: the best cost estimate
+        # A channel that answered before (this watcher, or a sample in the store) and now refuses went down: it
+        # is not a wrong address (`connection_refused`, load, not `bad_base_url`, a misconfiguration).
+        self._answered = any(s.requests > s.errors for s in store.samples(self.fingerprint))
 
     def budget_left(self, now: float) -> int | None:
         if not self.plan.max_tokens_per_day:
@@ -197,7 +200,8 @@ class Watcher:
                     result.skipped = len(plans) - index
                     break
                 record = stream_once(self.channel, plan.conversation, plan.max_tokens, extra_body=self.extra_body,
-                                     client=client)
+                                     client=client, answered=self._answered)
+                self._answered = self._answered or record.get("http_status") is not None
                 row = self._row(record, result.sample_id, index, plan)
                 result.rows.append(row)
                 if self.metrics is not None:

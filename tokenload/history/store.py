@@ -187,6 +187,10 @@ class HistoryStore(Protocol):
         """When `channel`'s newest sample started (None before the first): a restarted watcher resumes from it."""
         ...
 
+    def samples(self, channel: str | None = None) -> list[Sample]:
+        """The samples (of `channel`, or all), oldest first."""
+        ...
+
     def query(self, *, since: float | None = None, channels: Sequence[str] | None = None) -> pd.DataFrame:
         """Request rows, oldest first, with the history columns."""
         ...

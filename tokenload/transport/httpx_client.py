@@ -122,9 +122,13 @@ def stream_once(
     extra_body: Mapping[str, Any] | None = None,
     on_text: Callable[[str, str], None] | None = None,
     client: httpx.Client | None = None,
+    answered: bool = False,
 ) -> RequestRecord:
-    """Send one streaming request and return its record (never raises for HTTP trouble)."""
-    return stream_exchange(channel, prompt, max_tokens, extra_body=extra_body, on_text=on_text, client=client)[0]
+    """Send one streaming request and return its record (never raises for HTTP trouble).
+
+    `answered`: the channel answered before, so a refused connection means it went down (`stream_exchange`)."""
+    return stream_exchange(channel, prompt, max_tokens, extra_body=extra_body, on_text=on_text, client=client,
+                           answered=answered)[0]
 
 
 def stream_exchange(
