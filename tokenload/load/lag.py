@@ -11,7 +11,7 @@ and how busy the process's core was over each `BUSY_WINDOW_S`. Both go into
 manifest.json; a high lag p99 or a core kept busy is a loud warning that the
 numbers describe the client, not the channel. Lag alone under-reports: the loop
 reads every ready socket in one pass, so its lag is bounded by what one pass
-reads (about 15 ms for 1,500 streams) while the process already has no CPU left.
+reads while the process already has no CPU left (docs/benchmarks.md).
 
 A stall is one wake-up at least `STALL_S` late: the loop did not run for that
 long, so every request due meanwhile went out late at once (hundreds of users

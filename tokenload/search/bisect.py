@@ -1,38 +1,16 @@
 """The search for the highest load level that meets the SLO: exponential probe, bisection, confirmation.
 
-Levels are users (closed loop, integers) or requests/s (open loop). The search
-starts at `min` and doubles until a level fails (or `max` passes: the capacity
-is above the range). Then it bisects between the highest passing level below
-the failure and the lowest failing one until they are `resolution` apart
-(users: an absolute step; rate: a relative one, 0.1 = 10%). Finally the
-highest passing level is held again: it must pass a second time (a level that
-passes inside the bracket, or at `max`, at once: `continues`). A second
-trial that fails is a disagreement: it is kept in the record, the level counts
-as failing from then on, and the search continues below it.
+Levels are users (closed loop, integers) or requests/s (open loop). From `min` the level doubles until one
+fails (or `max` passes), the bracket is then bisected until it is `resolution` wide, and the highest passing
+level is held again: its first pass only steered the search, its second must reach 95% (`full_evidence`).
+A second trial that fails is kept as a disagreement and the search goes on below it. Over users, a failing
+level that showed the channel's slot count (`Probe.served`) is probed next when that count lies in the
+bracket's lower half (`_hinted`): a slot-limited channel's cliff is at its slot count. An undecided probe
+steers by its point estimate but never becomes the capacity or the first failing level.
 
-Where the lowest failing level showed the channel's concurrency while requests
-waited (`Probe.served`: a slot-limited channel streams its slot count, the rest
-queue), the next level is that count, or the one above it (`_hinted`), instead
-of the midpoint, when it lies in the bracket's lower half: against a channel
-with 96 slots, 64 users pass and 128 fail, then 96 and 97 decide it where
-bisection probed 96, 112, 104, 100, 98 and 97.
-
-Only the capacity needs a confident pass: a first pass only steers the search
-(it is decided at 70%, `evidence.STEER_Z`), since every level below the
-boundary is tested again by the levels probed after it, and a wrong steer ends
-in a second trial that disagrees (on the way up, before any level failed, five
-hits without a miss steer: `evidence.RISING_REQUESTS`). The second trial must
-pass at 95% (`full_evidence`); a first pass that already reached 95% needs
-none. With `confirm = false` every pass must reach 95% at once.
-
-An undecided probe (its time ran out first) steers by its point estimate (at
-or above the target: upward) but never becomes the reported capacity or first
-failing level: those are decided levels only, so `interval` ([capacity,
-first_failing]) is where the evidence puts the boundary.
-
-The state is plain data (`to_dict` / `from_dict`): the run writes it after each
-probe as `search.json`, so `tokenload run --resume` continues where a stopped
-run left off without repeating decided probes.
+The state is plain data (`to_dict` / `from_dict`), written after each probe as `search.json`, so `tokenload
+run --resume` continues without repeating decided probes. The rules in full: docs/scenarios.md, "Breakpoint
+search"; the probes they save: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,57 +1,23 @@
 """One probe's verdict from its requests: a sequential decision on the SLO attainment and the error rate.
 
-A probe holds its load level and looks at its evidence at every request counted (in one process;
-with workers, once a second).
-Each look computes the 95% Wilson interval of the attainment (the share of
-judged requests that met every SLO term) and of the load-error rate:
+At every request counted (with workers, once a second) a probe looks at the 95% Wilson intervals of its
+attainment (the share of judged requests that met every SLO term) and of its load-error rate. It fails when
+either lies wholly on the wrong side of its bound (after `MIN_FAIL_REQUESTS`: the first answers at a new level
+still meet the queue the change of level left), passes when the attainment's lies wholly above `target`
+(after `MIN_REQUESTS`, so one lucky early answer decides nothing), and is undecided when `max_probe_s` runs
+out first: a level at the boundary can need more requests than a probe may spend, and the search says so.
 
-- fail: the attainment's interval lies wholly below `target`, or the error
-  rate's lies wholly above `max_error_rate`;
-- pass: the attainment's interval lies wholly above `target` (`min_requests`
-  judged requests at least, so one lucky early answer decides nothing; a fail
-  needs `MIN_FAIL_REQUESTS`, since the first answers at a new level still meet
-  the queue the change of level left);
-- undecided: neither before `max_probe_s` (a level right at the boundary can
-  need more requests than a probe may spend: the search says so instead of
-  guessing).
+A pass that only steers the search is decided at 70% (`STEER_Z`; on the way up, `RISING_REQUESTS` hits in a
+row): the levels probed after it test it again, so a wrong steer costs probes, never the answer. The level
+named the capacity must pass at 95% (`confident`: a second trial's own 80%, `AGREE_Z`, and both trials pooled
+at 95%), the guard against a verdict that repeated looks at a growing sample decided by chance.
 
-A pass that only steers the search (a level below the boundary, whose verdict
-the levels probed after it will test again: `bisect`) is decided at 70%
-(`STEER_Z`): a perfect level passes a 0.9 target after `MIN_REQUESTS` (10)
-requests instead of 35. On the way up (no level has failed yet: `rising`), a
-level whose first `RISING_REQUESTS` (5) requests all met the SLO is left at once:
-the doubled level above tests it again (a pass there is a pass here, attainment
-falling with load), and if that fails, the bisection and the capacity's second
-trial do. A wrong steer costs probes, never the answer: the levels
-above it fail, and its second trial, held to 95%, disagrees. The level the
-search names as the capacity must pass at 95% (`confident`): its second trial
-passes when its own 80% interval (`AGREE_Z`) and the 95% interval of both
-trials' requests pooled lie above the target (the first trial's requests count
-again, the second trial must agree on its own). A clearly failing level is
-decided after a handful of requests, always at 95%.
+A request still without its first token at the SLO's `ttft_s` is counted as a miss then (`Evidence.late`),
+and, when TTFT is the only term, one whose first token came in time as a hit (`Evidence.on_time`), so a
+level's requests are judged `ttft_s` after they were sent, not when their streams end. In one process a late
+request also counts the streams running while it waited (`Evidence.streams`): the slot count `bisect` uses.
 
-A request still waiting for its first token past the SLO's `ttft_s` is a miss
-whatever follows: the load side counts it then (`Evidence.late`), not where it
-finishes, so a failing level is decided seconds (and its queue's tokens) earlier.
-When TTFT is the SLO's only threshold (`Slo.first_token_decides`), a request
-whose first token came in time has met it unless it fails later: the load side
-counts it then too (`Evidence.on_time`, held in `early` until it finishes and
-is counted for good), so every request is judged at the same moment, `ttft_s`
-after it was sent, and a level's misses no longer come in before its hits.
-Early hits steer and fail a level and count in the pooled 95% of the capacity's
-confident pass, whose own 80% counts finished requests only; a hit that later
-fails (a stream cut by the channel) is counted as the error it was when it
-finishes.
-
-In a run in one process, each late request also counts how many requests were streaming (a first
-token and no end yet) while it waited (`Evidence.streams`): at a level a slot-limited channel cannot
-carry, that count is its slot count (`served`), which `bisect` uses to pick the next level to probe.
-Workers do not count: each sees only its share of the streams, and the shares at the moments one
-worker's request was late say nothing of the others'.
-
-Repeated looks at a growing sample make a 95% interval somewhat optimistic;
-the second trial of the boundary level (`bisect`) is the guard that catches a
-verdict decided by chance.
+The rules in full: docs/scenarios.md, "Breakpoint search"; what they cost: docs/benchmarks.md.
 """
 
 from __future__ import annotations
