@@ -22,8 +22,9 @@ load: `--users-per-worker` x N users, all spawned at once, for `--seconds`. Prin
 
 Then the master's per-record work in isolation, in this process, on copies of the last cell's records
 (`--batches` batches of `--batch-size` records, 20 workers' request ids): the inbox's CPU per record
-written and per record of a copy it drops, the memory its set of request ids takes per record, and the
-finalise merge (`records.merge_segments`) of those batches: CPU and peak memory per 100k records.
+written and per record of a copy it drops (the last quarter of the batches sent again under new numbers), the
+memory its window of recent request ids takes (the last `courier.RECENT_BATCHES` batches', whatever the run's
+length), and the finalise merge (`records.merge_segments`) of those batches: CPU and peak memory per 100k records.
 
     python benchmarks/distributed_scale.py                 # about 2-3 minutes on 2 cores
     python benchmarks/distributed_scale.py --workers 4 --seconds 60
@@ -230,7 +231,7 @@ def cell(tmp: Path, n: int, args: argparse.Namespace) -> tuple[dict[str, Any], p
 
 
 def isolated(template: pa.Table, batches: int, size: int) -> dict[str, float]:
-    """The master's work per record without Locust: the inbox's write and drop, its id set, the merge.
+    """The master's work per record without Locust: the inbox's write and drop, its id window, the merge.
 
     Imported here, after the cells: importing Locust monkey-patches threads, which the cells' `Watch` needs real.
     """
@@ -257,10 +258,10 @@ def isolated(template: pa.Table, batches: int, size: int) -> dict[str, float]:
         for k, blob in enumerate(data):
             inbox._write(seg, "run", f"w{k % 20}", k, blob)
         write = time.process_time() - cpu
-        seen = inbox._ids["run"]
-        ids_bytes = sys.getsizeof(seen) + sum(map(sys.getsizeof, seen))  # the set and its strings, exactly
+        held = inbox._ids["run"]._ids
+        ids_bytes = sys.getsizeof(held) + sum(map(sys.getsizeof, held))  # the set and its strings, exactly
         cpu = time.process_time()
-        for k, blob in enumerate(data[:batches // 4]):
+        for k, blob in enumerate(data[-(batches // 4):]):  # within the window: every record a copy
             inbox._write(seg, "run", f"w{k % 20}", batches + k, blob)
         drop = time.process_time() - cpu
         merge = json.loads(subprocess.run([sys.executable, "-c", MERGE, str(seg), str(out)], check=True,
@@ -268,7 +269,7 @@ def isolated(template: pa.Table, batches: int, size: int) -> dict[str, float]:
         merged = pq.read_metadata(out / "requests.parquet").num_rows
     assert merged == n
     return {"arrow_b": len(batch(0)) / size, "write_us": write / n * 1e6, "drop_us": drop / (n // 4) * 1e6,
-            "ids_b": ids_bytes / n, "merge_cpu_100k": merge["cpu"] / n * 1e5,
+            "ids_mb": ids_bytes / 1e6, "merge_cpu_100k": merge["cpu"] / n * 1e5,
             "merge_mb_100k": (merge["peak"] - merge["rss"]) / n * 1e5 / 1e6,
             "n": n}
 
@@ -309,9 +310,9 @@ def main() -> int:
         print(_row(r))
     print(f"\nThe master's work per record alone ({alone['n']:,} records in batches of {args.batch_size}, "
           f"{alone['arrow_b']:.0f} Arrow bytes each):\n"
-          "| inbox write, us/record | inbox drop of a copy, us/record | id set, B/record "
+          "| inbox write, us/record | inbox drop of a copy, us/record | id window, MB "
           "| merge CPU s per 100k records | merge peak MB per 100k records |\n| --- | --- | --- | --- | --- |\n"
-          f"| {alone['write_us']:.1f} | {alone['drop_us']:.1f} | {alone['ids_b']:.0f} | {alone['merge_cpu_100k']:.2f} "
+          f"| {alone['write_us']:.1f} | {alone['drop_us']:.1f} | {alone['ids_mb']:.1f} | {alone['merge_cpu_100k']:.2f} "
           f"| {alone['merge_mb_100k']:.0f} |")
     good = all(r["lost"] == r["extra"] == r["dup"] == 0 and r["records"] == r["truth"] and r["exit_ok"] for r in rows)
     return 0 if good else 1

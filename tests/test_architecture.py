@@ -39,7 +39,7 @@ LAYERS: list[list[str]] = [
     ["tokenload.failures", "tokenload.measure", "tokenload.channel", "tokenload.dayclock", "tokenload.slo",
      "tokenload.exporter", "tokenload.thresholds"],
     ["tokenload.record", "tokenload.errors", "tokenload.compat", "tokenload.rundir", "tokenload.modelsize",
-     "tokenload.protocolspec", "tokenload.contracts"],
+     "tokenload.protocolspec", "tokenload.contracts", "tokenload.quantiles"],
     ["tokenload"],  # the package's own __init__: the public API, imported on first use by name only
 ]
 # Packages whose lines are at most this share of the project's Python (issue: no folder above ~25%).

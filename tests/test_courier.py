@@ -27,6 +27,7 @@ from pathlib import Path
 from locust import argument_parser
 from locust.env import Environment
 import gevent
+import pyarrow.parquet as pq
 
 from tokenload.load import courier, messages, records, roles
 from tokenload.load.rundirs import finalise, write_run_info
@@ -97,14 +98,14 @@ flush(again, done=True)
 gevent.sleep(1.0)
 files = sorted(p.name for p in (run_dir / "segments").glob("*.arrow"))
 other = json.loads((run_dir / "segments" / "w2.state.json").read_text())
-table = finalise(run_dir)
+finalise(run_dir)
 late = courier.writer_for(worker_env, "run-1", Path("elsewhere"), run_dir.parent / "late", "w1")
 late.append(rows(100, 1)[0])
 flush(late)
 gevent.sleep(1.0)
 print(json.dumps({"other": other, "received": received, "spooled_after_acks": spooled_after_acks, "files": files,
                   "state": state, "state_before_done": state_before_done,
-                  "ids": table.column("request_id").to_pylist(), "late_sealed": late.sealed,
+                  "ids": pq.read_table(run_dir / "requests.parquet").column("request_id").to_pylist(), "late_sealed": late.sealed,
                   "after_seal": sorted(p.name for p in run_dir.iterdir())}))
 sys.stdout.flush()
 master.quit()

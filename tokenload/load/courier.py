@@ -6,9 +6,11 @@ segments into a local spool, `B/spool/<run id>/segments/` (the same numbered
 Arrow IPC files and state file as in a run directory: `records.SegmentWriter`),
 and sends each one to the master as a Locust message (`BATCH_MESSAGE`: run id,
 worker, segment number, the file's bytes, the worker's state). The master
-writes it into its run directory under the same name, keeping only request ids
-it has not seen in that run, and acknowledges it (`ACK_MESSAGE`, to that worker
-only); the worker then deletes the spooled file. An acknowledged state frees
+writes it into its run directory under the same name and acknowledges it
+(`ACK_MESSAGE`, to that worker only); the worker then deletes the spooled file.
+A batch that came before is known by its worker and number (`Numbers`), and a
+record sent again in another batch by its request id among the run's recent
+batches (`RecentIds`): the master's memory stays flat however long the run. An acknowledged state frees
 every batch it counts as well (the master writes a state only once they all
 arrived), so a lost acknowledgement of a batch costs no copy after the end. A
 batch without an acknowledgement is sent again after `RESEND_S` (a lost message,
@@ -41,7 +43,8 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +68,10 @@ RESEND_MAX_S = 12.0
 # How long a worker that quits goes on sending what its master has not acknowledged: long enough to ride out a
 # network cut of 10 s or so (TCP's retransmissions back off to several seconds meanwhile).
 SETTLE_S = 30.0
+# A record sent again in a batch of another number (not a copy of a whole batch, which its number names) is looked
+# for among the request ids of the run's last RECENT_BATCHES batches only; one from further back is still kept once
+# (finalising drops a second copy of a record: `records.merge_segments`).
+RECENT_BATCHES = 128
 
 
 def _due(last: tuple[float, float] | None, now: float) -> tuple[float, float] | None:
@@ -237,14 +244,56 @@ def settle(environment: Environment, timeout_s: float = SETTLE_S) -> list[str]:
     return [str(path) for box in boxes for path in box.unacked()]
 
 
+class Numbers:
+    """The batch numbers one worker's batches arrived with, in constant memory: every one below `low`, the few above."""
+
+    def __init__(self) -> None:
+        self.low = 0  # the first number not arrived
+        self.above: set[int] = set()  # arrived out of order, above `low`
+
+    def __contains__(self, seq: int) -> bool:
+        return seq < self.low or seq in self.above
+
+    def add(self, seq: int) -> None:
+        if seq >= self.low:
+            self.above.add(seq)
+        while self.low in self.above:
+            self.above.remove(self.low)
+            self.low += 1
+
+
+class RecentIds:
+    """The request ids of a run's last `batches` batches written."""
+
+    def __init__(self, batches: int = RECENT_BATCHES) -> None:
+        self.batches = batches
+        self._order: deque[list[str]] = deque()
+        self._ids: set[str] = set()
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, ids: Iterable[str]) -> None:
+        """A batch's ids, none of them held already."""
+        batch = list(ids)
+        self._order.append(batch)
+        self._ids.update(batch)
+        while len(self._order) > self.batches:
+            self._ids.difference_update(self._order.popleft())
+
+
 class Inbox:
-    """Master side: workers' batches into the run directory, each request id once, each batch acknowledged."""
+    """Master side: workers' batches into the run directory, each batch and each recent request id once, each batch
+    acknowledged."""
 
     def __init__(self, role: roles.Role, run_dir_of: Callable[[str], Path | None]) -> None:
         self.role = role
         self.run_dir_of = run_dir_of
-        self._ids: dict[str, set[str]] = {}  # run id -> request ids written
-        self._segments: dict[tuple[str, str], set[int]] = {}  # (run id, worker) -> segment numbers received
+        self._ids: dict[str, RecentIds] = {}  # run id -> request ids of its recent batches
+        self._segments: dict[tuple[str, str], Numbers] = {}  # (run id, worker) -> segment numbers received
         # (run id, worker) -> batches written, duplicate records dropped, messages and Arrow bytes received
         self._counts: dict[tuple[str, str], dict[str, int]] = {}
 
@@ -255,11 +304,12 @@ class Inbox:
         run_dir = self.run_dir_of(run_id)
         seg = None if run_dir is None else run_dir / records.SEGMENTS_DIR
         if seg is None or not seg.is_dir():  # finalised (or unknown): nothing may change it any more
+            self._ids.pop(run_id, None)
             sealed: Ack = {"run_id": run_id, "seq": seq, "sealed": True}
             self.role.to_workers(ACK_MESSAGE, sealed, client_id=msg.node_id)
             return
         key = (run_id, worker)
-        got = self._segments.setdefault(key, set())
+        got = self._segments.setdefault(key, Numbers())
         counts = self._counts.setdefault(key, {"batches": 0, "duplicate_records": 0, "messages": 0, "bytes": 0})
         counts["messages"] += 1
         batch = data["data"]  # None: the state alone
@@ -272,20 +322,20 @@ class Inbox:
             counts["duplicate_records"] += feather.read_table(pa.BufferReader(batch)).num_rows
         state = data["state"]
         state_at, segments = None, 0
-        if state and got.issuperset(range(int(state.get("segments", 0)))):
+        if state and got.low >= int(state.get("segments", 0)):
             records.write_json(seg / f"{worker}.state.json", {**state, "worker": worker, "courier": dict(counts)})
             state_at, segments = state.get("updated_at"), int(state.get("segments", 0))
         ack: Ack = {"run_id": run_id, "seq": seq, "state_at": state_at, "segments": segments}
         self.role.to_workers(ACK_MESSAGE, ack, client_id=msg.node_id)
 
     def _write(self, seg: Path, run_id: str, worker: str, seq: int, data: bytes) -> int:
-        """Write a batch's records not seen before in this run; returns how many were seen already."""
+        """Write a batch's records not among the run's recent ones; returns how many were."""
         table = feather.read_table(pa.BufferReader(data))
-        seen = self._ids.setdefault(run_id, set())
+        seen = self._ids.setdefault(run_id, RecentIds())
         new = table.filter(pa.array([rid not in seen for rid in table.column("request_id").to_pylist()]))
         if new.num_rows:
             records.write_segment(seg / records.segment_name(worker, seq), new)
-            seen.update(new.column("request_id").to_pylist())
+            seen.add(new.column("request_id").to_pylist())
         return table.num_rows - new.num_rows
 
 

@@ -30,16 +30,17 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyarrow import feather
+from pyarrow import feather, ipc
 
-from tokenload.errors import ConfigError
 from tokenload.record import RequestRecord, arrow_schema
 from tokenload.rundir import REQUESTS_FILE, SEGMENTS_DIR
 
@@ -226,18 +227,211 @@ def seal(run_dir: Path) -> Path:
     return sealed
 
 
-def merge_segments(run_dir: Path, sealed: Path) -> pa.Table:
-    """Concatenate every segment of `sealed` into RUN_DIR/requests.parquet; duplicates are an error.
+# Finalising sorts at most SORT_ROWS records at once (about 150 MB of them): a run up to that many is sorted in one
+# piece; a longer one in pieces of that size, each spilled to disk (lz4-compressed Arrow IPC) and then merged by
+# start time, so what finalising holds does not grow with the run (benchmarks/long_runs.py).
+SORT_ROWS = 262_144
+SPILL_BATCH_ROWS = 2_048  # the merge reads each spilled piece this many records at a time
+MERGE_FAN_IN = 64  # pieces merged at once; more are first merged into longer pieces, MERGE_FAN_IN at a time
+ROW_GROUP_ROWS = 131_072  # requests.parquet's row groups: what a reader of it needs to hold at once
+SPILL_DIR = ".merge"  # inside the sealed directory: gone with it
 
-    The sealed directory is removed only after the Parquet file is safely in place.
+
+@dataclass
+class Merged:
+    """What the merge counted on the records' way into requests.parquet."""
+
+    rows: int = 0
+    in_flight: int = 0
+    finished: int = 0
+    finished_ok: int = 0
+    per_worker: dict[str, int] = field(default_factory=dict)
+    # A record written twice (one request id at one start time: a courier batch that was also written directly,
+    # a segment copied by hand) is kept once; ids are a process's random tag and a counter, so nothing else repeats.
+    copies: int = 0
+
+    def count(self, chunk: pa.Table) -> None:
+        self.rows += chunk.num_rows
+        in_flight = chunk.column("in_flight").fill_null(False)
+        self.in_flight += int(pc.sum(in_flight).as_py() or 0)
+        finished = pc.invert(in_flight)
+        self.finished += int(pc.sum(finished).as_py() or 0)
+        self.finished_ok += int(pc.sum(pc.and_(finished, pc.equal(chunk.column("status"), "ok")).fill_null(False))
+                                .as_py() or 0)
+        for entry in pc.value_counts(chunk.column("worker")).to_pylist():
+            self.per_worker[entry["values"]] = self.per_worker.get(entry["values"], 0) + entry["counts"]
+
+
+def _starts(chunk: pa.Table) -> np.ndarray:
+    """The records' start times as the merge compares them: a missing one (null, NaN) after every other."""
+    starts = chunk.column("started_at").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    return np.where(np.isnan(starts), np.inf, starts)
+
+
+def _sort(chunk: pa.Table) -> pa.Table:
+    """Records by start time, stably (the order of the old one-piece merge: ties keep their segments' order)."""
+    chunk = chunk.combine_chunks()
+    return chunk.take(pc.sort_indices(chunk, [("started_at", "ascending")]))
+
+
+def _without_copies(chunk: pa.Table) -> tuple[pa.Table, int]:
+    """A sorted chunk without the second copy of any record (same start, same request id); how many were dropped."""
+    starts = chunk.column("started_at").to_numpy(zero_copy_only=False)
+    tied = np.zeros(len(starts), dtype=bool)
+    same = starts[1:] == starts[:-1]
+    tied[1:] |= same
+    tied[:-1] |= same
+    if not tied.any():
+        return chunk, 0
+    at = np.flatnonzero(tied)
+    seen: set[tuple[float, str]] = set()
+    drop = []
+    for i, rid in zip(at, chunk.column("request_id").take(pa.array(at)).to_pylist()):
+        if (starts[i], rid) in seen:
+            drop.append(i)
+        seen.add((starts[i], rid))
+    if not drop:
+        return chunk, 0
+    keep = np.ones(len(starts), dtype=bool)
+    keep[drop] = False
+    return chunk.filter(pa.array(keep)), len(drop)
+
+
+def _segments(sealed: Path) -> Iterator[pa.Table]:
+    for path in sorted(sealed.glob("*.arrow")):
+        yield feather.read_table(path).cast(SCHEMA)
+
+
+def _pieces(tables: Iterator[pa.Table], rows: int) -> Iterator[tuple[pa.Table, bool]]:
+    """Consecutive tables joined into sorted pieces of about `rows` records, each with whether it is the last."""
+    held: list[pa.Table] = []
+    count = 0
+    for table in tables:
+        if count >= rows:
+            yield _sort(pa.concat_tables(held)), False
+            held, count = [], 0
+        held.append(table)
+        count += table.num_rows
+    if held:
+        yield _sort(pa.concat_tables(held)), True
+
+
+class _Piece:
+    """A spilled sorted piece, read SPILL_BATCH_ROWS records at a time; `held` is what is read and not yet merged."""
+
+    def __init__(self, path: Path) -> None:
+        self.reader = ipc.open_file(pa.OSFile(str(path)))
+        self.next = 0
+        self.held: list[pa.RecordBatch] = []
+        self.starts = np.empty(0)
+
+    @property
+    def more(self) -> bool:
+        return self.next < self.reader.num_record_batches
+
+    def read(self) -> None:
+        batch = self.reader.get_batch(self.next)
+        self.next += 1
+        self.held.append(batch)
+        self.starts = np.concatenate([self.starts, _starts(pa.Table.from_batches([batch], SCHEMA))])
+
+    def take(self, below: float | None) -> list[pa.RecordBatch]:
+        """The held records that start before `below` (None: all of them)."""
+        n = len(self.starts) if below is None else int(np.searchsorted(self.starts, below, side="left"))
+        self.starts = self.starts[n:]
+        out = []
+        while n:
+            batch = self.held[0]
+            if batch.num_rows <= n:
+                out.append(self.held.pop(0))
+                n -= batch.num_rows
+            else:
+                out.append(batch.slice(0, n))
+                self.held[0] = batch.slice(n)
+                n = 0
+        return out
+
+
+def _spill(path: Path, chunks: Iterable[pa.Table]) -> Path:
+    options = ipc.IpcWriteOptions(compression="lz4")
+    with ipc.new_file(str(path), SCHEMA, options=options) as writer:
+        for chunk in chunks:
+            writer.write_table(chunk, max_chunksize=SPILL_BATCH_ROWS)
+    return path
+
+
+def _merge(paths: list[Path]) -> Iterator[pa.Table]:
+    """The records of sorted spilled pieces in one sorted stream, chunk by chunk.
+
+    Each round takes, from every piece, the records that start before the
+    earliest last start any piece with more on disk holds: nothing still on
+    disk can start before those. All records of one start time leave in one
+    round, in the pieces' order, so ties keep the order of a one-piece sort.
     """
-    tables = [feather.read_table(p) for p in sorted(sealed.glob("*.arrow"))]
-    table = pa.concat_tables(tables).cast(SCHEMA) if tables else SCHEMA.empty_table()
-    ids = table.column("request_id")
-    if len(ids) != len(pc.unique(ids)):
-        raise ConfigError(f"{run_dir}: duplicate request_id values across segments; the run directory was reused")
-    if len(table):
-        table = table.sort_by([("started_at", "ascending")])
-    _atomic_write(run_dir / REQUESTS_FILE, lambda tmp: pq.write_table(table, tmp))
+    pieces = [_Piece(p) for p in paths]
+    for piece in pieces:
+        if piece.more:
+            piece.read()
+    while True:
+        pending = [p for p in pieces if p.more]
+        below = min((float(p.starts[-1]) if len(p.starts) else -np.inf for p in pending), default=None)
+        parts = [batch for p in pieces for batch in p.take(below)]
+        if parts:
+            yield _sort(pa.Table.from_batches(parts, SCHEMA))
+        if not pending:
+            return
+        for piece in pending:  # the one that set the bound has nothing left below it, or only records at it
+            if not len(piece.starts) or piece.starts[-1] <= cast(float, below):
+                piece.read()
+
+
+def _sorted_chunks(sealed: Path) -> Iterator[pa.Table]:
+    """Every record of the sealed segments, sorted by start time, in chunks of bounded size."""
+    spill = sealed / SPILL_DIR
+    shutil.rmtree(spill, ignore_errors=True)  # left by a finalise that was cut short
+    paths: list[Path] = []
+    for piece, last in _pieces(_segments(sealed), SORT_ROWS):
+        if last and not paths:  # the whole run in one piece
+            yield piece
+            return
+        spill.mkdir(exist_ok=True)
+        paths.append(_spill(spill / f"{len(paths):06d}.arrow", [piece]))
+    if not paths:
+        return
+    level = 0
+    while len(paths) > MERGE_FAN_IN:  # merge into longer pieces first: at most MERGE_FAN_IN are read at once
+        level += 1
+        paths = [_spill(spill / f"{level}-{i:06d}.arrow", _merge(paths[i:i + MERGE_FAN_IN]))
+                 for i in range(0, len(paths), MERGE_FAN_IN)]
+    yield from _merge(paths)
+
+
+def merge_segments(run_dir: Path, sealed: Path) -> Merged:
+    """Merge every segment of `sealed` into RUN_DIR/requests.parquet, sorted by start time, row group by row group.
+
+    The records are never all in memory (see SORT_ROWS). The sealed directory is
+    removed only after the Parquet file is safely in place.
+    """
+    merged = Merged()
+
+    def write(tmp: Path) -> None:
+        with pq.ParquetWriter(tmp, SCHEMA) as writer:
+            held: list[pa.Table] = []
+            count = 0
+            for chunk in _sorted_chunks(sealed):
+                chunk, copies = _without_copies(chunk)
+                merged.copies += copies
+                merged.count(chunk)
+                held.append(chunk)
+                count += chunk.num_rows
+                if count >= ROW_GROUP_ROWS:
+                    rows = pa.concat_tables(held)
+                    whole = count - count % ROW_GROUP_ROWS
+                    writer.write_table(rows.slice(0, whole), row_group_size=ROW_GROUP_ROWS)
+                    held, count = [rows.slice(whole)], count - whole
+            if count or not merged.rows:
+                writer.write_table(pa.concat_tables(held) if held else SCHEMA.empty_table())
+
+    _atomic_write(run_dir / REQUESTS_FILE, write)
     shutil.rmtree(sealed)
-    return table
+    return merged

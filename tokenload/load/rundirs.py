@@ -18,21 +18,19 @@ import platform
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tokenload import quantiles
 from tokenload.contracts.manifest import MANIFEST_VERSION, Manifest
 from tokenload.errors import ConfigError
 from tokenload.load import lag, records
 from tokenload.rundir import MANIFEST_FILE, REQUESTS_FILE
 from tokenload.servermetrics import scrape as server_metrics
 from tokenload.workload.scenario import OPEN_LOOP_KINDS, Scenario
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 RUN_INFO = "run.json"
 
@@ -96,8 +94,8 @@ def _iso(ts: float | None) -> str | None:
 
 
 def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, lingering: list[int] | None = None,
-             recovered: bool = False, on_sealed: Callable[[Path], object] | None = None) -> pa.Table:
-    """Seal the run, merge its segments into requests.parquet and write manifest.json; returns the records.
+             recovered: bool = False, on_sealed: Callable[[Path], object] | None = None) -> records.Merged:
+    """Seal the run, merge its segments into requests.parquet and write manifest.json; returns what the merge counted.
 
     `wait_s` > 0 (a master with workers on other machines): first wait that
     long for every worker to flush its last records. `lingering`: pids of
@@ -115,17 +113,16 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
     scenario = read_json(seg / SCENARIO_FILE)
     states = records.worker_states(seg)
     server = server_metrics.collect(seg, run_dir)  # before the merge removes the sealed directory
-    table = records.merge_segments(run_dir, seg)
+    merged = records.merge_segments(run_dir, seg)
     ended = max((s.get("updated_at", 0.0) for s in states.values()), default=time.time())
     warnings: list[str] = []
-    finished = [s for s, f in zip(table.column("status").to_pylist(), table.column("in_flight").to_pylist()) if not f]
-    ok_share = finished.count("ok") / len(finished) if finished else 0.0
+    ok_share = merged.finished_ok / merged.finished if merged.finished else 0.0
     scheduler_lag = lag.summarise(records.process_lags(states), ok_share)
     if scheduler_lag.get("warning"):
         warnings.append(scheduler_lag["warning"])
     if scheduler_lag.get("stalls"):
         warnings.append(scheduler_lag["stalls"]["note"])
-    lateness = _lateness(table, scenario)
+    lateness = _lateness(run_dir / REQUESTS_FILE, scenario) if merged.rows else {}
     if lateness.get("warning"):
         warnings.append(lateness["warning"])
     # A worker that never marked itself done was killed or crashed: what it flushed (every
@@ -157,7 +154,9 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
     if recovered:
         warnings.append("this run's `tokenload run` was killed; `tokenload analyze` finalised what its processes "
                         "had flushed")
-    counts = table.group_by("worker").aggregate([("request_id", "count")]).to_pylist() if len(table) else []
+    if merged.copies:
+        warnings.append(f"{merged.copies} record(s) were in the segments twice (the same request id at the same "
+                        "start); each is kept once")
     manifest: Manifest = {
         "schema_version": MANIFEST_VERSION,
         "run_id": info.get("run_id"),
@@ -177,9 +176,9 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
         "steps": control.get("steps", []),
         "storms": control.get("storms", []),
         "records": {
-            "total": len(table),
-            "in_flight": int(sum(table.column("in_flight").to_pylist())) if len(table) else 0,
-            "per_worker": {c["worker"]: c["request_id_count"] for c in counts},
+            "total": merged.rows,
+            "in_flight": merged.in_flight,
+            "per_worker": merged.per_worker,
             "written_per_worker": {w: s.get("records") for w, s in states.items()},
             "courier": {w: s["courier"] for w, s in states.items() if "courier" in s},
         },
@@ -190,7 +189,7 @@ def finalise(run_dir: Path, wait_s: float = 0.0, locust_rc: int | None = None, l
     if server is not None:
         manifest["server_metrics"] = server
     records.write_json(run_dir / MANIFEST_FILE, manifest)
-    return table
+    return merged
 
 
 def recover(run_dir: Path, quiet_s: float = RECOVER_QUIET_S) -> int | None:
@@ -210,22 +209,30 @@ def recover(run_dir: Path, quiet_s: float = RECOVER_QUIET_S) -> int | None:
     if seg.name == records.SEGMENTS_DIR and running:
         raise ConfigError(f"{run_dir} is still being written (a Locust process flushed {time.time() - latest:.0f} s "
                           "ago); wait for the run to end, then analyse it")
-    return len(finalise(run_dir, recovered=True))
+    return finalise(run_dir, recovered=True).rows
 
 
-def _lateness(table: Any, scenario: dict[str, Any]) -> dict[str, Any]:
-    """How late open-loop sends were against their schedule (empty for closed loop)."""
-    if (scenario.get("load") or {}).get("kind") not in OPEN_LOOP_KINDS or not len(table):
+def _lateness(requests: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+    """How late open-loop sends were against their schedule (empty for closed loop), read a row group at a time."""
+    if (scenario.get("load") or {}).get("kind") not in OPEN_LOOP_KINDS:
         return {}
     import numpy as np
+    import pyarrow.parquet as pq
 
-    late = np.asarray(table.column("late_s").to_numpy(zero_copy_only=False), dtype=float)
-    late = late[np.isfinite(late)]
-    if not len(late):
+    parquet = pq.ParquetFile(requests)
+
+    def chunks() -> Iterator[np.ndarray]:
+        for group in range(parquet.num_row_groups):
+            column = parquet.read_row_group(group, columns=["late_s"]).column(0)
+            yield column.to_numpy(zero_copy_only=False).astype(np.float64)
+
+    n, (p50, p99, top) = quantiles.percentiles(chunks, [50, 99, 100])
+    if not n:
         return {}
-    frac = float((late > LATE_THRESHOLD_S).mean())
-    out: dict[str, Any] = {"p50_s": float(np.percentile(late, 50)), "p99_s": float(np.percentile(late, 99)),
-                           "max_s": float(late.max()), "late_fraction": frac, "threshold_s": LATE_THRESHOLD_S}
+    late = sum(int((chunk > LATE_THRESHOLD_S).sum()) for chunk in chunks())
+    frac = late / n
+    out: dict[str, Any] = {"p50_s": p50, "p99_s": p99, "max_s": top, "late_fraction": frac,
+                           "threshold_s": LATE_THRESHOLD_S}
     if frac > LATE_WARN_FRACTION:
         out["warning"] = (f"the users could not keep up with the arrival rate: {frac:.0%} of sends were more than "
                           f"{LATE_THRESHOLD_S * 1000:.0f} ms late (p99 {out['p99_s']:.2f} s); raise [load] max_users")
