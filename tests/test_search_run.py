@@ -451,10 +451,14 @@ def test_a_pass_inside_the_bracket_holds_on_for_its_second_trial_in_the_same_ste
     breakpoint_row = next(text for topic, text, _ in verdict_rows(json.loads(
         (tmp_path / "run" / "summary.json").read_text())) if topic == "Breakpoint")
     assert "run a ramp" not in breakpoint_row and "search found" in breakpoint_row  # not sent away from the answer
+    # the step's requests the run counted by the second trial's decision (a first token in time is a hit at
+    # 0.3 s, before the request ends): a request judged after it, in the moment before the search stopped its
+    # users, was no trial's evidence
     cut = step["in_flight"] & (step["ttft_s"].notna() | (step["duration_s"] > 0.3))  # decided by its first token
-    counted = step[(step["phase"] == "measure") & ((step["status"] == "ok") | cut)]
+    counted = step[(step["phase"] == "measure") & ((step["status"] == "ok") | cut)
+                   & (step["judged_at"] <= second["decided_at"])]
     a, b = s["probes"][2], s["probes"][3]
-    assert a["n"] + b["n"] == len(counted)  # the step's requests split between the trials, none counted twice
+    assert a["n"] + b["n"] == len(counted) == first["n"] + second["n"]  # split between the trials, none twice
     assert abs(a["n"] - first["n"]) <= 2 and b["n"] >= second["n"] - 2  # each as the run counted it (finish races)
 
 
