@@ -41,7 +41,10 @@ from rich.table import Table
 from tokenload.analysis import plots, serverplot
 from tokenload.analysis.breakpoint import breakpoint_text
 from tokenload.analysis.fits import linear_fit, varies
+from tokenload.analysis.levers import off_peak
+from tokenload.analysis.models import compare_models
 from tokenload.analysis.pipeline import analyze
+from tokenload.analysis.records import load_run
 from tokenload.analysis.report import figure, h, html_table, page, verdict_html
 from tokenload.analysis.search import compare_capacities
 from tokenload.analysis.server import Outside, outside_server
@@ -401,24 +404,45 @@ def _labels(analyses: Sequence[Analysis], labels: Sequence[str] | None) -> list[
     return out
 
 
+def split_models(run_dirs: Sequence[str | Path], models: Sequence[str] | None) -> list[str]:
+    """The models of one run to compare with each other (`--models`, else all of a single run's), or [] for runs."""
+    if len(run_dirs) > 1:
+        if models:
+            raise ConfigError("--models compares the models of one run: give one RUN_DIR")
+        return []
+    run = load_run(Path(run_dirs[0]))
+    found = sorted(str(m) for m in run.df["model"].dropna().unique())
+    listed = ((run.manifest.get("scenario") or {}).get("channel") or {}).get("models") or []
+    present = [m for m in listed if m in found] + [m for m in found if m not in listed]  # the channel's own first
+    chosen = list(models or present)
+    missing = [m for m in chosen if m not in present]
+    if missing:
+        raise ConfigError(f"{run_dirs[0]} has no request to {missing[0]}: its models are {', '.join(present)}")
+    if len(chosen) < 2:
+        raise ConfigError("compare needs at least two run directories, or one run of two or more models")
+    return chosen
+
+
 def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = None,
                  out_dir: str | Path | None = None, *, slo_overrides: Mapping[str, Any] | None = None,
                  alpha: float = ALPHA, console: Console | None = None, relay: bool = False,
-                 thresholds: Sequence[Threshold] = ()) -> dict[str, Any]:
+                 thresholds: Sequence[Threshold] = (), models: Sequence[str] | None = None) -> dict[str, Any]:
     """Compare runs (the first is the baseline); write comparison.json/.html and plots to out_dir.
 
-    Every run is judged by one SLO: the baseline's own (its scenario's `[slo]`) with
-    `slo_overrides` applied. out_dir defaults to `compare-<time>` next to the first run.
-    `relay`: the later runs went through a relay in front of the baseline's channel;
-    `overhead` then says what it adds.
+    One run alone compares its models (`models`, else all of them; the first is the
+    baseline), each one's requests as a run of its own. Every run is judged by one SLO:
+    the baseline's own (its scenario's `[slo]`) with `slo_overrides` applied. out_dir
+    defaults to `compare-<time>` next to the first run. `relay`: the later runs went
+    through a relay in front of the baseline's channel; `overhead` then says what it adds.
     `thresholds` are judged on every other run against the baseline (`comparison["thresholds"]`).
     """
-    if len(run_dirs) < 2:
-        raise ConfigError("compare needs at least two run directories")
-    first = analyze(run_dirs[0], console=console, write=False, slo_overrides=slo_overrides)
+    split = split_models(run_dirs, models)
+    first = analyze(run_dirs[0], console=console, write=False, slo_overrides=slo_overrides,
+                    model=split[0] if split else None)
     slo = first.slo
-    analyses = [first, *(analyze(d, slo, console=console, write=False) for d in run_dirs[1:])]
-    names = _labels(analyses, labels)
+    analyses = [first, *(analyze(run_dirs[0], slo, console=console, write=False, model=m) for m in split[1:])] if split \
+        else [first, *(analyze(d, slo, console=console, write=False) for d in run_dirs[1:])]
+    names = _labels(analyses, labels or split or None)
     out = Path(out_dir) if out_dir else Path(run_dirs[0]).resolve().parent / time.strftime("compare-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     base = analyses[0]
@@ -435,6 +459,11 @@ def compare_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = 
         "overhead": [_overhead(n, base, a) for n, a in zip(names[1:], analyses[1:])] if relay else [],
     }
     comparison["headline"] += [line for o in comparison["overhead"] for line in o["headline"]]
+    comparison["models"] = [m for n, a in zip(names[1:], analyses[1:]) if (m := compare_models(base, a, n))]
+    comparison["headline"] = [m["headline"] for m in comparison["models"]] + comparison["headline"]
+    comparison["levers"] = [row for n, a in zip(names[1:], analyses[1:]) if not comparison["models"]
+                            and (row := off_peak(names[0], base, n, a, matched_levels(base, a)))]
+    comparison["headline"] += [row["headline"] for row in comparison["levers"]]
     comparison["thresholds"] = [r for n, a in zip(names[1:], analyses[1:])
                                 for r in judge_against(base.summary, a, thresholds, levels[n], n)]
     capacities = compare_capacities([(n, a.summary.get("search")) for n, a in zip(names, analyses)])

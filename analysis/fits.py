@@ -156,27 +156,49 @@ def power_fit(x: np.ndarray, y: np.ndarray) -> PowerFit | None:
     if len(x) < MIN_FIT_POINTS or np.ptp(x) <= 0:
         return None
     logx = np.log(x)
-    grid = np.linspace(*EXPONENT_RANGE, 60)
-    sses = [_power_sse(logx, y, k)[2] for k in grid]
-    i = int(np.argmin(sses))
-    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    ratio = (math.sqrt(5) - 1) / 2
-    c, d = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    fc, fd = _power_sse(logx, y, c)[2], _power_sse(logx, y, d)[2]
-    while hi - lo > 1e-5:
-        if fc < fd:
-            hi, d, fd = d, c, fc
-            c = hi - ratio * (hi - lo)
-            fc = _power_sse(logx, y, c)[2]
-        else:
-            lo, c, fc = c, d, fd
-            d = lo + ratio * (hi - lo)
-            fd = _power_sse(logx, y, d)[2]
-    k = (lo + hi) / 2
+    k = best_exponent(lambda e: _power_sse(logx, y, e)[2])
     a, b, sse = _power_sse(logx, y, k)
     dy = y - y.mean()
     sst = float(dy @ dy)
     return PowerFit(a=a, b=b, k=k, r2=1.0 - sse / sst if sst > 0 else 1.0, n=len(x), sse=sse)
+
+
+def shared_power_fit(x: np.ndarray, y: np.ndarray, groups: np.ndarray,
+                     near: float | None = None) -> tuple[float, dict[int, tuple[float, float]]]:
+    """y = a_g + b_g * x**k with one exponent k for every group (a model's own scale and intercept, one law):
+    (k, {group: (a, b)}). Callers pass x > 0 and at least MIN_FIT_POINTS rows; `near`: search only within 0.3 of
+    it (a resample of a fitted run)."""
+    logx = np.log(np.asarray(x, dtype=np.float64))
+    y = np.asarray(y, dtype=np.float64)
+    parts = [(int(g), groups == g) for g in np.unique(groups)]
+
+    def sse(k: float) -> float:
+        return sum(_power_sse(logx[rows], y[rows], k)[2] for _, rows in parts)
+
+    k = best_exponent(sse) if near is None else best_exponent(
+        sse, (max(EXPONENT_RANGE[0], near - 0.3), min(EXPONENT_RANGE[1], near + 0.3)), 7)
+    return k, {g: _power_sse(logx[rows], y[rows], k)[:2] for g, rows in parts}
+
+
+def best_exponent(sse: Callable[[float], float], span: tuple[float, float] = EXPONENT_RANGE, points: int = 60) -> float:
+    """The exponent in `span` that minimises `sse`: a grid of `points`, then golden-section refinement."""
+    grid = np.linspace(*span, points)
+    sses = [sse(k) for k in grid]
+    i = int(np.argmin(sses))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    ratio = (math.sqrt(5) - 1) / 2
+    c, d = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fc, fd = sse(c), sse(d)
+    while hi - lo > 1e-5:
+        if fc < fd:
+            hi, d, fd = d, c, fc
+            c = hi - ratio * (hi - lo)
+            fc = sse(c)
+        else:
+            lo, c, fc = c, d, fd
+            d = lo + ratio * (hi - lo)
+            fd = sse(d)
+    return (lo + hi) / 2
 
 
 def _aic(sse: float, n: int, params: int) -> float:

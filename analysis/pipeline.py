@@ -16,7 +16,7 @@ from typing import Any, cast
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tokenload.analysis import caching, plots, serverplot
+from tokenload.analysis import attribution, caching, levers, models, plots, serverplot
 from tokenload.analysis.ratelimits import rate_limits_html
 from tokenload.analysis.records import REQUESTS_FILE, load_run
 from tokenload.analysis.report import (
@@ -137,12 +137,16 @@ def scenario_warmup(manifest: Manifest) -> float:
 
 def analyze(run_dir: str | Path, slo: Slo | None = None, low_load_users: int | None = None,
             console: Console | None = None, write: bool = True, options: StepOptions | None = None, *,
-            slo_overrides: Mapping[str, Any] | None = None, thresholds: Sequence[Threshold] = ()) -> Analysis:
-    """Like `analyze_run` but returns the full `Analysis` (used by comparisons)."""
+            slo_overrides: Mapping[str, Any] | None = None, thresholds: Sequence[Threshold] = (),
+            model: str | None = None) -> Analysis:
+    """Like `analyze_run` but returns the full `Analysis` (used by comparisons); `model`: that model's requests
+    only (a comparison of a run's models)."""
     path = Path(run_dir)
     enabled = path.is_dir() and _row_count(path) >= PROGRESS_MIN_ROWS
     with _stages(console, enabled, total=3 + len(PLOTS)) as advance:
         run = load_run(path)
+        if model is not None:
+            run = dataclasses.replace(run, df=run.df[run.df["model"].astype(str) == model].reset_index(drop=True))
         advance("per-step statistics and fits")
         if slo is None:
             slo = resolve_slo(run.manifest, slo_overrides)
@@ -152,6 +156,8 @@ def analyze(run_dir: str | Path, slo: Slo | None = None, low_load_users: int | N
         # The probes are recounted against the SLO the run decided them by, whatever the flags say.
         search = search_summary(run, scenario_slo(run.manifest), options.percentiles)
         analysis = summarize(run, slo, low_load_users, options, search)
+        for attach in (models.attach, attribution.attach, levers.attach):  # per model, which factor, which lever
+            attach(analysis)
         analysis.summary["thresholds"] = judge_thresholds(analysis, [*scenario_thresholds(run.manifest)[0], *thresholds])
         if write:
             advance("writing summary.json")
@@ -176,13 +182,18 @@ def write_report(analysis: Analysis, out_dir: Path, advance: Callable[[str], Non
         if drawn is not None:
             figures.append(figure(drawn, serverplot.CAPTION))
     advance("writing report.html")
-    sections = [("Verdict", verdict_html(s))]
+    sections = [("Which lever", levers.levers_html(s))] if s.get("lever_baseline") else []
+    sections.append(("Verdict", verdict_html(s)))
     if search := s.get("search"):
         sections.append(("Probes: each judged on its own requests, at its own load (times in seconds)",
                          probes_html(search, s["analysis_options"]["percentiles"])))
     sections.append(("Diagnosis: " + (f"{s['diagnosis']['bound']}-bound" if s["diagnosis"]["bound"]
                                       else "bound not determined"),
                      "<ul class='advice'>" + "".join(f"<li>{h(a)}</li>" for a in s["diagnosis"]["advice"]) + "</ul>"))
+    factor = attribution.attribution_html(s)
+    if factor:
+        sections.append(("Which factor: TTFT, TPOT and e2e over input length, output length, model size and load",
+                         factor))
     if s["problems"]:
         sections.append(("What is missing", "<div class='problems'><ul>" +
                          "".join(f"<li>{h(p)}</li>" for p in s["problems"]) + "</ul></div>"))
@@ -279,5 +290,9 @@ def _tables(s: Summary) -> list[tuple[str, str]]:
 
 
 def print_verdict(summary: Summary, console: Console | None = None) -> None:
-    """Print the verdict table (the demo calls this after `analyze_run`)."""
-    (console or Console()).print(verdict_table(summary))
+    """Print the lever table, when the run can speak to one, then the verdict table (the demo calls this after
+    `analyze_run`)."""
+    console = console or Console()
+    if summary.get("lever_baseline"):
+        console.print(levers.levers_rich(summary))
+    console.print(verdict_table(summary))

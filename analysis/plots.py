@@ -81,37 +81,47 @@ def _load_axis(ax: Axes, views: Sequence[View]) -> None:
     ax.set_xlabel("concurrent users" if load_unit(views) == USERS else "offered load (requests / s)")
 
 
+def _series(views: Sequence[View]) -> list[tuple[str, pd.DataFrame, list[int], dict[str, Any]]]:
+    """(legend prefix, finished requests, low-load steps, fits) per run; a single run of several models, per model."""
+    models = views[0][1].summary.get("models") or {} if len(views) == 1 else {}
+    if len(models) > 1:
+        a = views[0][1]
+        return [(f"{m}: ", a.ok[a.ok["model"].astype(str) == m], a.low_steps, e["fits"]) for m, e in models.items()]
+    return [(f"{label}: " if len(views) > 1 else "", a.ok, a.low_steps, a.summary["fits"]) for label, a in views]
+
+
 def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
-                 lines: Callable[[Analysis], tuple[list[Curve], str | None]]) -> None:
-    """Points of the low-load steps in the run's colour, others grey; then each run's model lines, or why it has none."""
-    per_run = MAX_POINTS // max(len(views), 1)
+                 lines: Callable[[dict[str, Any]], tuple[list[Curve], str | None]]) -> None:
+    """Points of the low-load steps in the run's (or model's) colour, others grey; then each one's fitted lines, or
+    why it has none."""
+    series = _series(views)
+    per_run = MAX_POINTS // max(len(series), 1)
     y_tops: list[float] = []
     notes: list[str] = []
-    for i, (label, a) in enumerate(views):
+    for i, (prefix, ok, low_steps, fits) in enumerate(series):
         color = COLORS[i % len(COLORS)]
-        used = a.ok["step"].isin(a.low_steps)
-        low, rest = _sample(a.ok[used], per_run), _sample(a.ok[~used], per_run // 2)
-        prefix = f"{label}: " if len(views) > 1 else ""
+        used = ok["step"].isin(low_steps)
+        low, rest = _sample(ok[used], per_run), _sample(ok[~used], per_run // 2)
         if len(rest):
             ax.scatter(rest[x_col], rest[y_col], s=3, color="0.7", alpha=0.3, rasterized=True,
                        label=f"{prefix}higher-load steps (not fitted)")
-        curves, why = lines(a)
+        curves, why = lines(fits)
         ax.scatter(low[x_col], low[y_col], s=3, color=color, alpha=0.25, rasterized=True,
                    label=f"{prefix}low-load steps ({'fitted' if curves else 'no fit'})")
         if len(low):
             y_tops.append(float(np.percentile(low[y_col], 99.5)))
             xs = np.linspace(max(float(low[x_col].min()), 1.0), float(low[x_col].max()), 200)
             for name, fn, style in curves:
-                ax.plot(xs, fn(xs), style, color=color if len(views) > 1 or style == "-" else "black",
+                ax.plot(xs, fn(xs), style, color=color if len(series) > 1 or style == "-" else "black",
                         lw=2, label=f"{prefix}{name}")
         if not curves and why:
             notes.append(f"{prefix}{why}")
     if y_tops:
         top = 1.3 * max(y_tops)
         ax.set_ylim(0, top)
-        above = sum(int((a.ok[y_col] > top).sum()) for _, a in views)
+        above = sum(int((ok[y_col] > top).sum()) for _, ok, _, _ in series)
         if above:
-            total = sum(len(a.ok) for _, a in views)
+            total = sum(len(ok) for _, ok, _, _ in series)
             ax.text(0.99, 0.02, f"{above} of {total} points lie above the top of this axis (not shown)",
                     transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
                     color="#b00020", bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "#b00020"})
@@ -122,8 +132,8 @@ def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
     ax.grid(alpha=0.3)
 
 
-def _ttft_lines(a: Analysis) -> tuple[list[Curve], str | None]:
-    fit = a.summary["fits"]["ttft_vs_input"]
+def _ttft_lines(fits: dict[str, Any]) -> tuple[list[Curve], str | None]:
+    fit = fits["ttft_vs_input"]
     out: list[Curve] = []
     lin = fit.get("linear")
     if lin:
@@ -137,8 +147,8 @@ def _ttft_lines(a: Analysis) -> tuple[list[Curve], str | None]:
     return out, None if out else fit.get("note")
 
 
-def _e2e_lines(a: Analysis) -> tuple[list[Curve], str | None]:
-    fit = a.summary["fits"]["e2e_vs_output"]
+def _e2e_lines(fits: dict[str, Any]) -> tuple[list[Curve], str | None]:
+    fit = fits["e2e_vs_output"]
     out: list[Curve] = []
     if fit.get("slope_s_per_token") is not None:
         out.append((f"fit: {fit['intercept_s']:.3g} + {fit['slope_s_per_token']:.3g}·N s (R² {fit['r2']:.3f})",

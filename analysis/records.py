@@ -230,6 +230,8 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
         out["in_flight"] = False
     cut_at = pd.to_numeric(df["cut_at"], errors="coerce") if "cut_at" in df else pd.Series(np.nan, index=df.index)
     out["cut_at"] = cut_at.astype(np.float64).where(out["in_flight"].to_numpy()).to_numpy()
+    if "prompt_tokens_target" in df:  # the prompt length asked: a sweep's or a design's level
+        out["prompt_tokens_target"] = pd.to_numeric(df["prompt_tokens_target"], errors="coerce")
     return out
 
 

@@ -127,7 +127,7 @@ def _latency(df: pd.DataFrame, cut: float, percentiles: tuple[float, ...]) -> La
     return cast(Latency, out)
 
 
-def _formula(ok: pd.DataFrame, table: pd.DataFrame) -> Formula:
+def formula_test(ok: pd.DataFrame, table: pd.DataFrame) -> Formula:
     """The contract's `formula`: both forms with each step's *typical* TTFT and TPOT, a test that can fail.
 
     With a request's own TTFT and TPOT the exact form is true by the definition of
@@ -211,7 +211,7 @@ def _share(r2: float) -> str:
     return f"{100 * max(r2, 0.0):.0f}%"
 
 
-def _e2e_fit(low: pd.DataFrame, ttft_p50: float | None, tpot_p50: float | None) -> E2eFit:
+def e2e_vs_output(low: pd.DataFrame, ttft_p50: float | None, tpot_p50: float | None) -> E2eFit:
     """The contract's `fits.e2e_vs_output`, with the slope set against TPOT and the intercept against TTFT."""
     note = spread_note(low["output_tokens"].to_numpy(), "output length", "output-sweep")
     fit = cast("dict[str, Any] | None", linear_dict(linear_fit(low["output_tokens"].to_numpy(), low["e2e_s"].to_numpy()))
@@ -363,7 +363,7 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
     ttft_fit.update({"steps_used": low_steps, "steps_used_reason": low_reason, "requests_used": alone_reason})
     ttft_low = float(low["ttft_s"].median()) if len(low) else None
     tpot_low = float(low["tpot_s"].median()) if len(low) else None
-    e2e_fit = _e2e_fit(low, ttft_low, tpot_low)
+    e2e_fit = e2e_vs_output(low, ttft_low, tpot_low)
     e2e_fit["steps_used"] = low_steps
 
     complete = completeness(run, table)
@@ -415,7 +415,7 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
                 "not_judged": sum(n for kind, n in error_counts.items() if not judged("error", kind)),
                 "per_probe": search is not None},
         "fits": {"ttft_vs_input": ttft_fit, "e2e_vs_output": e2e_fit},
-        "formula": _formula(ok, table) if len(ok) else {"mape_simple": None, "mape_exact": None, "holds": False,
+        "formula": formula_test(ok, table) if len(ok) else {"mape_simple": None, "mape_exact": None, "holds": False,
                                                          "note": "no successful requests"},
         "e2e_drivers": _e2e_drivers(low),
         "latency": _latency(df, cut, options.percentiles),

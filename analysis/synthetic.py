@@ -143,3 +143,78 @@ def write_synthetic_run(run_dir: str | Path, law: Law = Law(), n: int = 20_000, 
     """Generate a run and write it as RUN_DIR (requests.parquet + manifest.json)."""
     df = generate(law, n=n, seed=seed)
     return write_run(run_dir, df, manifest_for(law, df))
+
+
+@dataclass(frozen=True)
+class DesignLaw:
+    """A run of a `[design]` (or of lockstep sweeps) whose every factor's effect is known.
+
+    TTFT = scale x (a + b n^k) x (1 + load_growth x (users - 1)) and TPOT = scale x tpot_s x (1 + load_growth x
+    (users - 1)), with scale = (size / 7)^size_exponent per model, times mean-one lognormal noise.
+    """
+
+    models: Mapping[str, float] = field(default_factory=lambda: {"syn-7b": 7.0, "syn-30b": 30.0})
+    size_exponent: float = 0.63
+    prompts: tuple[int, ...] = (64, 256, 1024, 4096)
+    outputs: tuple[int, ...] = (8, 32, 128)
+    users: tuple[int, ...] = (1, 4)
+    prefill_a: float = 0.05
+    prefill_b: float = 0.0004
+    prefill_k: float = 0.85
+    tpot_s: float = 0.02
+    load_growth: float = 0.1
+    noise: float = 0.03
+    # True: prompt and output lengths advance together (zip, as two sweeps do), not crossed.
+    lockstep: bool = False
+
+    def scale(self, model: str) -> float:
+        return float((self.models[model] / 7.0) ** self.size_exponent)
+
+    def ttft(self, model: str, n: float, users: float) -> float:
+        return self.scale(model) * (self.prefill_a + self.prefill_b * n ** self.prefill_k) * self.load(users)
+
+    def tpot(self, model: str, users: float) -> float:
+        return self.scale(model) * self.tpot_s * self.load(users)
+
+    def load(self, users: float) -> float:
+        return 1.0 + self.load_growth * (users - 1)
+
+
+def generate_design(law: DesignLaw = DesignLaw(), per_cell: int = 6, seed: int = 0,
+                    start: float = 1_700_000_000.0) -> pd.DataFrame:
+    """`per_cell` finished requests of every (prompt, output, model) cell at every user level, one step per level."""
+    rng = np.random.default_rng(seed)
+    pairs = list(zip(law.prompts, law.outputs)) if law.lockstep else [(p, o) for p in law.prompts for o in law.outputs]
+    cells = [(p, o, m, u) for u in law.users for m in law.models for p, o in pairs for _ in range(per_cell)]
+    p, o, m, u = (np.array(col) for col in zip(*cells))
+    size = len(cells)
+    ttft = np.array([law.ttft(mm, pp, uu) for pp, mm, uu in zip(p, m, u)]) * _mean_one_noise(rng, law.noise, size)
+    tpot = np.array([law.tpot(mm, uu) for mm, uu in zip(m, u)]) * _mean_one_noise(rng, law.noise, size)
+    e2e = ttft + tpot * (o - 1)
+    step = np.searchsorted(np.array(law.users), u) + 1
+    started = start + step * 1000.0 + rng.uniform(0, 900, size)
+    return pd.DataFrame({
+        "request_id": pd.RangeIndex(size).astype(str), "run_id": "synthetic-design", "worker": "w0",
+        "user_id": rng.integers(0, u).astype(str), "step": step, "active_users": u, "scheduled_at": started,
+        "started_at": started, "protocol": "anthropic", "model": m, "status": "ok",
+        "error_kind": pd.Series([None] * size, dtype="string"), "http_status": 200, "ttfb_s": ttft, "ttft_s": ttft,
+        "ttft_text_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "input_tokens": p.astype(np.int64),
+        "input_tokens_source": "server", "output_tokens": o.astype(np.int64), "output_tokens_source": "server",
+        "max_tokens": o.astype(np.int64), "prompt_tokens_target": p.astype(np.int64), "chunks": o.astype(np.int64),
+        "itl_p50_s": tpot, "itl_p99_s": tpot * 1.5, "itl_max_s": tpot * 2.0, "stop_reason": "max_tokens",
+        "finished_at": started + e2e, "in_flight": np.zeros(size, dtype=bool),
+    })
+
+
+def write_design_run(run_dir: str | Path, law: DesignLaw = DesignLaw(), per_cell: int = 6, seed: int = 0,
+                     slo: Mapping[str, float] | None = None) -> Path:
+    """A design run as RUN_DIR, its scenario naming the models (the first the channel's) and the SLO."""
+    df = generate_design(law, per_cell, seed)
+    manifest = {"run_id": "synthetic-design", "started_at": float(df["started_at"].min()),
+                "ended_at": float(df["finished_at"].max()),
+                "scenario": {"name": "synthetic-design", "channel": {"models": list(law.models)},
+                             "load": {"kind": "steps", "users": list(law.users)},
+                             **({"slo": dict(slo)} if slo else {})},
+                "channel": {"base_url": "synthetic://", "protocol": "anthropic", "model": next(iter(law.models))},
+                "versions": {"tokenload": "synthetic"}, "scheduler_lag": {}}
+    return write_run(run_dir, df, manifest)

@@ -45,7 +45,7 @@ def fake_server(_fake_server_session: FakeServer) -> Iterator[FakeServer]:
 SLOW_MODULES = frozenset({
     "test_analysis_sim", "test_demo", "test_drain", "test_history_demo", "test_history_report", "test_load_cores",
     "test_load_kind", "test_load_netns", "test_load_process", "test_load_run", "test_load_stop", "test_search_run",
-    "test_slo_runs", "test_watch", "test_watch_stress", "test_webui", "test_workloads",
+    "test_slo_runs", "test_watch", "test_watch_stress", "test_webui", "test_workloads", "test_levers_run",
 })
 SLOW_TESTS = frozenset({
     "test_cut_requests_are_censored_not_dropped", "test_interrupted_run_is_flagged_and_gets_no_clean_verdict",
@@ -85,7 +85,7 @@ ALONE_TESTS = frozenset({
     # 10 requests/s for 4 s, no send-lag warning: 3 of 40 sends were late beside 4 busy workers
     "test_open_loop_rate_within_10_percent",
 })
-ALONE_MODULES = frozenset({"test_sim_model"})  # the simulator's timing model, each test a few seconds
+ALONE_MODULES = frozenset({"test_sim_model", "test_levers_run"})  # timing models: the simulator's, the levers
 
 
 CONTRACT_FILES = pytest.StashKey[tuple[Any, list[str]]]()

@@ -385,9 +385,12 @@ class FakeServer:
     arrived. `reset()` clears both and releases any hanging response.
     """
 
-    def __init__(self, *, tls: ssl.SSLContext | None = None, handshake_delay_s: float = 0.0) -> None:
+    def __init__(self, *, tls: ssl.SSLContext | None = None, handshake_delay_s: float = 0.0, port: int = 0) -> None:
         self.requests: list[Received] = []
         self.connection: Connection = "close"
+        # True: each write's delay counts from the previous write's due time, not from when it went out, so
+        # the event loop's late wake-ups do not add up over a stream (a TPOT exact to the loop's lateness).
+        self.absolute_times = False
         self.connections = 0  # accepted so far
         self.dropped = 0  # requests `keep-alive-then-close` left unanswered
         self._tls = tls
@@ -399,7 +402,7 @@ class FakeServer:
         self._release: asyncio.Event | None = None
         self._server: asyncio.base_events.Server | None = None
         started = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(started,), name="fakeserver", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(started, port), name="fakeserver", daemon=True)
         self._thread.start()
         if not started.wait(10):
             raise RuntimeError("fake server did not start")
@@ -451,14 +454,14 @@ class FakeServer:
             self._release.set()
         self._release = asyncio.Event()
 
-    def _run(self, started: threading.Event) -> None:
+    def _run(self, started: threading.Event, port: int) -> None:
         asyncio.set_event_loop(self._loop)
         self._new_release()
         if self._tls is not None and self._handshake_delay_s:
             # Held inside the handshake (the SNI callback runs in it), so the client's TLS
             # setup takes that long. It blocks this loop: a TLS server takes one client at a time.
             self._tls.sni_callback = lambda *_: time.sleep(self._handshake_delay_s)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self._tls))
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", port, ssl=self._tls))
         started.set()
         self._loop.run_forever()
         # Stopped: end the open exchanges (hanging or sleeping ones) before closing the loop.
@@ -537,9 +540,11 @@ class FakeServer:
             head.append("connection: close")
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
         await writer.drain()
+        due = self._loop.time()
         for delay, data in script.writes:
+            due += delay
             if delay:
-                await asyncio.sleep(delay)
+                await asyncio.sleep(max(0.0, due - self._loop.time()) if self.absolute_times else delay)
             if not data:
                 continue
             writer.write(b"%x\r\n%s\r\n" % (len(data), data) if script.framing == "chunked" else data)

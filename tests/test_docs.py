@@ -279,11 +279,10 @@ def test_scenarios_md_carries_the_schema_run_help_prints() -> None:
 
 
 def test_every_summary_key_is_documented(tmp_path: Path) -> None:
-    from tokenload.analysis.records import load_run
-    from tokenload.analysis.summary import summarize
+    from tokenload.analysis.pipeline import analyze
     from tokenload.analysis.synthetic import Law, write_synthetic_run
 
-    summary = summarize(load_run(write_synthetic_run(tmp_path, Law(users=(1, 2, 4)), n=300))).summary
+    summary = analyze(write_synthetic_run(tmp_path, Law(users=(1, 2, 4)), n=300), write=False).summary
     text = (ROOT / "docs" / "summary.md").read_text(encoding="utf-8")
     keys = [*summary, *(f"steps[].{k}" for k in summary["steps"][0])]
     missing = [k for k in keys if not re.search(rf"(?<![\w.]){re.escape(k.removeprefix('steps[].'))}(?!\w)", text)]

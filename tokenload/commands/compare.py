@@ -28,8 +28,15 @@ Writes into --out (default: compare-<time> next to the first run):
   comparison.html   self-contained: delta table, run table, charts, verdicts
   plots/*.png       overlaid CDFs, per-concurrency curves, each run's fit lines
 
-Labels default to the runs' start times. Every run is judged by one SLO: the
-baseline's (its scenario's [slo]), with the --slo-* flags applied.
+One RUN_DIR of several models (`tokenload run levers --model A --model B`)
+compares its models instead, each one's requests as a run of its own (--models
+picks them, the first the baseline). Runs of other models get a headline about
+the models, at matched load level, prompt and output length: "sim-30b vs
+sim-7b: TTFT x2.50 [2.41, 2.58], TPOT x2.54 [2.50, 2.58], ...".
+
+Labels default to the runs' start times (the model names for one run's models).
+Every run is judged by one SLO: the baseline's (its scenario's [slo]), with the
+--slo-* flags applied.
 
 Thresholds (docs/ci.md) gate every other run against the baseline:
 'ttft.p95 <= +10%' at every matched load level from the bootstrap interval of
@@ -61,8 +68,10 @@ HELP = "compare runs (off-peak vs peak) level by level: deltas, intervals, signi
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", metavar="RUN_DIR", nargs="+",
-                        help="two or more run directories; the first is the baseline (with --threshold it may "
-                             "be a summary.json kept as a file)")
+                        help="two or more run directories, the first the baseline (with --threshold it may be "
+                             "a summary.json kept as a file); or one run of several models")
+    parser.add_argument("--models", metavar="A,B,...",
+                        help="with one RUN_DIR: compare these of its models (default: all), the first the baseline")
     parser.add_argument("--labels", metavar="A,B,...", help="comma-separated label per run (default: start times)")
     parser.add_argument("--out", metavar="DIR", help="output directory (default: compare-<time> next to the first run)")
     parser.add_argument("--quiet", action="store_true",
@@ -86,9 +95,12 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=args.quiet)
     if Path(args.run_dirs[0]).is_file():
         return _against_summary(args, thresholds, labels, console)
+    models = [x.strip() for x in args.models.split(",")] if args.models else None
     comparison = compare_runs(args.run_dirs, labels, args.out, slo_overrides=slo_overrides(args), console=console,
-                              relay=args.relay, thresholds=thresholds)
+                              relay=args.relay, thresholds=thresholds, models=models)
     if not args.quiet:
+        for line in comparison.get("models") or []:
+            console.print(line["headline"], markup=False, soft_wrap=True)
         console.print(comparison_table(comparison))
     gate = threshold_flags.report(comparison["thresholds"], args,
                                   title=f"against {comparison['baseline']}")
