@@ -17,7 +17,7 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -25,6 +25,8 @@ import pandas as pd
 from tokenload.analysis.fits import MIN_FIT_POINTS
 from tokenload.analysis.report import h, html_table
 from tokenload.analysis.summary import Analysis
+from tokenload.contracts.manifest import Manifest
+from tokenload.contracts.summary import Attribution, MetricShares, Summary
 from tokenload.modelsize import model_size
 
 # A factor with more distinct values than this is cut into QUANTILE_BINS bins of equal counts.
@@ -96,7 +98,7 @@ def factors(ok: pd.DataFrame, load_levels: pd.Series, declared: dict[str, float]
     return out
 
 
-def declared_sizes(manifest: dict[str, Any]) -> dict[str, float]:
+def declared_sizes(manifest: Manifest) -> dict[str, float]:
     """`[channel] model_sizes` of the run's resolved scenario."""
     sizes = ((manifest.get("scenario") or {}).get("channel") or {}).get("model_sizes") or {}
     return {str(k): float(v) for k, v in sizes.items() if isinstance(v, (int, float))}
@@ -394,7 +396,7 @@ def output_claim(result: dict[str, Any], merged: list[Confounding], found: dict[
     return f"cannot tell: {said} (their intervals overlap)"
 
 
-def attribute(ok: pd.DataFrame, load_levels: pd.Series, declared: dict[str, float] | None = None) -> dict[str, Any]:
+def attribute(ok: pd.DataFrame, load_levels: pd.Series, declared: dict[str, float] | None = None) -> Attribution:
     """summary.json `attribution`: per metric the model's R², each factor's share with its interval; the claim."""
     rows = usable(ok)
     if len(rows) < 2 * MIN_FIT_POINTS:
@@ -417,17 +419,17 @@ def attribute(ok: pd.DataFrame, load_levels: pd.Series, declared: dict[str, floa
     if not varied:
         out["note"] = "no factor varied: nothing to attribute"
         out["e2e_verdict"] = "cannot tell: neither input nor output length varied in this run"
-        return out
+        return cast(Attribution, out)
     for i, metric in enumerate(METRICS):
         result = shares(t, np.log(metric_values(rows, metric)), SEED + i)
         out[metric] = {k: v for k, v in result.items() if not k.startswith("_")} | {
             "labels": {g: _label(g) for g in t.groups}}
         if metric == "e2e":
             out["e2e_verdict"] = output_claim(result, merged, found)
-    return out
+    return cast(Attribution, out)
 
 
-def shares_text(entry: dict[str, Any]) -> str:
+def shares_text(entry: MetricShares) -> str:
     """'output length 71% [66, 75], input length 9% [6, 12], ... (R² 0.97)'."""
     parts = sorted(entry["shares"].items(), key=lambda kv: -kv[1]["share"])
     return ", ".join(f"{entry['labels'][g]} {_pct(v['share'])} [{_pct(v['ci'][0])}, {_pct(v['ci'][1])}]"
@@ -437,23 +439,23 @@ def shares_text(entry: dict[str, Any]) -> str:
 def attach(analysis: Analysis) -> None:
     """Add `attribution` to the summary; the verdict on output length (`e2e_drivers`) becomes its judgement."""
     s = analysis.summary
-    s["attribution"] = attribute(analysis.ok, load_levels(analysis),
-                                 declared_sizes(analysis.run.manifest))
-    verdict = s["attribution"].get("e2e_verdict")
-    varied = s["attribution"].get("factors") or {}
-    if verdict and all((varied.get(f) or {}).get("varied") for f in ("input", "output")):  # else the sweep's own
+    s["attribution"] = found = attribute(analysis.ok, load_levels(analysis), declared_sizes(analysis.run.manifest))
+    verdict = found.get("e2e_verdict")
+    varied = found.get("factors", {})
+    if verdict and all(f in varied and varied[f]["varied"] for f in ("input", "output")):  # else the sweep's own
         s["e2e_drivers"]["verdict"] = verdict
         s["e2e_drivers"]["basis"] = "attribution: every finished request, over input, output, model size and load"
 
 
-def attribution_html(summary: dict[str, Any]) -> str | None:
+def attribution_html(summary: Summary) -> str | None:
     """The report's "Which factor" section: each metric's shares with intervals, and what cannot be told."""
-    a = summary.get("attribution") or {}
-    if not any(a.get(m) for m in METRICS):
+    a = summary.get("attribution") or cast(Attribution, {})
+    shares = [(m, entry) for m in METRICS if (entry := cast("MetricShares | None", a.get(m)))]
+    if not shares:
         return None
-    rows = [[m.upper(), shares_text(a[m])] for m in METRICS if a.get(m)]
+    rows = [[m.upper(), shares_text(entry)] for m, entry in shares]
     notes = [f"did not vary: {', '.join(a['did_not_vary'])}"] if a.get("did_not_vary") else []
     notes += [Confounding(p["factors"][0], p["factors"][1], p["cramers_v"], p["r"]).sentence("latency")
-              for p in a.get("moved_together") or []]
+              for p in a.get("moved_together", [])]
     return (html_table(["metric", "share of the variance of log latency [95% interval]"], rows, left=2)
             + "".join(f"<p>{h(n)}</p>" for n in notes))

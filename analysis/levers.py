@@ -24,7 +24,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -48,6 +48,7 @@ from tokenload.analysis.models import first_model
 from tokenload.analysis.report import h, html_table
 from tokenload.analysis.summary import Analysis
 from tokenload.analysis.windows import level_text
+from tokenload.contracts.summary import LeverBaseline, LeverRow, Summary
 from tokenload.slo import Slo
 
 BOOTSTRAP = 200
@@ -260,9 +261,9 @@ def _sample(groups: np.ndarray, most: int) -> np.ndarray:
 
 def prefill_law(analysis: Analysis) -> Callable[[float, str], float]:
     """TTFT's shape in input length per model: the run's `prefill_law` (a + b n^k), else proportional to n."""
-    law = analysis.summary.get("prefill_law") or {}
-    per_model = law.get("models") or {}
-    k = law.get("exponent")
+    law = analysis.summary.get("prefill_law")
+    per_model = (law.get("models") or {}) if law else {}
+    k = law["exponent"] if law else None
 
     def shape(n: float, model: str) -> float:
         coef = per_model.get(model)
@@ -414,16 +415,21 @@ def verdict(rows: list[dict[str, Any]], baseline: dict[str, Any], slo: Slo) -> s
 
 def attach(analysis: Analysis) -> None:
     """Add `levers`, `lever_baseline` and `lever_verdict` to the summary (after `models.attach`)."""
-    analysis.summary.update(lever_table(analysis))
+    got = lever_table(analysis)
+    s = analysis.summary
+    s["levers"] = cast(list[LeverRow], got["levers"])
+    s["lever_baseline"] = cast("LeverBaseline | None", got["lever_baseline"])
+    s["lever_verdict"] = got["lever_verdict"]
 
 
 HEADERS = ("rank", "lever", "TTFT p50 s", "TPOT p50 s", "e2e p50 s", "SLO met", "meets the SLO?", "arithmetic")
 
 
-def table_rows(summary: dict[str, Any]) -> list[list[str]]:
+def table_rows(summary: Summary) -> list[list[str]]:
     """The lever table's rows (baseline first), shared by the terminal and the report."""
-    def value(row: dict[str, Any], key: str, pct: bool = False) -> str:
-        v, ci = row.get(key), (row.get("ci") or {}).get(key)
+    def value(row: LeverBaseline | LeverRow, key: str, pct: bool = False) -> str:
+        got = cast(dict[str, Any], row)
+        v, ci = got.get(key), (got.get("ci") or {}).get(key)
         if v is None:
             return "n/a"
         if pct:
@@ -446,14 +452,14 @@ def table_rows(summary: dict[str, Any]) -> list[list[str]]:
     return out
 
 
-def levers_html(summary: dict[str, Any]) -> str:
+def levers_html(summary: Summary) -> str:
     """The report's first section: the verdict sentence, then the table."""
     return (f"<p>{h(summary.get('lever_verdict') or '')}</p>" + html_table(HEADERS, table_rows(summary), left=2)
             + "<p class='note'>Predicted medians and SLO attainment with 95% intervals, from this run's own requests "
               "(docs/analysis.md#which-lever); each lever changes one thing of the baseline.</p>")
 
 
-def levers_rich(summary: dict[str, Any]) -> Table:
+def levers_rich(summary: Summary) -> Table:
     """The lever table for the terminal, printed before the verdict (the intervals are in the report)."""
     table = Table(title=f"which lever: {summary.get('lever_verdict') or ''}", title_justify="left")
     for head in ("#", "lever", "predicted medians", "SLO met"):

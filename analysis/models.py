@@ -29,6 +29,8 @@ from tokenload.analysis.fits import shared_power_fit, spread_note, ttft_vs_input
 from tokenload.analysis.steps import errors_by_kind, latency_stats, pkey, step_table, steps_records
 from tokenload.analysis.summary import Analysis, e2e_vs_output, formula_test, least_concurrent
 from tokenload.analysis.windows import step_windows
+from tokenload.contracts.manifest import Manifest
+from tokenload.contracts.summary import ModelEntry, ModelRatio, PrefillLaw, SizeLaw
 from tokenload.modelsize import model_size
 
 BOOTSTRAP = 200
@@ -104,13 +106,13 @@ def ratio_text(name: str, base: str, r: dict[str, Any]) -> str:
     return f"{name} vs {base}: {', '.join(parts)} ({r['matched_cells']} matched cells, {r['n']} requests)"
 
 
-def per_model(analysis: Analysis, sizes: dict[str, float]) -> dict[str, Any]:
+def per_model(analysis: Analysis, sizes: dict[str, float]) -> dict[str, ModelEntry]:
     """summary.json `models`: per model n, size, TTFT/TPOT/e2e p50 and p95 with intervals, its own fits."""
     run, df = analysis.run, analysis.run.df
     used = analysis.table.loc[analysis.low_steps] if analysis.low_steps else analysis.table.iloc[0:0]
     in_flight = used["achieved_concurrency"].fillna(used["active_users"]) if len(used) else pd.Series(dtype=float)
     concurrency = float(in_flight.median()) if len(in_flight) else None  # the run's fit's: queueing named alike
-    out: dict[str, Any] = {}
+    out: dict[str, ModelEntry] = {}
     for i, model in enumerate(sorted(str(m) for m in df["model"].dropna().unique())):
         rows = df[df["model"].astype(str) == model]
         stats = latency_stats(rows, run.cut, (50, 95), seed=100 + i)
@@ -125,7 +127,8 @@ def per_model(analysis: Analysis, sizes: dict[str, float]) -> dict[str, Any]:
         aside = run.aside[run.aside["model"].astype(str) == model] if len(run.aside) else run.aside
         table = analysis.table if len(df["model"].dropna().unique()) == 1 else step_table(
             rows, analysis.slo, step_windows(rows, run.manifest, run.cut), run.cut, analysis.options, aside=aside)
-        entry["steps"] = [{k: step[k] for k in STEP_KEYS} for step in steps_records(table, errors_by_kind(rows))]
+        entry["steps"] = [{k: cast(dict[str, Any], step)[k] for k in STEP_KEYS}
+                          for step in steps_records(table, errors_by_kind(rows))]
         entry["formula"] = formula_test(ok, table) if len(ok) else None
         low = ok[ok["step"].isin(analysis.low_steps)]
         alone, reason = least_concurrent(low, df)
@@ -134,11 +137,11 @@ def per_model(analysis: Analysis, sizes: dict[str, float]) -> dict[str, Any]:
         e2e = e2e_vs_output(low, float(low["ttft_s"].median()) if len(low) else None,
                       float(low["tpot_s"].median()) if len(low) else None)
         entry["fits"] = {"ttft_vs_input": ttft, "e2e_vs_output": e2e}
-        out[model] = entry
+        out[model] = cast(ModelEntry, entry)
     return out
 
 
-def prefill_law(analysis: Analysis) -> dict[str, Any]:
+def prefill_law(analysis: Analysis) -> PrefillLaw:
     """summary.json `prefill_law`: TTFT = a + b n^k per model with one exponent k for all of them, fitted on the
     low-load requests that ran alone (`least_concurrent`); k with its 95% bootstrap interval, the first claim
     judged."""
@@ -173,7 +176,7 @@ def prefill_law(analysis: Analysis) -> dict[str, Any]:
             "verdict": verdict}
 
 
-def size_law(rows: pd.DataFrame, found: dict[str, Factor]) -> dict[str, Any] | None:
+def size_law(rows: pd.DataFrame, found: dict[str, Factor]) -> SizeLaw | None:
     """summary.json `model_size_law`: latency ∝ size^k for TTFT and TPOT at matched conditions (>= 2 sizes)."""
     model = found["model"]
     size = model.values[model.codes]
@@ -190,8 +193,8 @@ def size_law(rows: pd.DataFrame, found: dict[str, Factor]) -> dict[str, Any] | N
         reason = (together[0].sentence("latency").replace("which drives latency", "the model's own effect")
                   if together else "no load level, prompt length and output length ran more than one model size: "
                   "the model's own effect cannot be told from this run; use [design]")
-        return {**out, "exponent": {m: None for m in LAW_METRICS}, "ci": {m: None for m in LAW_METRICS},
-                "verdict": reason}
+        return cast(SizeLaw, {**out, "exponent": {m: None for m in LAW_METRICS},
+                              "ci": {m: None for m in LAW_METRICS}, "verdict": reason})
     cell = np.unique(cell[keep], return_inverse=True)[1]
     for i, metric in enumerate(LAW_METRICS):
         y = np.log(rows[f"{metric}_s"].to_numpy(float))[known][keep]
@@ -200,7 +203,7 @@ def size_law(rows: pd.DataFrame, found: dict[str, Factor]) -> dict[str, Any] | N
         out["ci"][metric] = None if got is None else [round(v, 4) for v in got[1]]
     out["matched_cells"] = int(cell.max()) + 1
     out["verdict"] = _law_verdict(out, model)
-    return out
+    return cast(SizeLaw, out)
 
 
 def _law_verdict(law: dict[str, Any], model: Factor) -> str:
@@ -242,7 +245,8 @@ def attach(analysis: Analysis) -> None:
     s["model_ratios"] = []
     for j, other in enumerate(n for n in names if n != base):
         got = ratio(rows, found, rows["model"].astype(str).to_numpy() == other, SEED + 10 * j)
-        s["model_ratios"].append({"model": other, "baseline": base, **got, "headline": ratio_text(other, base, got)})
+        s["model_ratios"].append(cast(ModelRatio, {"model": other, "baseline": base, **got,
+                                                   "headline": ratio_text(other, base, got)}))
     fit = s["models"][base]["fits"]["ttft_vs_input"]
     s["fits"]["ttft_vs_input"] = {**fit, "steps_used": s["fits"]["ttft_vs_input"].get("steps_used", []),
                                   "steps_used_reason": s["fits"]["ttft_vs_input"].get("steps_used_reason", ""),
@@ -251,7 +255,7 @@ def attach(analysis: Analysis) -> None:
                                           "in models)"}
 
 
-def first_model(manifest: dict[str, Any], present: list[str]) -> str:
+def first_model(manifest: Manifest, present: list[str]) -> str:
     """The channel's own model (the first of the scenario's list) when it ran, else the first present."""
     listed = ((manifest.get("scenario") or {}).get("channel") or {}).get("models") or []
     return next((m for m in listed if m in present), present[0])

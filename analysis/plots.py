@@ -25,7 +25,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from tokenload.analysis.steps import STEADY_REQUESTS  # noqa: E402
 from tokenload.analysis.summary import Analysis  # noqa: E402
 from tokenload.analysis.windows import USERS, level_text  # noqa: E402
-from tokenload.contracts.summary import SearchSummary, Summary  # noqa: E402
+from tokenload.contracts.summary import Fits, SearchSummary, Summary  # noqa: E402
 
 View = tuple[str, Analysis]
 Curve = tuple[str, Callable[..., np.ndarray], str]  # (legend label, y(x), line style)
@@ -81,7 +81,7 @@ def _load_axis(ax: Axes, views: Sequence[View]) -> None:
     ax.set_xlabel("concurrent users" if load_unit(views) == USERS else "offered load (requests / s)")
 
 
-def _series(views: Sequence[View]) -> list[tuple[str, pd.DataFrame, list[int], dict[str, Any]]]:
+def _series(views: Sequence[View]) -> list[tuple[str, pd.DataFrame, list[int], Fits]]:
     """(legend prefix, finished requests, low-load steps, fits) per run; a single run of several models, per model."""
     models = views[0][1].summary.get("models") or {} if len(views) == 1 else {}
     if len(models) > 1:
@@ -91,7 +91,7 @@ def _series(views: Sequence[View]) -> list[tuple[str, pd.DataFrame, list[int], d
 
 
 def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
-                 lines: Callable[[dict[str, Any]], tuple[list[Curve], str | None]]) -> None:
+                 lines: Callable[[Fits], tuple[list[Curve], str | None]]) -> None:
     """Points of the low-load steps in the run's (or model's) colour, others grey; then each one's fitted lines, or
     why it has none."""
     series = _series(views)
@@ -132,7 +132,7 @@ def _scatter_fit(ax: Axes, views: Sequence[View], x_col: str, y_col: str,
     ax.grid(alpha=0.3)
 
 
-def _ttft_lines(fits: dict[str, Any]) -> tuple[list[Curve], str | None]:
+def _ttft_lines(fits: Fits) -> tuple[list[Curve], str | None]:
     fit = fits["ttft_vs_input"]
     out: list[Curve] = []
     lin = fit.get("linear")
@@ -147,7 +147,7 @@ def _ttft_lines(fits: dict[str, Any]) -> tuple[list[Curve], str | None]:
     return out, None if out else fit.get("note")
 
 
-def _e2e_lines(fits: dict[str, Any]) -> tuple[list[Curve], str | None]:
+def _e2e_lines(fits: Fits) -> tuple[list[Curve], str | None]:
     fit = fits["e2e_vs_output"]
     out: list[Curve] = []
     if fit.get("slope_s_per_token") is not None:

@@ -101,13 +101,13 @@ def verdict_rows(summary: Summary) -> list[tuple[str, str, bool | None]]:
         rows.append(("TTFT vs input", f"{ttft_fit['model']}: {slope_text(ttft_fit)}, "
                                       f"intercept {ttft_fit['intercept_s']:.3g} s{extra}, R² {ttft_fit['r2']:.3f} "
                                       f"(n={ttft_fit['n']:,}, {_steps(ttft_fit['steps_used'])})", None))
-        rows.append(("Prefill sub-linear?", (summary.get("prefill_law") or {}).get("verdict") or ttft_fit["sublinear"],
-                     None))
+        law = summary.get("prefill_law")
+        rows.append(("Prefill sub-linear?", law["verdict"] if law else ttft_fit.get("sublinear", ""), None))
     else:
         rows.append(("TTFT vs input", ttft_fit.get("note", "not fitted"), False))
     rows += [("Models", r["headline"], None) for r in summary.get("model_ratios") or []]
-    if summary.get("model_size_law"):
-        rows.append(("Sub-linear in model size?", summary["model_size_law"]["verdict"], None))
+    if size_law := summary.get("model_size_law"):
+        rows.append(("Sub-linear in model size?", size_law["verdict"], None))
     if e2e_fit.get("slope_s_per_token") is not None:
         vs = (f"; slope = {e2e_fit['slope_over_tpot_p50']:.3g}x median TPOT"
               if e2e_fit.get("slope_over_tpot_p50") is not None else "")
@@ -130,12 +130,13 @@ def verdict_rows(summary: Summary) -> list[tuple[str, str, bool | None]]:
                      formula["holds"]))
     elif formula.get("note"):
         rows.append(("Formula TTFT + TPOT × N", formula["note"], None))
-    per_model = {m: e["formula"] for m, e in (summary.get("models") or {}).items()
-                 if len(summary["models"]) > 1 and (e.get("formula") or {}).get("mape_simple") is not None}
-    if per_model:
+    models = summary.get("models") or {}
+    per_model = [(m, f, f["mape_simple"], f["mape_exact"]) for m, e in models.items() if (f := e["formula"])]
+    judged = [(m, f, simple, exact) for m, f, simple, exact in per_model if simple is not None and exact is not None]
+    if len(models) > 1 and judged:
         rows.append(("Formula per model", "each model's own steps (the run's pools several models): " + ", ".join(
-            f"{m} within {100 * f['mape_simple']:.1f}% ({100 * f['mape_exact']:.1f}% with N − 1)"
-            for m, f in per_model.items()), all(f["holds"] for f in per_model.values())))
+            f"{m} within {100 * simple:.1f}% ({100 * exact:.1f}% with N − 1)" for m, _, simple, exact in judged),
+            all(f["holds"] for _, f, _, _ in judged)))
     rows.append(("Output length drives e2e?", summary["e2e_drivers"]["verdict"], None))
     if bp:
         note = f" ({summary['breakpoint_note']})" if summary.get("breakpoint_note") else ""
@@ -150,10 +151,11 @@ def verdict_rows(summary: Summary) -> list[tuple[str, str, bool | None]]:
         rows.append(("Auto-stop", auto["verdict"], None))
     bound = diag["bound"] or "not determined (no request finished)"
     rows.append(("Bound", bound + (f" ({diag['bound_reason']})" if diag.get("bound_reason") else ""), None))
-    top = (summary.get("levers") or [None])[0]
-    if top and top.get("attainment") is not None and summary["lever_baseline"]["attainment"] < summary["slo"]["target"]:
-        rows.append(("First fix", f"{top['change']}: {top['arithmetic']} (predicted), SLO met by "
-                                  f"{100 * top['attainment']:.0f}% of requests (see Which lever)", None))
+    top = (summary.get("levers") or [])[:1]
+    base = summary.get("lever_baseline")
+    if top and base and (met := top[0]["attainment"]) is not None and base["attainment"] < summary["slo"]["target"]:
+        rows.append(("First fix", f"{top[0]['change']}: {top[0].get('arithmetic', '')} (predicted), SLO met by "
+                                  f"{100 * met:.0f}% of requests (see Which lever)", None))
     elif diag["advice"]:
         rows.append(("First fix", diag["advice"][0], None))
     rows += caching.verdict_rows(summary)

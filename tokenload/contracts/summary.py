@@ -136,6 +136,7 @@ class TtftFit(_TtftFit, total=False):
     steps_used: list[int]
     steps_used_reason: str
     requests_used: str
+    of_model: str  # a run of several models: the first model's fit (each one's is in `models`)
 
 
 class _E2eFit(TypedDict):
@@ -186,11 +187,17 @@ class Formula(_Formula, total=False):
     n: int
 
 
-class E2eDrivers(TypedDict):
+class _E2eDrivers(TypedDict):
     r2_input: float | None
     r2_output: float | None
     r2_both: float | None
     verdict: str
+
+
+class E2eDrivers(_E2eDrivers, total=False):
+    """`e2e_drivers`: the third claim; its verdict judged by `attribution` when both lengths varied (`basis`)."""
+
+    basis: str
 
 
 class _MetricLatency(TypedDict):
@@ -549,11 +556,213 @@ class ThresholdResult(TypedDict):
     note: str | None
 
 
+# ----- per model, which factor, which lever (analysis/models.py, attribution.py, levers.py) ---------------------
+
+
+class ModelStep(TypedDict):
+    """`models.NAME.steps[]`: one model's own numbers at a step."""
+
+    step: int
+    load_level: float | None
+    load_unit: str
+    active_users: int
+    requests: int
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    tpot_p50_s: float | None
+    tpot_p95_s: float | None
+    e2e_p50_s: float | None
+    e2e_p95_s: float | None
+    slo_attainment: float | None
+    formula_mape: float | None
+    ci: dict[str, Interval | None]
+
+
+class ModelEntry(TypedDict):
+    """`models.NAME`: one model's requests alone."""
+
+    n: int
+    size_b: float | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    tpot_p50_s: float | None
+    tpot_p95_s: float | None
+    e2e_p50_s: float | None
+    e2e_p95_s: float | None
+    ci: dict[str, Interval | None]
+    bounds: list[str]
+    steps: list[ModelStep]
+    formula: Formula | None
+    fits: Fits
+
+
+class Ratio(TypedDict):
+    ratio: float
+    ci: Interval
+
+
+class ModelRatio(TypedDict):
+    """`model_ratios[]`: a model against the first, within cells of matched load, prompt and output length."""
+
+    model: str
+    baseline: str
+    matched_cells: int
+    n: int
+    ttft: Ratio | None
+    tpot: Ratio | None
+    e2e: Ratio | None
+    headline: str
+
+
+class SizeExponents(TypedDict):
+    ttft: float | None
+    tpot: float | None
+
+
+class SizeIntervals(TypedDict):
+    ttft: Interval | None
+    tpot: Interval | None
+
+
+class _SizeLaw(TypedDict):
+    exponent: SizeExponents
+    ci: SizeIntervals
+    sizes_b: dict[str, float | None]
+    verdict: str
+
+
+class SizeLaw(_SizeLaw, total=False):
+    """`model_size_law`: latency ∝ size^k within matched cells (two sizes or more)."""
+
+    matched_cells: int
+
+
+class PrefillCoef(TypedDict):
+    a_s: float
+    b: float
+
+
+class _PrefillLaw(TypedDict):
+    exponent: float | None
+    ci: Interval | None
+    n: int
+    verdict: str
+
+
+class PrefillLaw(_PrefillLaw, total=False):
+    """`prefill_law`: TTFT = a + b n^k per model, one k for all, on the low-load requests that ran alone."""
+
+    requests_used: str
+    models: dict[str, PrefillCoef]
+
+
+class Share(TypedDict):
+    share: float
+    ci: Interval
+
+
+class MetricShares(TypedDict):
+    """`attribution.ttft` (`tpot`, `e2e`): the model's R² and each factor's share of the variance of log latency."""
+
+    r2: float
+    r2_ci: Interval
+    shares: dict[str, Share]
+    labels: dict[str, str]
+
+
+class FactorLevels(TypedDict):
+    varied: bool
+    levels: list[float | None]
+
+
+class MovedTogether(TypedDict):
+    factors: list[str]
+    cramers_v: float
+    r: float | None
+
+
+class Attribution(TypedDict, total=False):
+    """`attribution`: TTFT, TPOT and e2e over input length, output length, model size and load."""
+
+    note: str
+    e2e_verdict: str | None
+    scale: Literal["log"]
+    factors: dict[str, FactorLevels]
+    did_not_vary: list[str]
+    moved_together: list[MovedTogether]
+    interactions: list[list[str]]
+    n: int
+    ttft: MetricShares
+    tpot: MetricShares
+    e2e: MetricShares
+
+
+class LeverCondition(TypedDict):
+    input_tokens: int
+    max_tokens: int
+    model: str
+    load: str
+
+
+class LeverCi(TypedDict):
+    ttft_s: Interval
+    tpot_s: Interval
+    e2e_s: Interval
+    attainment: Interval
+
+
+class Change(TypedDict):
+    change: float
+    ci: Interval
+
+
+class VsToday(TypedDict):
+    """A lever's medians over the baseline's (`ratio`) and its attainment minus the baseline's (`change`)."""
+
+    ttft_s: Ratio
+    tpot_s: Ratio
+    e2e_s: Ratio
+    attainment: Change
+
+
+class LeverBaseline(TypedDict):
+    """`lever_baseline`: the condition every lever changes, as predicted."""
+
+    ttft_s: float
+    tpot_s: float
+    e2e_s: float
+    output_tokens: float
+    attainment: float
+    ci: LeverCi
+    arithmetic: str
+    condition: LeverCondition
+
+
+class _LeverRow(TypedDict):
+    lever: Literal["prompt", "model", "max_tokens", "load", "off_peak"]
+    change: str
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+    attainment: float | None
+    ci: LeverCi | None
+    meets_slo: bool | None
+
+
+class LeverRow(_LeverRow, total=False):
+    """`levers[]`: one lever, predicted; a lever on factors the run moved together has only a `note`."""
+
+    output_tokens: float
+    arithmetic: str
+    condition: LeverCondition
+    vs_today: VsToday
+    note: str
+
+
 # ----- the whole file ------------------------------------------------------------------------------------------
 
 
-class Summary(TypedDict):
-    """summary.json."""
+class _Summary(TypedDict):
 
     schema_version: Literal[1]
     run: RunInfo
@@ -580,6 +789,19 @@ class Summary(TypedDict):
     server_metrics: ServerMetrics
     thresholds: list[ThresholdResult]
     problems: list[str]
+
+
+class Summary(_Summary, total=False):
+    """summary.json."""
+
+    models: dict[str, ModelEntry]
+    model_ratios: list[ModelRatio]  # runs of several models
+    model_size_law: SizeLaw | None
+    prefill_law: PrefillLaw
+    attribution: Attribution
+    levers: list[LeverRow]
+    lever_baseline: LeverBaseline | None
+    lever_verdict: str
 
 
 # Keys named by the percentiles asked for: (the TypedDict, a regular expression over its keys, the value type).
