@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from tokenload.analysis.records import write_run
-from tokenload.protocolspec import DEFAULT_PROTOCOL
+from tokenload.protocolspec import DEFAULT_PROTOCOL, SPECS
 
 
 @dataclass(frozen=True)
@@ -196,12 +196,12 @@ def generate_design(law: DesignLaw = DesignLaw(), per_cell: int = 6, seed: int =
     return pd.DataFrame({
         "request_id": pd.RangeIndex(size).astype(str), "run_id": "synthetic-design", "worker": "w0",
         "user_id": rng.integers(0, u).astype(str), "step": step, "active_users": u, "scheduled_at": started,
-        "started_at": started, "protocol": "anthropic", "model": m, "status": "ok",
+        "started_at": started, "protocol": DEFAULT_PROTOCOL, "model": m, "status": "ok",
         "error_kind": pd.Series([None] * size, dtype="string"), "http_status": 200, "ttfb_s": ttft, "ttft_s": ttft,
         "ttft_text_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "input_tokens": p.astype(np.int64),
         "input_tokens_source": "server", "output_tokens": o.astype(np.int64), "output_tokens_source": "server",
         "max_tokens": o.astype(np.int64), "prompt_tokens_target": p.astype(np.int64), "chunks": o.astype(np.int64),
-        "itl_p50_s": tpot, "itl_p99_s": tpot * 1.5, "itl_max_s": tpot * 2.0, "stop_reason": "max_tokens",
+        "itl_p50_s": tpot, "itl_p99_s": tpot * 1.5, "itl_max_s": tpot * 2.0, "stop_reason": SPECS[DEFAULT_PROTOCOL].length_stop,
         "finished_at": started + e2e, "in_flight": np.zeros(size, dtype=bool),
     })
 
@@ -215,6 +215,6 @@ def write_design_run(run_dir: str | Path, law: DesignLaw = DesignLaw(), per_cell
                 "scenario": {"name": "synthetic-design", "channel": {"models": list(law.models)},
                              "load": {"kind": "steps", "users": list(law.users)},
                              **({"slo": dict(slo)} if slo else {})},
-                "channel": {"base_url": "synthetic://", "protocol": "anthropic", "model": next(iter(law.models))},
+                "channel": {"base_url": "synthetic://", "protocol": DEFAULT_PROTOCOL, "model": next(iter(law.models))},
                 "versions": {"tokenload": "synthetic"}, "scheduler_lag": {}}
     return write_run(run_dir, df, manifest)
