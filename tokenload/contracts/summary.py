@@ -559,7 +559,17 @@ class ThresholdResult(TypedDict):
 # ----- per model, which factor, which lever (analysis/models.py, attribution.py, levers.py) ---------------------
 
 
-class ModelStep(TypedDict):
+class _ModelPercentiles(TypedDict):
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    tpot_p50_s: float | None
+    tpot_p95_s: float | None
+    e2e_p50_s: float | None
+    e2e_p95_s: float | None
+    ci: dict[str, Interval | None]
+
+
+class ModelStep(_ModelPercentiles):
     """`models.NAME.steps[]`: one model's own numbers at a step."""
 
     step: int
@@ -567,29 +577,15 @@ class ModelStep(TypedDict):
     load_unit: str
     active_users: int
     requests: int
-    ttft_p50_s: float | None
-    ttft_p95_s: float | None
-    tpot_p50_s: float | None
-    tpot_p95_s: float | None
-    e2e_p50_s: float | None
-    e2e_p95_s: float | None
     slo_attainment: float | None
     formula_mape: float | None
-    ci: dict[str, Interval | None]
 
 
-class ModelEntry(TypedDict):
+class ModelEntry(_ModelPercentiles):
     """`models.NAME`: one model's requests alone."""
 
     n: int
     size_b: float | None
-    ttft_p50_s: float | None
-    ttft_p95_s: float | None
-    tpot_p50_s: float | None
-    tpot_p95_s: float | None
-    e2e_p50_s: float | None
-    e2e_p95_s: float | None
-    ci: dict[str, Interval | None]
     bounds: list[str]
     steps: list[ModelStep]
     formula: Formula | None
