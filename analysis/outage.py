@@ -17,7 +17,9 @@ and overload push-backs left out: they have their own reports) that
   the run ended;
 - began at a load level that had served at least `MIN_SERVED_BEFORE` requests
   before it, with no more load errors among them than the SLO allows (the errors
-  did not come with a rise in load);
+  did not come with a rise in load), or, when most of them are refused connections
+  (a port that stopped listening: no load does that), after the run had served that
+  many at any level (a search's probe too new to have served);
 - began abruptly when its errors are timeouts: the same level's successes just
   before had a TTFT far under the time the failures waited (a queue that grows
   towards the timeout is load, not an outage).
@@ -115,7 +117,15 @@ def _judge(earlier: pd.DataFrame, failed: pd.DataFrame, slo: Slo) -> dict[str, A
     before = earlier[earlier["step"] == first["step"]]
     served = before[before["status"].eq("ok")]
     load_errors = before["error_kind"].astype(str).isin(sorted(ek.LOAD_KINDS)) & before["status"].eq("error")
-    if len(served) < MIN_SERVED_BEFORE or load_errors.sum() > slo.max_error_rate * max(len(before), 1):
+    level_served = len(served) >= MIN_SERVED_BEFORE and load_errors.sum() <= slo.max_error_rate * max(len(before), 1)
+    # A port that stopped listening after it had answered went down whatever the load (an overloaded server
+    # queues, times out or pushes back; it does not close its port): the run's earlier successes show it was up,
+    # when the failures began at a level too new to have served (a search's next probe, a ramp's step).
+    refused = failed["error_kind"].astype(str).eq(ek.CONNECTION_REFUSED).mean() >= 0.5
+    whole_run = not level_served and refused and int(earlier["status"].eq("ok").sum()) >= MIN_SERVED_BEFORE
+    if whole_run:
+        served = earlier[earlier["status"].eq("ok")]
+    elif not level_served:
         return None
     timeouts = failed["error_kind"].astype(str).isin(sorted(_TIMEOUTS))
     if timeouts.any():
@@ -124,7 +134,7 @@ def _judge(earlier: pd.DataFrame, failed: pd.DataFrame, slo: Slo) -> dict[str, A
         if not recent["ttft_s"].quantile(0.95) < ABRUPT_SHARE * waited:
             return None
     return {"began": began, "step": int(first["step"]), "active_users": int(first["active_users"]),
-            "served_before": int(len(served))}
+            "served_before": int(len(served)), "whole_run": whole_run}
 
 
 def channel_words(run_dir: Path | None, since: float = -np.inf,
@@ -168,8 +178,9 @@ def _describe(found: dict[str, Any], failed: pd.DataFrame, recovered: pd.Series 
     if message:
         who = "the channel said" if status is not None else "the client saw"
         said = f"; {who}{f' (HTTP {status})' if status is not None else ''}: \"{message[:300]}\""
-    verdict = (f"the channel went down at {began - zero:.1f} s (step {step} at {level}, where "
-               f"{found['served_before']} requests had succeeded before): from then {span} {len(failed)} requests "
+    where = "in the run" if found["whole_run"] else "there"
+    verdict = (f"the channel went down at {began - zero:.1f} s (step {step} at {level}; "
+               f"{found['served_before']} requests had succeeded {where} before): from then {span} {len(failed)} requests "
                f"failed ({kinds_text}){said}. An outage, not a breakpoint: the errors began at a moment, not with "
                "the load")
     fix = (RELAY_BACKEND_DOWN if message and upstream_failure(status, message)

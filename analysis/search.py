@@ -162,7 +162,12 @@ def _binding_detail(rows: pd.DataFrame, binding: str | None, slo: Slo) -> str:
     if not len(every) or limit is None:
         return f"{LABEL[binding]} over {limit:g} s" if limit is not None else LABEL[binding]
     bound = "≥ " if len(censored) else ""
-    return f"{LABEL[binding]} p{pct} {bound}{float(np.percentile(every, pct)):.3g} s > {limit:g} s"
+    value = float(np.percentile(every, pct))
+    if value <= limit and not bound:  # the term held where its values are known: the failed requests missed
+        errors = int(rows["status"].ne("ok").sum())
+        return (f"{errors} of {len(rows)} requests failed, each a miss; {LABEL[binding]} p{pct} of the rest "
+                f"{value:.3g} s within {limit:g} s")
+    return f"{LABEL[binding]} p{pct} {bound}{value:.3g} s > {limit:g} s"
 
 
 def search_summary(run: Run, slo: Slo, percentiles: Sequence[float] = PERCENTILES) -> SearchSummary | None:
@@ -196,6 +201,8 @@ def search_summary(run: Run, slo: Slo, percentiles: Sequence[float] = PERCENTILE
                 entry["recount"] = (f"the run decided on {p.n} requests ({_share(p.attainment)}); its records "
                                     f"hold {ev.judged} ({_share(ev.attainment)}) judged by then")
             details[p.level] = _binding_detail(rows, p.binding, slo)
+            if p.verdict == "fail":
+                entry["binding_detail"] = details[p.level]
         else:
             earlier += p.tokens
         probes.append(cast(ProbeRow, entry))
@@ -235,6 +242,31 @@ def _latency(rows: pd.DataFrame, cut: float, percentiles: Sequence[float]) -> di
             "bounds": stats["bounds"]}
 
 
+def after_outage(search: SearchSummary, outage_at: float) -> None:
+    """The search as far as the channel served (in place): a probe that failed after the channel went down
+    (`outage.at`, unix s) failed on the outage's errors, not on its load, so it decides nothing. When every fail
+    of the first failing level came after it, that level is left undecided (`outage_level`), the capacity is a
+    lower bound, and the boundary's upper end is the lowest level that failed before the outage, if any."""
+    probes = search["probes"]
+    late = [p for p in probes if p.get("this_run") and p["verdict"] == "fail" and (p.get("decided_at") or 0) >= outage_at]
+    for p in late:
+        p["after_outage"] = True
+    ff = search["first_failing"]
+    if not late or ff is None or any(p["level"] == ff and p["verdict"] == "fail" and not p.get("after_outage")
+                                     for p in probes):
+        return
+    search["outage_level"] = ff
+    search["undecided"] = sorted({*search["undecided"], ff})
+    above = [p for p in probes if p["verdict"] == "fail" and not p.get("after_outage") and p["level"] > ff]
+    first = min(above, key=lambda p: p["level"]) if above else None
+    search["first_failing"] = first["level"] if first else None
+    search["interval"] = (search["interval"][0], first["level"] if first else None)
+    search["binding"] = cast(Any, first["binding"]) if first else None
+    search["binding_detail"] = first.get("binding_detail") if first else None
+    search["served"] = None  # the streams counted at a failing level say nothing of a level the outage decided
+    search["verdict"] = verdict_text(search)
+
+
 def decided_steps(search: Mapping[str, Any]) -> set[int]:
     """The steps of this run whose probe the search decided (passed or failed) on its evidence."""
     return {p["step"] for p in search["probes"] if p.get("this_run") and p["verdict"] in ("pass", "fail")}
@@ -244,7 +276,7 @@ def _probe_entry(p: Probe, over: str) -> ProbeRow:
     return {"level": cast(float, _level(p.level, over)), "verdict": p.verdict, "trial": p.trial, "n": p.n,
             "attainment": p.attainment, "ci": p.ci, "error_rate": p.error_rate, "binding": p.binding,
             "duration_s": p.duration_s, "tokens": p.tokens, "step": p.step, "run_id": p.run_id,
-            "confident": p.confident, "early": p.early, "served": p.served}
+            "confident": p.confident, "early": p.early, "served": p.served, "decided_at": p.decided_at}
 
 
 def _share(value: float | None) -> str:
@@ -269,7 +301,13 @@ def verdict_text(s: Mapping[str, Any]) -> str:
                  "earlier_runs": "earlier runs"}
         cost += f" ({', '.join(f'{_tokens(split[k])} {name}' for k, name in names.items() if split.get(k))})"
     cap, ff = s["capacity"], s["first_failing"]
-    if s["below_range"]:
+    if s.get("outage_level") is not None:
+        head = f"capacity at least {cap} {unit}" if cap is not None else "no capacity found"
+        parts: list[str | None] = [f"{s['outage_level']} not decided: the channel went down while it was probed"]
+        if ff is not None:
+            parts.append(f"{ff} fails: {s.get('binding_detail') or s['binding']}")
+        parts.append(f"boundary in [{cap}, {s['interval'][1]}]" if s["interval"][1] is not None else None)
+    elif s["below_range"]:
         head = f"capacity below {s['range'][0]} {unit}: the lowest level probed already fails"
         parts = [f"{s['binding_detail']}" if s.get("binding_detail") else None]
     elif cap is None:
@@ -286,8 +324,9 @@ def verdict_text(s: Mapping[str, Any]) -> str:
             parts.insert(1, f"the channel streamed {s['served']} at once while requests waited")
     if s["disagreements"]:
         parts.append(f"trials disagreed at {', '.join(map(str, s['disagreements']))}")
-    if s["undecided"]:
-        parts.append(f"undecided at {', '.join(map(str, s['undecided']))}")
+    undecided = [x for x in s["undecided"] if x != s.get("outage_level")]
+    if undecided:
+        parts.append(f"undecided at {', '.join(map(str, undecided))}")
     parts.append(cost)
     text = f"{head} ({'; '.join(p for p in parts if p)})"
     if s["stopped"]:
@@ -304,6 +343,8 @@ def probe_text(p: Mapping[str, Any], unit: str, slo: Mapping[str, Any]) -> str:
     head = f"{level_text(p['level'], unit)}{TRIALS.get(trial, f', trial {trial}')}: {p['verdict']}"
     if p["verdict"] == "pass" and not p.get("confident", True):
         head = head.replace(": pass", ": steering pass (not confident)")
+    elif p.get("after_outage"):
+        head += " after the channel went down (the outage's errors, not evidence of its load)"
     elif p["verdict"] == "fail" and p.get("binding"):
         head += f" on {LABEL.get(p['binding'], p['binding'])}"
     parts = [head]

@@ -29,7 +29,7 @@ from tokenload.analysis.fits import (
 from tokenload.analysis.outage import channel_words, find_outage
 from tokenload.analysis.ratelimits import rate_limits
 from tokenload.analysis.records import Run, cut_text
-from tokenload.analysis.search import decided_steps
+from tokenload.analysis.search import after_outage, decided_steps
 from tokenload.analysis.steps import (
     DEFAULT_OPTIONS,
     FORMULA_STEP_TOLERANCE,
@@ -368,6 +368,8 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
 
     complete = completeness(run, table)
     outage = find_outage(df, table, slo, run.started_at, run.run_dir) if len(table) else None
+    if search is not None and outage is not None:
+        after_outage(search, outage["at"])
     bp: dict[str, Any]
     if search is not None:
         bp = {"breakpoint": None, "rules": {}, "breakpoint_note": "a search: its probes decide the capacity on their "

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from analysis.search import probe_text, verdict_text
+from analysis.search import after_outage, probe_text, verdict_text
 from tokenload.search.bisect import Probe, Search
 from tokenload.search.evidence import LATE, MIN_FAIL_REQUESTS, ON_TIME, Evidence, cut_wait, decide, wilson_interval
 from tokenload.slo import Slo
@@ -109,6 +109,46 @@ def test_the_verdict_counts_every_token_spent_and_says_where_it_went() -> None:
          "binding": "ttft", "disagreements": [], "undecided": [], "stopped": None, "served": None,
          "tokens_split": {"counted": 23_000, "warmup": 5_600, "cut": 2_034, "storm_probe": 0, "earlier_runs": 0}}
     assert verdict_text(s).endswith("6 probes, 67 s, 31k tokens (23k counted, 5.6k warm-up, 2.0k cut))")
+
+
+def _probe(level: int, verdict: str, decided_at: float, binding: str | None = None) -> dict:
+    return {"level": level, "verdict": verdict, "this_run": True, "decided_at": decided_at, "binding": binding,
+            "binding_detail": f"TTFT p90 {level / 10} s > 0.5 s" if verdict == "fail" else None}
+
+
+@pytest.mark.parametrize("above", [False, True])
+def test_a_level_that_failed_after_the_channel_went_down_is_not_decided(above: bool) -> None:
+    # 8 passed at t=10; the channel went down at t=20, during the 9-user probe, which then failed on its errors.
+    # With 16 failing before the outage (the search had doubled first) the boundary's top is 16, else open.
+    probes = [_probe(8, "pass", 10.0), _probe(9, "fail", 21.0, "ttft")]
+    if above:
+        probes.insert(1, _probe(16, "fail", 15.0, "ttft"))
+    s = {"unit": "users", "probes": probes, "duration_s": 30.0, "tokens": 5000, "capacity": 8, "first_failing": 9,
+         "below_range": False, "above_range": False, "interval": (8, 9), "binding_detail": "TTFT p90 0.9 s > 0.5 s",
+         "binding": "ttft", "disagreements": [], "undecided": [], "stopped": None, "served": 8}
+    after_outage(s, outage_at=20.0)
+    assert s["outage_level"] == 9 and s["undecided"] == [9] and s["served"] is None
+    assert [p.get("after_outage", False) for p in s["probes"]] == [False] * (1 + above) + [True]
+    if above:
+        assert s["first_failing"] == 16 and s["interval"] == (8, 16) and s["binding_detail"] == "TTFT p90 1.6 s > 0.5 s"
+        assert s["verdict"].startswith("capacity at least 8 users (9 not decided: the channel went down while it "
+                                       "was probed; 16 fails: TTFT p90 1.6 s > 0.5 s; boundary in [8, 16]; 3 probes")
+    else:
+        assert s["first_failing"] is None and s["interval"] == (8, None)
+        assert s["verdict"] == ("capacity at least 8 users (9 not decided: the channel went down while it was "
+                                "probed; 2 probes, 30 s, 5.0k tokens)")
+    slo = {"ttft_s": 0.5, "tpot_s": None, "e2e_s": None}
+    row = {**s["probes"][-1], "trial": 1, "n": 10, "attainment": 0.5, "ci": None, "duration_s": 1.0, "tokens": 10}
+    assert probe_text(row, "users", slo).startswith("9 users: fail after the channel went down (the outage's errors")
+
+
+def test_a_failure_decided_before_the_outage_stands() -> None:
+    s = {"unit": "users", "probes": [_probe(8, "pass", 10.0), _probe(9, "fail", 19.0, "ttft")], "duration_s": 30.0,
+         "tokens": 5000, "capacity": 8, "first_failing": 9, "below_range": False, "above_range": False,
+         "interval": (8, 9), "binding_detail": "TTFT p90 0.9 s > 0.5 s", "binding": "ttft", "disagreements": [],
+         "undecided": [], "stopped": None, "served": None}
+    after_outage(s, outage_at=20.0)
+    assert "outage_level" not in s and s["first_failing"] == 9 and not any(p.get("after_outage") for p in s["probes"])
 
 
 def test_a_probe_row_says_its_verdict_its_evidence_and_its_own_percentiles() -> None:

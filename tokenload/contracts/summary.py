@@ -508,6 +508,9 @@ class ProbeRow(_ProbeRow, total=False):
     e2e_n: int
     bounds: list[str]  # the percentile keys that are lower bounds
     recount: str
+    decided_at: float | None  # unix s, when the search decided it
+    binding_detail: str | None  # a failed probe's reason: "TTFT p90 1.1 s > 0.5 s"
+    after_outage: bool  # decided after the channel went down (`outage`): its failures are the outage's
 
 
 class _SearchSummary(TypedDict):
@@ -537,6 +540,7 @@ class SearchSummary(_SearchSummary, total=False):
     """`search`: a searched run's capacity and its probes."""
 
     binding_detail: str | None
+    outage_level: float | None  # the level being probed when the channel went down, left undecided
 
 
 # ----- thresholds ----------------------------------------------------------------------------------------------
