@@ -162,9 +162,17 @@ def _level_key(row: Any) -> tuple[str, float]:
 
 
 def matched_levels(base: Analysis, other: Analysis) -> list[tuple[int, int, tuple[str, float]]]:
-    """(baseline step, other step, (unit, level)) for every load level both runs measured."""
+    """(baseline step, other step, (unit, level)) for every load level both runs measured.
+
+    A level measured in several steps (a search's probe revisited, a ramp's step back down) is compared by its
+    step with the most successful requests: the last one may be a probe of five requests."""
     def steps_by_level(a: Analysis) -> dict[tuple[str, float], int]:
-        return {_level_key(row): int(cast(int, step)) for step, row in a.table.iterrows()} if len(a.table) else {}
+        best: dict[tuple[str, float], tuple[int, int]] = {}
+        for step, row in a.table.iterrows():
+            key, ok = _level_key(row), int(row["ok"])
+            if key not in best or ok > best[key][1]:
+                best[key] = (int(cast(int, step)), ok)
+        return {key: step for key, (step, _) in best.items()}
     mine, theirs = steps_by_level(base), steps_by_level(other)
     return [(mine[k], theirs[k], k) for k in sorted(set(mine) & set(theirs))]
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from tokenload.analysis.compare import mann_whitney
@@ -104,6 +105,27 @@ def test_a_level_with_no_finished_request_in_one_run_is_compared_without_a_ratio
     at2 = next(x for x in c["levels"] if x["load_level"] == 2)
     assert at2["ttft"]["ratio_p50"] == pytest.approx(1.0, abs=0.1)
     assert (tmp_path / "cmp" / "comparison.html").is_file()
+
+
+def test_a_level_measured_twice_is_compared_by_its_step_with_the_most_requests(tmp_path: Path) -> None:
+    # A searched run revisits a level: its last step there may be a five-request probe (the demo's comparison
+    # then read TPOT "no meaningful difference" from 5 requests against a 4x slower peak).
+    from tokenload.analysis import compare_runs
+    from tokenload.analysis.synthetic import generate, manifest_for, write_run
+
+    law = Law(users=(1, 2, 4))
+    off = write_synthetic_run(tmp_path / "off", law, n=3000, seed=1)
+    df = generate(law, n=3000, seed=2)
+    again = df[df["active_users"].eq(4)].head(5).copy()  # a later probe back at 4 users, after a step above
+    again["step"] = int(df["step"].max()) + 2
+    shift = float(df["finished_at"].max() - again["started_at"].min()) + 60.0
+    for column in ("scheduled_at", "started_at", "finished_at"):
+        again[column] += shift
+    again["request_id"] = again["request_id"].astype(str) + "-again"
+    peak = write_run(tmp_path / "peak", pd.concat([df, again], ignore_index=True), manifest_for(law, df))
+    c = compare_runs([off, peak], ["off", "peak"], tmp_path / "cmp")
+    at4 = next(x for x in c["levels"] if x["load_level"] == 4)
+    assert at4["step"] == int(df.loc[df["active_users"].eq(4), "step"].iloc[0]) and at4["ttft"]["n"] > 100, at4
 
 
 def test_holm_adjustment_by_hand() -> None:
