@@ -725,6 +725,13 @@ def test_a_healthy_channel_is_not_judged_against_an_slo_nobody_gave(fake_server:
     judged = cli(tmp_path, *args, "--slo-e2e", "3", env={"ANTHROPIC_AUTH_TOKEN": KEY})
     latency = next(c for c in json.loads(judged.stdout) if c["name"] == "latency")
     assert judged.returncode == 1 and latency["status"] == FAIL and "total above 3 s" in latency["saw"], latency
+    scenario = tmp_path / "mine.toml"  # the SLO the user's own scenario runs with is one given too
+    scenario.write_text("[load]\nkind = \"constant\"\n[slo]\ne2e_s = 3\n")
+    by_scenario = cli(tmp_path, *args, "--scenario", str(scenario), env={"ANTHROPIC_AUTH_TOKEN": KEY})
+    latency = next(c for c in json.loads(by_scenario.stdout) if c["name"] == "latency")
+    assert by_scenario.returncode == 1 and latency["status"] == FAIL and "total above 3 s" in latency["saw"], latency
+    missing = cli(tmp_path, *args, "--scenario", str(tmp_path / "nope.toml"), env={"ANTHROPIC_AUTH_TOKEN": KEY})
+    assert missing.returncode == 2 and "nope.toml" in missing.stderr and "Traceback" not in missing.stderr
 
 
 def test_a_wrong_protocol_is_named_not_taken_for_a_wrong_base_url(fake_server: Any, tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ the key is tried online (1), because neither means anything until the earlier on
   5 model           served when that request succeeded or the model list names it; unknown:
                     the channel's models and a close match when one is alike
   6 latency         TTFT, TPOT and an answer of --expected-output-tokens as TTFT + TPOT x N;
-                    judged only when an SLO is given (any --slo-* flag; the SLO's defaults
-                    fill the rest, as on run and analyze): TTFT > --slo-ttft (then a
+                    judged only when an SLO is given (--scenario's, or any --slo-* flag; the
+                    SLO's defaults fill the rest, as on run and analyze): TTFT > --slo-ttft (then a
                     short-prompt probe: prompt length or load?), TPOT > --slo-tpot (a smaller
                     model), TTFT + TPOT x N > --slo-e2e (cap max tokens); no SLO given: the
                     numbers, never a FAIL
@@ -66,6 +66,7 @@ from pathlib import Path
 
 from tokenload.channel import add_channel_arguments, channel_flags
 from tokenload.commands.slo_flags import add_slo_arguments, slo_from_args, slo_overrides
+from tokenload.slo import Slo
 
 HELP = ("check the seven common channel mistakes in order, then channel fidelity, rate limits and prompt caching: "
         "ok, FAIL with what was seen and the fix, or could not verify")
@@ -87,6 +88,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-metrics", action="append", metavar="URL",
                         help="the inference server's Prometheus metrics address (repeatable), scraped while the "
                              "checks run: whether the server itself was busy (running, waiting, KV cache)")
+    parser.add_argument("--scenario", metavar="NAME|FILE",
+                        help="judge latency against the SLO this scenario runs with (its [slo], else tokenload's "
+                             "defaults), as `tokenload run` would; the --slo-* flags override its fields")
     add_slo_arguments(parser)
     add_channel_arguments(parser)
 
@@ -104,9 +108,14 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("expected_output_tokens", "prompt_tokens"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    # Judged only when the user gives an SLO (any --slo-* flag: the defaults then fill the rest, as everywhere):
-    # a bound nobody asked for would fail a healthy channel.
-    slo = slo_from_args(args) if slo_overrides(args) else None
+    # Judged only when the user gives an SLO (a scenario, or any --slo-* flag: the defaults then fill the rest, as
+    # everywhere): a bound nobody asked for would fail a healthy channel.
+    if args.scenario:
+        from tokenload.workload.scenario import load_scenario
+
+        slo: Slo | None = slo_from_args(args, load_scenario(args.scenario).slo)
+    else:
+        slo = slo_from_args(args) if slo_overrides(args) else None
     limits = Limits(ttft_s=slo.ttft_s if slo else None, tpot_s=slo.tpot_s if slo else None,
                     e2e_s=slo.e2e_s if slo else None,
                     expected_output_tokens=args.expected_output_tokens, burst_s=args.burst_ms / 1000,
