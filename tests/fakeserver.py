@@ -27,7 +27,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tokenload.protocolspec import SPECS
@@ -74,6 +74,9 @@ class Received:
     headers: dict[str, str]  # names lowercased
     body: bytes
     connection: int = 0  # which accepted connection (1, 2, ...) carried it
+    # When each write of the answer went out, (perf_counter before, after): the head, then each non-empty write.
+    # A test compares a client's stamps with them, so a server slowed by a busy machine is not a client's error.
+    written: list[tuple[float, float]] = field(default_factory=list)
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -497,7 +500,7 @@ class FakeServer:
                         self.dropped += 1
                     return  # the server had closed this connection after its answer: no byte back
                 script = self._script_for(received)
-                await self._answer(script, reader, writer, release)
+                await self._answer(script, reader, writer, release, received.written)
                 answered += 1
                 if self.connection == "close" or script.ending != "complete" or script.framing == "close":
                     return
@@ -527,7 +530,8 @@ class FakeServer:
         path, _, query = target.partition("?")
         return Received(method, path, query, headers, body, connection)
 
-    async def _answer(self, script: Script, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, release: asyncio.Event | None) -> None:
+    async def _answer(self, script: Script, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      release: asyncio.Event | None, written: list[tuple[float, float]]) -> None:
         if script.headers_delay_s:
             await asyncio.sleep(script.headers_delay_s)
         head = [f"HTTP/1.1 {script.status} {_REASONS.get(script.status, 'Status')}"]
@@ -538,7 +542,7 @@ class FakeServer:
             head.append(f"content-length: {len(script.body())}")
         if self.connection in ("close", "close-header-only"):
             head.append("connection: close")
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+        _write(writer, ("\r\n".join(head) + "\r\n\r\n").encode("latin-1"), written)
         await writer.drain()
         due = self._loop.time()
         for delay, data in script.writes:
@@ -547,7 +551,7 @@ class FakeServer:
                 await asyncio.sleep(max(0.0, due - self._loop.time()) if self.absolute_times else delay)
             if not data:
                 continue
-            writer.write(b"%x\r\n%s\r\n" % (len(data), data) if script.framing == "chunked" else data)
+            _write(writer, b"%x\r\n%s\r\n" % (len(data), data) if script.framing == "chunked" else data, written)
             await writer.drain()
         if script.ending == "complete":
             if script.framing == "chunked":
@@ -567,6 +571,12 @@ class FakeServer:
             for task in pending:
                 task.cancel()
         # "drop": just close, leaving a chunked body without its last chunk.
+
+
+def _write(writer: asyncio.StreamWriter, data: bytes, written: list[tuple[float, float]]) -> None:
+    before = time.perf_counter()
+    writer.write(data)  # an empty send buffer: the bytes go to the kernel now
+    written.append((before, time.perf_counter()))
 
 
 def server_arguments(doc: str) -> argparse.Namespace:

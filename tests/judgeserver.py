@@ -89,10 +89,11 @@ class JudgeServer(FakeServer):
         return Script(writes=chat_stream(["tok "] * n_out, ttft, tpot, input_tokens=n_in, output_tokens=n_out,
                                          model=model, finish_reason="length"))
 
-    async def _answer(self, script: Script, reader: Any, writer: Any, release: Any) -> None:
+    async def _answer(self, script: Script, reader: Any, writer: Any, release: Any,
+                      written: list[tuple[float, float]]) -> None:
         self.busy += 1
         try:
-            await super()._answer(script, reader, writer, release)
+            await super()._answer(script, reader, writer, release, written)
         finally:
             self.busy -= 1
 

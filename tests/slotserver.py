@@ -42,7 +42,8 @@ class SlotServer(FakeServer):
                              input_tokens=n_in, output_tokens=n_out, finish_reason="length")
         return Script(writes=writes)
 
-    async def _answer(self, script: Script, reader: Any, writer: Any, release: Any) -> None:
+    async def _answer(self, script: Script, reader: Any, writer: Any, release: Any,
+                      written: list[tuple[float, float]]) -> None:
         if self._slots is None:  # created on the server's own loop
             self._slots = asyncio.Semaphore(self.slots)
         arrival = time.monotonic()
@@ -52,6 +53,6 @@ class SlotServer(FakeServer):
             self.busy += 1
             self.max_busy = max(self.max_busy, self.busy)
             try:
-                await super()._answer(script, reader, writer, release)
+                await super()._answer(script, reader, writer, release, written)
             finally:
                 self.busy -= 1

@@ -399,12 +399,16 @@ def test_high_tpot_suggests_a_smaller_model(tmp_path: Path) -> None:
     assert "a smaller model (this channel serves sim-7b) may meet the need" in (latency.fix or "")
 
 
-def test_long_output_suggests_capping_max_tokens(sim: str, tmp_path: Path) -> None:
-    limits = Limits(e2e_s=0.2, expected_output_tokens=1000, prompt_tokens=50, probe_tokens=8)
-    latency = run_doctor(tmp_path, base_url=sim, auth_token=KEY, model="sim-7b", limits=limits)["latency"]
+def test_long_output_suggests_capping_max_tokens(tmp_path: Path) -> None:
+    """20 ms a token: a 1,000-token answer takes 20 s. (At the fast profile's 1 ms, a client on a busy machine read
+    the probe's 8 tokens together, TPOT near 0, and the long answer fitted in the bound.)"""
+    limits = Limits(e2e_s=1.0, expected_output_tokens=1000, prompt_tokens=50, probe_tokens=8)
+    with serve_in_thread("fast", api_key=KEY, decode_base_s=0.02) as handle:
+        latency = run_doctor(tmp_path, base_url=handle.base_url, auth_token=KEY, model="sim-7b",
+                             limits=limits)["latency"]
     assert latency.status == FAIL and "the output is long" in latency.saw
     ttft, tpot = latency.details["ttft_s"], latency.details["tpot_s"]
-    assert f"cap max tokens at about {int((0.2 - ttft) / tpot)} " in (latency.fix or "")
+    assert f"cap max tokens at about {max(1, int((1.0 - ttft) / tpot))} " in (latency.fix or "")
 
 
 # ---------------------------------------------------------------- streaming
@@ -682,8 +686,9 @@ def test_faithful_channel_passes_fidelity(fake_server: Any, tmp_path: Path) -> N
 
 
 def test_exit_1_only_for_what_the_user_can_fix_unless_strict(fake_server: Any, tmp_path: Path) -> None:
-    """A relay that ignores max_tokens and does not cache: findings, exit 0; --strict: exit 1."""
-    fake_server.route(relay(stream_script("anthropic", [f"w{i} " for i in range(40)])))
+    """A relay that ignores max_tokens and does not cache: findings, exit 0; --strict: exit 1. Its tokens come
+    3 ms apart: all at once they read as a buffering proxy once a busy machine delays the first past 50 ms."""
+    fake_server.route(relay(stream_script("anthropic", [f"w{i} " for i in range(40)], 0.0, 0.003)))
     args = ("--base-url", fake_server.url, "--model", "claude-x", "--timeout", "2")
     relaxed = cli(tmp_path, *args, env={"ANTHROPIC_AUTH_TOKEN": KEY})
     assert relaxed.returncode == 0, relaxed.stdout + relaxed.stderr
@@ -808,11 +813,14 @@ def test_caching_probe_failure_sends_no_repeat(fake_server: Any, tmp_path: Path)
 
 
 def test_one_cached_token_per_request_is_not_caching(fake_server: Any, tmp_path: Path) -> None:
-    """llama.cpp reports cached_tokens = 1 (the shared first token) on nearly every request."""
+    """llama.cpp reports cached_tokens = 1 (the shared first token) on nearly every request. The caching probe's
+    two answers take 0.4 s to their first token, so a client slowed by a busy machine on the first (by less
+    than 0.17 s) cannot make the repeat look 30% faster, as a cache would."""
     def one_cached(received: Received) -> Script:
         if received.body == b"{}":
             return relay(NO_DB)(received)
-        script = stream_script("openai-chat", ["OK"], input_tokens=len(received.body) // 4)
+        prefill = 0.4 if len(received.body) > 5000 else 0.0  # the caching probe's long prefix
+        script = stream_script("openai-chat", ["OK"], prefill, input_tokens=len(received.body) // 4)
         return Script(writes=[(d, b.replace(b'"total_tokens"', b'"prompt_tokens_details": {"cached_tokens": 1}, '
                                                                b'"total_tokens"')) for d, b in script.writes])
 

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pandas as pd
 import pytest
+from lagprobe import LagProbe
 from stampserver import StampServer
 
 from fakeserver import (
@@ -146,14 +147,14 @@ def test_t0_is_when_the_request_was_out_so_a_held_back_write_is_send_lag_not_ttf
     cannot be written until then. Both clients count that wait as the client's (`send_lag_s`), and TTFT is the
     server's own: from the kernel's arrival of the request's last byte to its first token (50 ms)."""
     prompt, repeat = "word ", 2_000_000
-    with StampServer(ttft_s=0.05, read_delay_s=0.6, rcvbuf=4096) as server:
+    with StampServer(ttft_s=0.05, read_delay_s=0.6, rcvbuf=4096) as server, LagProbe() as lag:
         records = _load(server.base_url, "anthropic", [{"prompt": prompt, "repeat": repeat}])
         records.append(stream_once(Channel(**_channel_fields(server.base_url, "anthropic")), prompt * repeat, 8))
         truth = server.ttfts(len(records))
     for record in records:
         assert record["status"] == "ok", record["error_message"]
         true_ttft = truth[record["server_request_id"]]
-        assert abs(record["ttft_s"] - true_ttft) < 0.04, (record["ttft_s"], true_ttft)
+        assert abs(record["ttft_s"] - true_ttft) < _margin(record, lag), (record["ttft_s"], true_ttft, lag.worst)
         assert record["send_lag_s"] > 0.4 and record["send_lag_s"] >= record["connect_s"] > 0
 
 
@@ -161,14 +162,21 @@ def test_no_latency_is_negative_when_the_answer_starts_before_the_write_returns(
     """Headers written the moment the connection is accepted reach the client's kernel before its write of the
     request returns (t0): their arrival stamp comes first. No latency may read below zero, and TTFT is still the
     server's own."""
-    with StampServer(ttft_s=0.05, early_headers=True) as server:
+    with StampServer(ttft_s=0.05, early_headers=True) as server, LagProbe() as lag:
         records = _load(server.base_url, "anthropic", [{}] * 4)
         records.append(stream_once(Channel(**_channel_fields(server.base_url, "anthropic")), "hello", 8))
         truth = server.ttfts(len(records))
     for record in records:
         assert record["status"] == "ok", record["error_message"]
         assert record["ttfb_s"] >= 0 and record["ttft_s"] >= record["ttfb_s"], (record["ttfb_s"], record["ttft_s"])
-        assert abs(record["ttft_s"] - truth[record["server_request_id"]]) < 0.04
+        true_ttft = truth[record["server_request_id"]]
+        assert abs(record["ttft_s"] - true_ttft) < _margin(record, lag), (record["ttft_s"], true_ttft, lag.worst)
+
+
+def _margin(record: dict[str, Any], lag: LagProbe) -> float:
+    """How far a record's TTFT may be from the server's: 40 ms, and where the client stamped an end with its
+    own clock (`ttft_exact` false: httpx), how late this process's threads woke meanwhile, at each end."""
+    return 0.04 + (0 if record["ttft_exact"] else 2 * lag.worst)
 
 
 def test_connection_close_in_the_response_is_honoured(fake_server: FakeServer) -> None:
