@@ -29,6 +29,8 @@ from tokenload.dayclock import DAY_S
 from tokenload.history.sampler import Watcher, WatchPlan, probe_scenario
 from tokenload.history.store import open_store
 from tokenload.sim import serve_in_thread
+from tokenload.sim.engine import LATENESS_BUCKET_S, LATENESS_BUCKETS
+from tokenload.sim.runner import SimHandle
 
 
 @dataclass
@@ -151,6 +153,20 @@ def parse_sse(raw: bytes) -> list[tuple[str | None, str]]:
         elif key == "data":
             data.append(value)
     return events
+
+
+def worst_lateness_s(sim: SimHandle) -> float:
+    """How late the simulator wrote its latest token so far (the top of its own lateness histogram, 0.1 ms
+    buckets, the last one 0.1 s and more): what a busy machine added to the times it was asked to keep. A test
+    that times the simulator widens its margin by this much, no more."""
+    counts = sim.server.stats.lateness
+    top = max((i for i, n in enumerate(counts) if n), default=0)
+    return min(top + 1, LATENESS_BUCKETS) * LATENESS_BUCKET_S
+
+
+def truth_tpot(rec: dict[str, Any]) -> float:
+    """A truth line's TPOT: the gaps between the tokens the simulator wrote."""
+    return float((rec["last_token"] - rec["first_token"]) / (rec["output_tokens"] - 1))
 
 
 def read_truth(path: Path) -> dict[str, dict[str, Any]]:
