@@ -9,7 +9,7 @@
   predicted 95% intervals.
 
 The packaged scenario's design (4 prompt lengths x 3 output caps x 2 models at 1 and 4 users) runs with shorter
-steps (one user until 24 requests finished, then 4 users for 12 s): the same truths in about a minute instead of
+steps (one user until 24 requests finished, then 4 users for 20 s): the same truths in about a minute instead of
 3.5.
 """
 
