@@ -145,9 +145,8 @@ def warm_inspect() -> None:
     """Pay now, before any user runs, what Locust's stop pays in the event loop at the run's last moment.
 
     `Runner.stop` logs its caller with `inspect.stack()`, and the first call in a process maps the file of
-    every module loaded (a `realpath` each: 53 ms with pandas and pyarrow loaded) while the streams sent
-    last wait to be read: their first tokens were read 2-3 tokens late (`benchmarks/startup_burst.py`).
-    Later calls map only the modules loaded since. Locust guards its own call (a frame without a source file
+    every module loaded (a `realpath` each) while the streams sent last wait to be read: their first tokens
+    were read late (docs/benchmarks.md, "Start-up burst"). Later calls map only the modules loaded since. Locust guards its own call (a frame without a source file
     can make it fail), and so does this one: it only moves a cost.
     """
     with contextlib.suppress(Exception):
