@@ -83,7 +83,10 @@ e2e_s = 5
 
 
 def test_auto_stop_is_named_and_related_to_the_slo_breakpoint(tmp_path: Path) -> None:
-    """2 slots: 4 users queue past the 0.05 s TTFT SLO; only at 8 users does TTFT p95 pass the live 0.28 s limit."""
+    """2 slots, 0.4 s a stream: 4 users queue past the 0.05 s TTFT SLO (about one stream's wait); only at 8 users
+    (three) does TTFT p95 pass the live 0.9 s limit. (At 0.1 s a stream and a 0.28 s limit, a busy machine, whose
+    simulator falls behind its 1 ms token grid, read 0.35 s at 4 users.) Each step holds until 20 requests
+    finished, the fewest a step needs to decide."""
     scenario = write_scenario(tmp_path, """
 [prompt]
 tokens = 32
@@ -94,20 +97,21 @@ ignore_eos = true
 kind = "steps"
 users = [2, 4, 8, 16]
 step_s = 4
+min_requests = 20
 [stop]
-breakpoint_ttft_p95_s = 0.28
+breakpoint_ttft_p95_s = 0.9
 drain_s = 3
 [slo]
 ttft_s = 0.05
 """)
     profile = tmp_path / "two-slots.toml"
-    profile.write_text('extends = "fast"\nslots = 2\n')
+    profile.write_text('extends = "fast"\nslots = 2\ndecode_base_s = 0.004\n')
     with launch(["--profile", str(profile)]) as sim:
         result = run_cli(scenario, sim.base_url, tmp_path / "run")
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["stop_reason"].startswith("auto-stop: step 3 (8 users) TTFT p95 "), manifest["stop_reason"]
-    assert manifest["stop_reason"].endswith("> 0.28 s ([stop] breakpoint_ttft_p95_s)")
+    assert manifest["stop_reason"].endswith("> 0.9 s ([stop] breakpoint_ttft_p95_s)")
 
     s = analyze_run(tmp_path / "run", write=False)
     assert s["run"]["completeness"]["truncated"] is False and s["run"]["completeness"]["note"] is None
