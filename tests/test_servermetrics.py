@@ -277,8 +277,10 @@ interval_s = 0.25
         running, waiting = slot_server.mean_state(step["start"], step["end"])
         assert abs(server["running_mean"] - running) <= 0.5 and abs(server["waiting_mean"] - waiting) <= 0.5, \
             (users, server, running, waiting)
-        # the check, where the load generator held its users (a starved 2-core machine can pause them)
-        if step["achieved_concurrency"] >= users - 0.25:
+        # the check, where the server's schedule held the step's users: a starved 2-core machine can pause
+        # the users, or leave a finished stream unread in the client, which still counts it (seen: 2 users on the
+        # client's side, 1.29 running on the server's, its schedule agreeing)
+        if running + waiting >= users - 0.25:
             assert abs(server["running_mean"] - min(users, 4)) <= 0.5, (users, server)
             assert abs(server["waiting_mean"] - max(users - 4, 0)) <= 1, (users, server)
         # nothing sits between client and server: the difference is within the server's TTFT bucket's width
@@ -556,8 +558,14 @@ def test_the_web_tab_shows_the_servers_gauges_live_and_the_run_keeps_them(tmp_pa
     manifest = json.loads((run_dir / MANIFEST_FILE).read_text())
     assert df is not None and manifest["server_metrics"]["samples"] == len(df) > 0
     assert manifest["started_at"] - 1 <= df["time"].min() and df["time"].max() <= manifest["ended_at"] + 3
-    step = json.loads((run_dir / "summary.json").read_text())["steps"][0]["server"]
-    assert abs(step["running_mean"] - 4) <= 0.5 and abs(step["waiting_mean"] - 2) <= 1, step
+    row = json.loads((run_dir / "summary.json").read_text())["steps"][0]
+    step, (running, waiting) = row["server"], server.mean_state(row["start"], row["end"])
+    # what the server's schedule held over the step, and 4 + 2 where it held all 6 users (a starved machine can
+    # leave a finished stream unread in the client: seen 3.75 running and 0.375 waiting)
+    assert abs(step["running_mean"] - running) <= 0.5 and abs(step["waiting_mean"] - waiting) <= 0.5, (step, running,
+                                                                                                        waiting)
+    if running + waiting >= 6 - 0.25:
+        assert abs(step["running_mean"] - 4) <= 0.5 and abs(step["waiting_mean"] - 2) <= 1, step
 
 
 @pytest.mark.slow
