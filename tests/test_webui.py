@@ -7,6 +7,7 @@ over loopback; the browser test drives Debian's Chromium through Playwright.
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import shutil
@@ -240,7 +241,13 @@ def test_headless_locust_csv_has_the_token_statistics(tmp_path: Path) -> None:
     # Like Locust's own, the master's view misses what workers finish after they were told to quit
     # (Locust waits 0.5 s for their last report); requests.parquet has every request.
     assert 0.5 * len(df) < agg["Request Count"] <= len(df)
-    assert agg["TTFT 50% (ms)"] / 1000 == pytest.approx(float(np.percentile(df.ttft_s.dropna(), 50)), rel=0.10)
+    # Its median is of the requests it saw: between the order statistics of all of them that the ones it missed
+    # allow (a busy machine's last requests, slower, missed: 0.068 s where all read 0.090), give or take 10%.
+    ttfts = np.sort(df.ttft_s.dropna().to_numpy())
+    seen = min(int(agg["Request Count"]), len(ttfts))
+    middle = (seen - 1) / 2
+    low, high = ttfts[math.floor(middle)], ttfts[min(len(ttfts) - 1, math.ceil(middle) + len(ttfts) - seen)]
+    assert 0.9 * low <= agg["TTFT 50% (ms)"] / 1000 <= 1.1 * high, (low, high, seen, len(ttfts))
 
 
 @pytest.mark.slow
