@@ -70,14 +70,14 @@ kind = "constant"
 users = 4
 step_s = 30
 """)
-    started = time.monotonic()
     with launch() as sim:
         result = subprocess.run(run_command(scenario, sim.base_url, tmp_path / "run", model="no-such-model"),
                                 capture_output=True, text=True, timeout=60)
-    assert time.monotonic() - started < 20  # not the 30 s plan
     assert result.returncode == 1, result.stderr
     assert "not_found_model HTTP 404" in result.stderr and "fix: use a model id this channel serves" in result.stderr
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    # the run's own span, not the command's: a busy machine took 25.6 s to start and end its processes around it
+    assert manifest["ended_at"] - manifest["started_at"] < 20, manifest  # not the 30 s plan
     assert manifest["stop_reason"].startswith("channel misconfigured: "), manifest["stop_reason"]
     assert "with not_found_model" in manifest["stop_reason"]
     # doctor's own fix; "no-such-model" is like no served id, so none is offered as the closest match

@@ -207,12 +207,19 @@ def test_sigkill_mid_sample_then_restart_loses_and_duplicates_nothing(slow_sim: 
 
 
 def test_sigterm_stops_cleanly_after_the_request_in_flight(slow_sim: object, tmp_path: Path) -> None:
+    """SIGTERM once the first sample's first request has ended (the simulator's truth says so; a fixed 1.5 s
+    was too short on a busy machine, and nothing was committed): the sample ends early but whole."""
     db = tmp_path / "h.db"
+    truth = slow_sim.truth_path  # type: ignore[attr-defined]
+    ended = len(truth.read_text().splitlines())
     proc = _watch(["--base-url", slow_sim.base_url, "--model", "sim-7b", "--every", "1h", "--db", str(db)])  # type: ignore[attr-defined]
     assert proc.stderr is not None
     first = proc.stderr.readline()  # printed once the signal handlers are in place
     assert first.startswith("watching anthropic 127.0.0.1:")
-    time.sleep(1.5)  # the first sample started at once; its second request (of ~1 s each) is in flight
+    deadline = time.monotonic() + 30
+    while len(truth.read_text().splitlines()) == ended and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # its second request (of ~1 s) is in flight
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
