@@ -1,7 +1,9 @@
 """The drain: derived from what the run observed unless `[stop] drain_s` fixes it (real Locust, the real simulator).
 
 The simulator profile below streams 100 tokens at 50 ms each (about 5 s a request), so the last step's
-requests, sent 3-5 s into a 6 s plan, are still open when the plan ends and need up to 4 s more.
+requests, sent 3.5-5 s into a 7 s plan, are still open when the plan ends and need up to 3 s more. The
+first user's second request starts 2 s before the plan ends (with 3 s steps, 1 s: on a busy machine the
+first one ended after the plan and the last step had one request).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ ignore_eos = true
 [load]
 kind = "steps"
 users = [1, 2]
-step_s = 3
+step_s = 3.5
 [stop]
 """
 
