@@ -51,6 +51,10 @@ RECORD_KEY, CHUNK_TIMES_KEY = "tokenload_record", "tokenload_chunk_times"
 # `evidence.ON_TIME`), or None.
 COUNTED_KEY = "tokenload_counted"
 SERIES_S = 2.0  # width of one point of the charts over time
+# A point of the time series is kept whole (its histograms) until it is this much older than the newest point,
+# long after the last worker delta for it came (every 3 s); then only what the charts draw of it is kept, so the
+# master's memory does not grow with the run's length by a point's histograms (about 1.6 KB) every 2 s.
+SERIES_KEEP_S = 60.0
 METRICS = ("ttft", "tpot", "itl", "e2e")
 PERCENTILES = (50, 95, 99)
 
@@ -256,11 +260,27 @@ def _cell(cells: dict[int, Cell], key: int) -> Cell:
 
 
 @dataclass
+class Point:
+    """An old point of the time series: what the charts draw of it (its percentiles as they were when it was
+    kept whole; requests and tokens that still come for it are added)."""
+
+    percentiles: tuple[float | None, ...]  # TTFT p50, p95, TPOT p50, p95
+    output_tokens: int
+    requests: int
+
+    @classmethod
+    def of(cls, cell: Cell) -> Point:
+        return cls(tuple(cell.hists[m].percentile(p) for m in ("ttft", "tpot") for p in (50, 95)),
+                   cell.output_tokens, cell.requests)
+
+
+@dataclass
 class RunStats:
     """One run's cells: per load step, per time-series point, and the whole run."""
 
     steps: dict[int, Cell] = field(default_factory=dict)
     series: dict[int, Cell] = field(default_factory=dict)
+    points: dict[int, Point] = field(default_factory=dict)  # the series' points older than SERIES_KEEP_S
 
     def observe(self, record: dict[str, Any], chunk_times: Sequence[float] | None, slo: Slo | None = None,
                 counted: str | None = None) -> None:
@@ -268,15 +288,43 @@ class RunStats:
         step = int(record.get("step") or 0)
         _cell(self.steps, step).observe(record, chunk_times, slo, counted)
         point = int((record.get("finished_at") or record["started_at"]) // SERIES_S)
+        old = self.points.get(point)
+        if old is not None:
+            old.requests += 1
+            old.output_tokens += record.get("output_tokens") or 0
+            return
+        new = point not in self.series
         _cell(self.series, point).observe(record, None)
+        if new:
+            self._keep_recent()
 
     def merge(self, other: RunStats) -> None:
-        for mine, theirs in ((self.steps, other.steps), (self.series, other.series)):
-            for key, cell in theirs.items():
-                if key in mine:
-                    mine[key].merge(cell)
-                else:
-                    mine[key] = cell
+        for key, cell in other.steps.items():
+            if key in self.steps:
+                self.steps[key].merge(cell)
+            else:
+                self.steps[key] = cell
+        for key, cell in other.series.items():
+            if key in self.points:
+                self._late(key, cell)
+            elif key in self.series:
+                self.series[key].merge(cell)
+            else:
+                self.series[key] = cell
+        self._keep_recent()
+
+    def _late(self, key: int, cell: Cell) -> None:
+        """Requests that finished in an old point, counted after it was let go."""
+        self.points[key].requests += cell.requests
+        self.points[key].output_tokens += cell.output_tokens
+
+    def _keep_recent(self) -> None:
+        """Let go of the histograms of the points older than SERIES_KEEP_S before the newest."""
+        if len(self.series) <= SERIES_KEEP_S / SERIES_S:
+            return
+        oldest = max(self.series) - SERIES_KEEP_S / SERIES_S
+        for key in [k for k in self.series if k < oldest]:
+            self.points[key] = Point.of(self.series.pop(key))
 
     def total(self) -> Cell:
         out = Cell()
@@ -297,14 +345,13 @@ class RunStats:
         """The charts' points: time (unix s), TTFT/TPOT p50/p95 (s) and tokens/s per point."""
         out: dict[str, list[Any]] = {k: [] for k in ("t", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s",
                                                       "output_tok_s", "rps")}
-        for key in sorted(self.series):
-            cell = self.series[key]
+        for key in sorted([*self.points, *self.series]):
+            point = self.points.get(key) or Point.of(self.series[key])
             out["t"].append(key * SERIES_S)
-            for metric in ("ttft", "tpot"):
-                for pct in (50, 95):
-                    out[f"{metric}_p{pct}_s"].append(cell.hists[metric].percentile(pct))
-            out["output_tok_s"].append(cell.output_tokens / SERIES_S)
-            out["rps"].append(cell.requests / SERIES_S)
+            for name, value in zip(("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s"), point.percentiles):
+                out[name].append(value)
+            out["output_tok_s"].append(point.output_tokens / SERIES_S)
+            out["rps"].append(point.requests / SERIES_S)
         return out
 
 
