@@ -31,7 +31,7 @@ import pandas as pd
 from tokenload.analysis.records import Run
 from tokenload.analysis.steps import METRICS, PERCENTILES, latency_stats, pkey
 from tokenload.analysis.windows import level_text
-from tokenload.contracts.summary import ProbeRow, SearchSummary
+from tokenload.contracts.summary import EdgeLevel, ProbeRow, SearchSummary
 from tokenload.search.bisect import Probe, Search
 from tokenload.search.evidence import Evidence, wilson_interval
 from tokenload.search.resume import SEARCH_FILE
@@ -81,7 +81,7 @@ def _judged_at(rows: pd.DataFrame, slo: Slo) -> pd.Series:
 
 def _trial_rows(rows: pd.DataFrame, slo: Slo, probes: list[Probe], i: int) -> pd.DataFrame:
     """The rows of probe `i`'s step that its verdict counted: judged before it was decided and, for a second
-    trial held on in its first trial's step (`bisect` `Search.continues`), after the first trial's decision.
+    trial held on in its first trial's step (a run of an earlier version), after the first trial's decision.
     A probe recorded without its decision's time (an older run) keeps every row of its trial's span."""
     p = probes[i]
     same = [q for q in probes if q.step == p.step and q.run_id == p.run_id]
@@ -134,6 +134,20 @@ def _trial_spend(spend: pd.DataFrame, probes: list[Probe], i: int) -> pd.DataFra
     since = same[k].started_at if k else -math.inf
     until = same[k + 1].started_at if k + 1 < len(same) else math.inf
     return rows[(rows["started_at"] >= since) & (rows["started_at"] < until)]
+
+
+def _why(rows: pd.DataFrame, slo: Slo) -> str:
+    """Why the records' count of a probe differs from the run's: requests its first token decided in flight
+    whose records say otherwise."""
+    if "judged_in_flight" not in rows or slo.ttft_s is None:
+        return ""
+    how = rows["judged_in_flight"]
+    read_late = int((how.eq("late") & (rows["ttft_s"].astype(float) <= slo.ttft_s)).sum())
+    failed = int((how.eq("on_time") & rows["status"].ne("ok")).sum())
+    reasons = ([f"{read_late} counted late had their first token in time by its arrival stamp (read late: the "
+                "load generator lagged)"] if read_late else []) + \
+              ([f"{failed} counted at a first token in time failed later"] if failed else [])
+    return f": {'; '.join(reasons)}" if reasons else ""
 
 
 def _binding_detail(rows: pd.DataFrame, binding: str | None, slo: Slo) -> str:
@@ -199,7 +213,7 @@ def search_summary(run: Run, slo: Slo, percentiles: Sequence[float] = PERCENTILE
                          tokens=sum(split.values()), tokens_split=split, **_latency(rows, run.cut, percentiles))
             if p.decided_at and (ev.judged, ev.met) != (p.n, round((p.attainment or 0.0) * p.n)):
                 entry["recount"] = (f"the run decided on {p.n} requests ({_share(p.attainment)}); its records "
-                                    f"hold {ev.judged} ({_share(ev.attainment)}) judged by then")
+                                    f"hold {ev.judged} ({_share(ev.attainment)}) judged by then{_why(rows, slo)}")
             details[p.level] = _binding_detail(rows, p.binding, slo)
             if p.verdict == "fail":
                 entry["binding_detail"] = details[p.level]
@@ -220,7 +234,8 @@ def search_summary(run: Run, slo: Slo, percentiles: Sequence[float] = PERCENTILE
         "below_range": capacity is None and first_failing is not None and first_failing <= search.min_level,
         "above_range": first_failing is None and capacity is not None and capacity >= search.max_level,
         "stopped": search.stopped, "disagreements": [_level(x, over) for x in search.disagreements],
-        "undecided": [_level(p.level, over) for p in search.probes if p.verdict == "undecided"],
+        "undecided": [_level(p.level, over) for p in search.probes if p.verdict == "undecided" and not p.edge],
+        "edge": [_edge(level, probes, over) for level in search.edges],
         "slo": slo.to_dict(), "served": None,
     }
     if first_failing is not None:
@@ -276,7 +291,18 @@ def _probe_entry(p: Probe, over: str) -> ProbeRow:
     return {"level": cast(float, _level(p.level, over)), "verdict": p.verdict, "trial": p.trial, "n": p.n,
             "attainment": p.attainment, "ci": p.ci, "error_rate": p.error_rate, "binding": p.binding,
             "duration_s": p.duration_s, "tokens": p.tokens, "step": p.step, "run_id": p.run_id,
-            "confident": p.confident, "early": p.early, "served": p.served, "decided_at": p.decided_at}
+            "confident": p.confident, "early": p.early, "served": p.served, "decided_at": p.decided_at,
+            "edge": p.edge, "rephased": p.rephased}
+
+
+def _edge(level: float, probes: list[ProbeRow], over: str) -> EdgeLevel:
+    """A level at the edge: its trials' requests pooled, and their 95% interval."""
+    trials = [p for p in probes if p["level"] == _level(level, over) and p["attainment"] is not None]
+    n = sum(p["n"] for p in trials)
+    met = sum(round((p["attainment"] or 0.0) * p["n"]) for p in trials)
+    ci = wilson_interval(met, n)
+    return {"level": cast(float, _level(level, over)), "n": n, "attainment": met / n if n else None,
+            "ci": list(ci) if ci else None}
 
 
 def _share(value: float | None) -> str:
@@ -322,6 +348,12 @@ def verdict_text(s: Mapping[str, Any]) -> str:
         parts = [f"{ff} fails: {s.get('binding_detail') or s['binding']}", f"boundary in [{cap}, {s['interval'][1]}]"]
         if s.get("served") is not None and cap <= s["served"] < ff:  # its slots explain the boundary
             parts.insert(1, f"the channel streamed {s['served']} at once while requests waited")
+    edges = [e for e in s.get("edge") or [] if e["ci"] is not None and (cap is None or e["level"] > cap)]
+    if edges:
+        lo, hi = edges[0]["ci"]
+        text = (f"{edges[0]['level']} {unit} is at the edge: {100 * lo:.0f}–{100 * hi:.0f}% against "
+                f"{100 * s['slo']['target']:.0f}%")
+        parts.insert(0, text + (f" (and {', '.join(str(e['level']) for e in edges[1:])})" if edges[1:] else ""))
     if s["disagreements"]:
         parts.append(f"trials disagreed at {', '.join(map(str, s['disagreements']))}")
     undecided = [x for x in s["undecided"] if x != s.get("outage_level")]

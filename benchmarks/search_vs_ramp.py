@@ -21,9 +21,19 @@ and judge the same SLO; their `[load]` and `[stop]` are the packaged ones:
   cheapest honest ramp), its capacity the highest step `tokenload analyze`
   finds meeting the SLO.
 
+With `--scripted`, the search alone against the scripted server of the tests
+(`tests/slotserver.py`) instead: `slots` = the capacity, identical 32-token
+answers (0.2 s + 0.5 ms a prompt token, then 20 ms a token: 0.85 s in a slot),
+64-token prompts, users 1..128, SLO TTFT <= 0.5 s for 90% (the setup of issue 33's
+side-by-side with AIPerf and GuideLLM). Started together, the users past the
+slots wait a whole answer each round, so 26 users on 24 slots meet the SLO 92%
+of the time and 27 88%; started apart they wait a fraction of one. Tokens are
+what the run's records hold (input + output of every request).
+
     python benchmarks/search_vs_ramp.py                  # about 20 minutes on 2 cores
     python benchmarks/search_vs_ramp.py --capacities 4   # one row
     python benchmarks/search_vs_ramp.py --search-only    # the search's columns only (ramp: docs/benchmarks.md)
+    python benchmarks/search_vs_ramp.py --scripted --capacities 24,96
 """
 
 from __future__ import annotations
@@ -115,6 +125,41 @@ def run(scenario_file: Path, profile_file: Path, out: Path) -> tuple[dict[str, A
     return json.loads((out / "summary.json").read_text(encoding="utf-8")), wall, tokens
 
 
+SCRIPTED = """name = "bench-scripted"
+prompt = { tokens = 64 }
+output = { max_tokens = 32 }
+load = { kind = "search", min = 1, max = 128, max_probe_s = 120, probe_warmup_s = 1 }
+slo = { ttft_s = 0.5, target = 0.9 }
+"""
+
+
+def run_scripted(slots: int, out: Path) -> tuple[dict[str, Any], float, int]:
+    """The `--scripted` search against a fresh scripted server of `slots` slots: as `run`, tokens from the records."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import pandas as pd
+
+    from slotserver import SlotServer
+
+    scenario_file = out.with_suffix(".toml")
+    scenario_file.write_text(SCRIPTED, encoding="utf-8")
+    env = {**os.environ, "TERM": "dumb"}
+    server = SlotServer(slots=slots, ttft_base_s=0.2, ttft_per_token_s=0.0005, tpot_s=0.02)
+    try:
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "tokenload", "run", str(scenario_file), "--base-url",
+                               server.url + "/v1", "--protocol", "openai-chat", "--model", "gpt-test", "--out",
+                               str(out)], capture_output=True, text=True, env=env)
+        wall = time.monotonic() - start
+    finally:
+        server.close()
+    if proc.returncode != 0:
+        raise SystemExit(f"tokenload run {scenario_file.name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    subprocess.run([sys.executable, "-m", "tokenload", "analyze", str(out)], capture_output=True, text=True, env=env)
+    df = pd.read_parquet(out / "requests.parquet")
+    tokens = int(df[["input_tokens", "output_tokens"]].fillna(0).to_numpy().sum())
+    return json.loads((out / "summary.json").read_text(encoding="utf-8")), wall, tokens
+
+
 def searched(summary: dict[str, Any], wall: float, tokens: int) -> Outcome:
     s = summary["search"]
     verdicts = "".join(p["verdict"][0] for p in s["probes"])
@@ -144,8 +189,12 @@ def main() -> int:
     parser.add_argument("--search-only", action="store_true",
                         help="run only the search (to measure a change to it; the ramp's tokens do not move)")
     parser.add_argument("--keep", metavar="DIR", help="keep the run directories here (default: a temporary one)")
+    parser.add_argument("--scripted", action="store_true",
+                        help="search the tests' scripted slot server instead (identical answers; no ramp)")
     args = parser.parse_args()
     capacities = [int(c) for c in args.capacities.split(",")]
+    if args.scripted:
+        return scripted(capacities, args.keep)
     ramp = tomllib.loads(packaged("ramp").read_text(encoding="utf-8"))
     workload = {"prompt": ramp["prompt"], "output": ramp["output"]}
     with tempfile.TemporaryDirectory() as tmp:
@@ -175,6 +224,26 @@ def main() -> int:
             print(f"| {cap} | {cell(s, cap)} | {cell(r, cap)} | {s.tokens / max(1, r.tokens):.2f} |")
     for cap, s, _ in rows:
         print(f"search probes at {cap}: {s.note}")
+    return 0
+
+
+def scripted(slots: list[int], keep: str | None) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(keep) if keep else Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        rows = []
+        for n in slots:
+            summary, wall, tokens = run_scripted(n, root / f"scripted-{n}")
+            rows.append((n, searched(summary, wall, tokens), summary["search"]["verdict"]))
+            print(f"{n} slots: {rows[-1][2]}", file=sys.stderr, flush=True)
+    print("scripted server: identical 32-token answers, 64-token prompts, SLO TTFT <= 0.5 s for 90%, users 1-128; "
+          "tokens = the records' input + output")
+    print("| slots | capacity | probes | wall | tokens | verdict |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for n, o, verdict in rows:
+        print(f"| {n} | {fmt(o.capacity)} | {o.probes} | {o.wall_s:.0f} s | {o.tokens / 1000:.0f}k | {verdict} |")
+    for n, o, _ in rows:
+        print(f"search probes at {n} slots: {o.note}")
     return 0
 
 

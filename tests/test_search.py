@@ -8,7 +8,16 @@ import pytest
 
 from analysis.search import after_outage, probe_text, verdict_text
 from tokenload.search.bisect import Probe, Search
-from tokenload.search.evidence import LATE, MIN_FAIL_REQUESTS, ON_TIME, Evidence, cut_wait, decide, wilson_interval
+from tokenload.search.evidence import (
+    EDGE_MARGIN,
+    LATE,
+    MIN_FAIL_REQUESTS,
+    ON_TIME,
+    Evidence,
+    cut_wait,
+    decide,
+    wilson_interval,
+)
 from tokenload.slo import Slo
 from tokenload.workload.scenario import default_max_probes
 
@@ -33,8 +42,8 @@ def run_search(search: Search, passes: Callable[[float, int], str],
     (8, [1, 2, 4, 8, 16, 12, 10, 9, 8]),
     (4, [1, 2, 4, 8, 6, 5, 4]),
     (1, [1, 2, 1]),
-    (24, [1, 2, 4, 8, 16, 32, 24, 24, 28, 26, 25]),
-    (27, [1, 2, 4, 8, 16, 32, 24, 24, 28, 26, 26, 27, 27]),
+    (24, [1, 2, 4, 8, 16, 32, 24, 28, 26, 25, 24]),
+    (27, [1, 2, 4, 8, 16, 32, 24, 28, 26, 27, 27]),
 ])
 def test_users_search_finds_the_capacity_to_one_user_and_confirms_it(capacity: int, expected: list[int]) -> None:
     search = Search("users", 1, 256, 1, max_probes=default_max_probes("users", 1, 256, 1))
@@ -46,27 +55,28 @@ def test_users_search_finds_the_capacity_to_one_user_and_confirms_it(capacity: i
 
 @pytest.mark.parametrize("slots,expected", [
     (4, [1, 2, 4, 8, 5, 4]),
-    (24, [1, 2, 4, 8, 16, 32, 24, 24, 25]),
-    (96, [1, 2, 4, 8, 16, 32, 64, 128, 96, 96, 97]),
+    (24, [1, 2, 4, 8, 16, 32, 24, 25, 24]),
+    (96, [1, 2, 4, 8, 16, 32, 64, 128, 96, 97, 96]),
     (1, [1, 2, 1]),
 ])
 def test_the_concurrency_a_slot_limited_channel_served_while_requests_waited_picks_the_next_level(
         slots: int, expected: list[int]) -> None:
     search = Search("users", 1, 256, 1)
     levels = run_search(search, lambda level, _t: "pass" if level <= slots else "fail", lambda _level: slots)
-    assert levels == expected  # bisection: 4 [.., 8, 6, 5, 4]; 24 [.., 24, 24, 28, 26, 25]; 96 6 probes more
+    assert levels == expected  # bisection: 4 [.., 8, 6, 5, 4]; 24 [.., 24, 28, 26, 25, 24]; 96 4 probes more
     assert search.capacity == slots and search.first_failing == slots + 1
 
 
 @pytest.mark.parametrize("capacity,served,expected", [
     # a channel that queues yet meets the SLO above its slot count: 8 passed with 4 streaming, so 4 says nothing
-    (12, 4, [1, 2, 4, 8, 16, 12, 12, 14, 13]),
+    # (8 passed on the way up: tried again first, then the bisection)
+    (12, 4, [1, 2, 4, 8, 16, 8, 12, 14, 13, 12]),
     # a hint in the bracket's upper half is not followed (a channel slowed without a queue serves about as many
     # as it was sent: following 120, 119, ... could cost a probe per user)
-    (100, 120, [1, 2, 4, 8, 16, 32, 64, 128, 96, 96, 112, 104, 100, 100, 102, 101]),
-    # a wrong hint costs two levels and their second trials at most, never the answer: 20 streaming while the
-    # channel carries 22 (bisection: [.., 32, 24, 20, 20, 22, 22, 23])
-    (22, 20, [1, 2, 4, 8, 16, 32, 20, 20, 21, 21, 26, 24, 22, 22, 23]),
+    (100, 120, [1, 2, 4, 8, 16, 32, 64, 128, 96, 112, 104, 100, 102, 101, 100]),
+    # a wrong hint costs two levels at most, never the answer: 20 streaming while the channel carries 22
+    # (bisection: [.., 32, 24, 20, 22, 23, 22])
+    (22, 20, [1, 2, 4, 8, 16, 32, 20, 21, 26, 24, 22, 23, 22]),
 ])
 def test_a_served_concurrency_that_does_not_bound_the_capacity_falls_back_to_bisection(
         capacity: int, served: int, expected: list[int]) -> None:
@@ -182,18 +192,22 @@ def test_served_is_the_90th_percentile_of_the_streaming_counts_taken_while_reque
     assert merged.streams == later.streams
 
 
-def test_a_pass_inside_the_bracket_has_its_second_trial_at_once_and_a_pass_below_any_fail_does_not() -> None:
+def test_the_capacitys_second_trial_comes_once_the_bracket_closed() -> None:
+    # no pass is held on for its second trial right after its first: the capacity is tried again at the end
     search = Search("users", 1, 256, 1)
     run_search(search, lambda level, _t: "pass" if level <= 24 else "fail")
-    held_on = [(p.level, p.trial) for prev, p in zip(search.probes, search.probes[1:]) if p.level == prev.level]
-    assert held_on == [(24, 2)]  # 24 passed between 16 and the failing 32: its second trial right after the first
-    low = Search("users", 1, 256, 1)
-    run_search(low, lambda level, _t: "pass" if level <= 4 else "fail")
-    assert [p.level for p in low.probes] == [1, 2, 4, 8, 6, 5, 4]  # 4 passed before any fail: held again at the end
-    assert not low.continues()
-    top = Search("users", 1, 8, 1)
-    assert run_search(top, lambda *_: "pass") == [1, 2, 4, 8, 8]  # max passed: its second trial at once too
+    assert [(p.level, p.trial) for p in search.probes if p.trial > 1] == [(24, 2)]
+    assert search.probes[-1].level == 24
 
+def test_a_level_passed_on_the_way_up_is_tried_again_first_when_the_failure_above_streamed_fewer() -> None:
+    # 24 slots, identical answers: 32 passed on five early requests (its queue not formed yet), 64 failed with
+    # 22 streaming: 32's second trial comes next and fails, and the served count's hint takes it from there
+    # (before: 48, 40, 36, 34 and 33 failed one by one, then 32's second trial)
+    search = Search("users", 1, 128, 1, max_probes=default_max_probes("users", 1, 128, 1))
+    levels = run_search(search, lambda level, trial: "pass" if level <= 26 or (level == 32 and trial == 1)
+                        else "fail", lambda _level: 22)
+    assert levels == [1, 2, 4, 8, 16, 32, 64, 32, 22, 23, 28, 26, 27, 26]
+    assert search.capacity == 26 and search.disagreements == [32]
 
 def test_at_most_ten_probes_for_a_capacity_of_eight() -> None:
     search = Search("users", 1, 64, 1)
@@ -501,3 +515,107 @@ def test_a_cut_stream_without_a_first_token_is_late_by_its_wait_until_the_cut() 
         ev.count(TTFT_ONLY, r)
     assert (ev.judged, ev.met, ev.missed_by["ttft"]) == (1, 0, 1)  # the one cut at 0.3 s decided nothing
     assert cut_wait(cut) == pytest.approx(0.8) and cut_wait({**cut, "cut_at": None}) is None
+
+
+def test_a_level_whose_attainment_is_within_the_edge_margin_of_the_target_is_at_the_edge_for_300_requests_not_1000(
+        ) -> None:
+    # 26 users on 24 slots with identical answers: 0.917 against 0.9. Its 95% interval holds the target until
+    # ~1,000 requests; once it lies within the margin either side, the level is at the edge (undecided)
+    assert decide(evidence(92, 100), SLO, 5, 60) is None  # [0.850, 0.959]: past 0.9 + 0.05
+    edge = decide(evidence(248, 270), SLO, 5, 60)  # [0.880, 0.946]
+    assert edge is not None and edge.verdict == "undecided" and edge.edge
+    assert edge.ci is not None and 0.9 - EDGE_MARGIN <= edge.ci[0] < 0.9 < edge.ci[1] <= 0.9 + EDGE_MARGIN
+    # the pooled interval of a second trial decides it there too; a clear pass or fail is never an edge, nor a
+    # level near 1 whose interval still holds the target (50 of 51: [0.896, 0.997], a pass a few requests on)
+    second = decide(evidence(124, 135), SLO, 5, 60, prior=(124, 135))
+    assert second is not None and second.edge
+    assert decide(evidence(50, 51), SLO, 5, 60) is None
+    assert decide(evidence(134, 140), SLO, 5, 60).verdict == "pass"  # type: ignore[union-attr]
+    assert decide(evidence(112, 140), SLO, 5, 60).verdict == "fail"  # type: ignore[union-attr]
+    assert not decide(evidence(27, 30), SLO, 60, 60).edge  # type: ignore[union-attr]  # out of time: not an edge
+
+
+def test_a_level_at_the_edge_bounds_the_capacity_from_above_and_the_verdict_names_it() -> None:
+    # 25 passes, 26 and 27 are at the edge, 28 fails: the capacity is 25 (confirmed), never an edge level, and
+    # no level above the edge is probed to find a decided fail next to it
+    search = Search("users", 1, 64, 1, max_probes=default_max_probes("users", 1, 64, 1))
+    edge_att = {26: 0.917, 27: 0.875}
+
+    def play(level: float) -> tuple[str, float, bool]:
+        if level in edge_att:
+            return "undecided", edge_att[int(level)], True
+        return ("pass", 1.0, False) if level <= 25 else ("fail", 0.5, False)
+
+    while (level := search.next_level()) is not None:
+        verdict, att, edge = play(level)
+        trial = 1 + sum(p.level == level for p in search.probes)
+        search.record(Probe(level, verdict, trial, 140, att, None, 0.0, None, 5.0, 100,  # type: ignore[arg-type]
+                            confident=search.full_evidence(level), edge=edge))
+        assert len(search.probes) < 30
+    assert search.capacity == 25 and search.first_failing is not None and search.bounds() == (25, 26)
+    assert search.edges == [26.0]  # 27 is never probed: the bracket [25, 26] is closed
+    s = {"unit": "users", "probes": [{}] * 9, "duration_s": 30.0, "tokens": 9000, "capacity": 25, "first_failing": 28,
+         "below_range": False, "above_range": False, "interval": [25, 26], "binding_detail": "TTFT p90 0.9 s > 0.5 s",
+         "binding": "ttft", "disagreements": [], "undecided": [], "stopped": None, "served": None,
+         "edge": [{"level": 26, "ci": [0.856, 0.95]}, {"level": 27, "ci": [0.82, 0.92]}], "slo": {"target": 0.9}}
+    text = verdict_text(s)
+    assert text.startswith("capacity 25 users (26 users is at the edge: 86–95% against 90% (and 27); 28 fails: ")
+
+
+def test_a_level_above_the_slots_is_probed_in_a_burst_and_confirmed_spread() -> None:
+    # 24 slots, identical answers: 32 failed with 24 streaming. At or below 24 no request waits in any phase:
+    # no pause. Above it a level passes in one phase and fails in another: where the fall past the slots is
+    # gradual its first trial starts after a pause with every user anew at once, and its second trial spread
+    # over a request's time. A pass in the phase the search's history left is tried again in a burst.
+    search = Search("users", 1, 128, 1)
+    assert search.rephased(40) is None  # nothing failed yet: the channel's slots are unknown
+    for level, verdict in ((16, "pass"), (26, "pass"), (32, "fail")):
+        search.record(Probe(level, verdict, 1, 10, 1.0 if verdict == "pass" else 0.0, None, 0.0, None, 1.0, 10,  # type: ignore[arg-type]
+                            confident=False, served=24 if verdict == "fail" else None))
+    assert search.served == 24
+    assert search.rephased(16) is None and search.rephased(24) is None and search.rephased(25) is None
+    assert search.rephased(26) == "burst"  # passed in the phase the search's history left: tried in a burst
+    # 32 failed off a cliff (attainment 0): a level above the slots is first probed where the users are; where
+    # the fall is gradual (a third of the requests missing at 32), in a burst
+    search.probes[2].attainment = 0.67
+    assert search.shape() == "gradual" and search.rephased(25) == "burst"
+    search.record(Probe(25, "pass", 1, 25, 0.96, None, 0.0, None, 1.0, 10, confident=False, rephased="burst"))
+    assert search.rephased(25) == "spread"
+    search.record(Probe(25, "pass", 2, 40, 1.0, None, 0.0, None, 1.0, 10, rephased="spread"))
+    assert search.rephased(25) is None
+    search.record(Probe(28, "fail", 1, 90, 0.83, None, 0.0, None, 1.0, 10, served=24, rephased="burst"))
+    assert search.rephased(28) is None  # a fail in any phase is a fail
+    assert search.min_requests(25) == 25 and search.min_requests(24) == 10  # above the slots: a round
+    assert Search("rate", 1.0, 100.0, 0.1, probes=[Probe(8.0, "fail", 1, 10, 0.0, None, 0.0, None, 1.0, 10,
+                                                         served=4)]).rephased(8.0) is None  # open loop: no phase
+
+
+def test_a_recount_that_differs_from_the_run_says_why(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # llama.cpp on a busy machine: the run counted a request late at 2 s, but its first token had arrived at
+    # 1.99 s by the kernel's stamp (the load generator read it late): the records hold a hit where the run
+    # counted a miss, and the probe says so instead of two numbers that disagree without a word
+    import json
+
+    import pandas as pd
+
+    from analysis.search import search_summary
+    from tokenload.analysis.records import Run
+
+    slo = Slo(ttft_s=2.0, target=0.9)
+    probe = Probe(2, "undecided", 1, 4, 0.75, None, 0.0, "ttft", 10.0, 100, step=1, started_at=100.0,
+                  decided_at=120.0, run_id="r")
+    (tmp_path / "search.json").write_text(json.dumps(Search("users", 1, 8, 1, probes=[probe]).to_dict()))
+    df = pd.DataFrame({"step": [1] * 4, "status": ["ok"] * 4, "in_flight": [False] * 4, "phase": ["measure"] * 4,
+                       "ttft_s": [0.9, 1.2, 1.1, 1.99], "started_at": [101.0, 102.0, 103.0, 104.0],
+                       "finished_at": [107.0, 108.0, 109.0, 110.0], "cut_at": [float("nan")] * 4,
+                       "judged_at": [103.0, 104.0, 105.0, 106.0], "judged_in_flight": ["on_time"] * 3 + ["late"],
+                       "error_kind": [None] * 4, "input_tokens": [32] * 4, "output_tokens": [32] * 4})
+    for column in ("tpot_s", "itl_p50_s", "itl_p99_s", "itl_max_s", "e2e_s"):
+        df[column] = float("nan")
+    s = search_summary(Run(tmp_path, {"run_id": "r"}, df), slo)
+    assert s is not None
+    p = s["probes"][0]
+    assert (p["n"], p["attainment"]) == (4, 1.0)
+    assert p["recount"] == ("the run decided on 4 requests (75.0%); its records hold 4 (100.0%) judged by then: 1 "
+                            "counted late had their first token in time by its arrival stamp (read late: the load "
+                            "generator lagged)")

@@ -119,6 +119,7 @@ class RequestRecord(SpecRecord, total=False):
     # when the run's live statistics counted its SLO verdict: at its end, or in a search where its first token
     # decided it (late, or in time under an SLO of TTFT alone); None for warm-up and a stream cut undecided
     judged_at: float | None
+    judged_in_flight: str | None  # late | on_time: its first token decided it in flight (`judged_at`); else None
 
 
 SPEC_COLUMNS: tuple[str, ...] = tuple(SpecRecord.__annotations__)

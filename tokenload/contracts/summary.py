@@ -511,6 +511,8 @@ class ProbeRow(_ProbeRow, total=False):
     decided_at: float | None  # unix s, when the search decided it
     binding_detail: str | None  # a failed probe's reason: "TTFT p90 1.1 s > 0.5 s"
     after_outage: bool  # decided after the channel went down (`outage`): its failures are the outage's
+    edge: bool  # undecided at the edge: its interval holds the target, within the edge margin of it
+    rephased: Literal["burst", "spread"] | None  # started after a pause with every user anew
 
 
 class _SearchSummary(TypedDict):
@@ -536,11 +538,21 @@ class _SearchSummary(TypedDict):
     verdict: str
 
 
+class EdgeLevel(TypedDict):
+    """`search.edge[]`: a level at the edge, its trials' requests pooled."""
+
+    level: float
+    n: int
+    attainment: float | None
+    ci: Interval | None
+
+
 class SearchSummary(_SearchSummary, total=False):
     """`search`: a searched run's capacity and its probes."""
 
     binding_detail: str | None
     outage_level: float | None  # the level being probed when the channel went down, left undecided
+    edge: list[EdgeLevel]  # the levels at the edge, lowest first
 
 
 # ----- thresholds ----------------------------------------------------------------------------------------------

@@ -124,7 +124,8 @@ def install_step_listener(role: roles.Role, state: LoadState, inbox: EarlyMessag
 
     def on_step(environment: Environment, msg: Any, **_: Any) -> None:
         data: Step = msg.data
-        state.follow(data["step"], data["users"], None if data["rate"] is None else data["rate"] / max(1, data["workers"]))
+        state.follow(data["step"], data["users"], None if data["rate"] is None else data["rate"] / max(1, data["workers"]),
+                     data["spawn_rate"], data["spread_s"])
         state.pacer.workers = max(1, data["workers"])
         state.started_at, state.plan_ends_at = data["started_at"], data["plan_ends_at"]
         share = (data.get("budget") or {}).get(role.worker_id)
@@ -233,7 +234,7 @@ class RunControl:
             self.workers.update(ids)
             message: Step = {"step": phase.step, "start_s": phase.start_s, "end_s": phase.end_s, "users": phase.users,
                              "rate": phase.rate, "workers": max(1, self.role.worker_count), "started_at": started_at,
-                             "plan_ends_at": plan_ends_at}
+                             "plan_ends_at": plan_ends_at, "spawn_rate": phase.spawn_rate, "spread_s": phase.spread_s}
             if self.limited and not self.budgets:  # shares are fixed by the workers present at the start
                 req, tok = shares(stop.max_requests, ids), shares(stop.max_tokens, ids)
                 self.budgets = {w: [req[w], tok[w]] for w in ids}
@@ -241,7 +242,7 @@ class RunControl:
                 message["budget"] = self.budgets
             self.role.to_workers(STEP_MESSAGE, message)
         else:
-            self.state.follow(phase.step, phase.users, phase.rate)
+            self.state.follow(phase.step, phase.users, phase.rate, phase.spawn_rate, phase.spread_s)
             self.state.started_at, self.state.plan_ends_at = started_at, plan_ends_at
             if phase.step == 1:
                 self.state.run_started_at = started_at

@@ -36,6 +36,8 @@ class _StepRequired(TypedDict):
     workers: int
     started_at: float  # wall time of the phase's start on the shape's clock
     plan_ends_at: float
+    spawn_rate: float | None  # the phase's own rate of starting users (a search's re-phased probe); None: the scenario's
+    spread_s: float  # its new users' first requests spread over this long (`Phase.spread_s`)
 
 
 class Step(_StepRequired, total=False):

@@ -33,6 +33,8 @@ class Phase:
     end_s: float
     users: int
     rate: float | None = None
+    spawn_rate: float | None = None  # users started per second into this phase; None: the scenario's
+    spread_s: float = 0.0  # its new users' first requests go out spread over this long (a search's re-phased probe)
 
 
 def build_plan(scenario: Scenario) -> list[Phase]:

@@ -29,7 +29,7 @@ from tokenload import errors as ek
 from tokenload.load.plan import Phase
 from tokenload.load.records import write_json
 from tokenload.load.tokenstats import Cell
-from tokenload.search.bisect import Probe, Search
+from tokenload.search.bisect import Probe, Rephase, Search
 from tokenload.search.evidence import Decision, Evidence, decide
 from tokenload.search.resume import SEARCH_FILE, new_search
 from tokenload.slo import Slo
@@ -37,6 +37,14 @@ from tokenload.workload.scenario import Scenario
 
 # A failing probe whose load errors are mostly rate limits (429) is the channel's quota, not its capacity.
 RATE_LIMIT_SHARE = 0.5
+# Before a re-phased trial every user stops for this long: one tick of the shape, and the channel frees the
+# streams cut at their next token.
+REPHASE_PAUSE_S = 1.0
+# A pass stands once its evidence still passes this long (or half the SLO's TTFT, if longer) after it first
+# did: a queue serves first what was sent first, so a round of requests sent together has its hits judged
+# before its misses, a tenth of a second or more on a busy machine (24 slots, identical answers: 32 users
+# passed on the five first hits of a round whose eight misses came next).
+PASS_SETTLE_S = 0.1
 
 
 class Prober:
@@ -53,12 +61,12 @@ class Prober:
         self.search = self._load() or new_search(scenario)
         self.step = 0
         self.current: Phase | None = None
+        self.pausing = False  # the current phase is the pause before a re-phased trial (`Search.rephased`)
+        self._rephased: Rephase | None = None  # how the current probe started after such a pause
+        self._request_s = 1.0  # the latest median request time of a decided probe: a spread start's span
+        self._passing_since: float | None = None  # when the current probe's evidence first passed
         self._started_at = 0.0
-        # A second trial held on from its first (`Search.continues`) shares its step: it counts only what the
-        # step's evidence gained since the first trial's decision (`_base`), over its own time (`_start_s`).
         self._start_s = 0.0
-        self._base = Evidence()
-        self._base_tokens = 0
         self.decided = False  # the current probe is recorded; `next_phase` has not moved on yet
         self.write()
 
@@ -80,14 +88,23 @@ class Prober:
                 self.write()
             return None
         self.decided = False
+        self._passing_since = None
+        self.step += 1
+        rephased = self.search.rephased(level)
+        if rephased and not self.pausing and self.current is not None:
+            # every user stops (their streams cut) and the next phase starts them all anew
+            self.pausing = True
+            self.current = Phase(self.step, elapsed_s, elapsed_s + REPHASE_PAUSE_S, 0, None)
+            return self.current
+        self.pausing, self._rephased = False, rephased
         self._start_s = elapsed_s
         self._started_at = time.time()
-        if self.current is not None and self.search.continues():  # same step: no warm-up, no drain, no new users
-            return self.current
-        self._base, self._base_tokens = Evidence(), 0
-        self.step += 1
         users, rate = (int(level), None) if self.spec.over == "users" else (self.scenario.load.max_users, level)
-        self.current = Phase(self.step, elapsed_s, elapsed_s + self.spec.max_probe_s, users, rate)
+        # re-phased, every user starts in Locust's first batch; spread, each sends its first request at a random
+        # moment of a request's time, so that the slots' phases spread
+        spawn = max(self.scenario.load.spawn_rate, users) if rephased else None
+        spread = self._request_s if rephased == "spread" else 0.0
+        self.current = Phase(self.step, elapsed_s, elapsed_s + self.spec.max_probe_s, users, rate, spawn, spread)
         return self.current
 
     def look(self, cell: Cell | None, elapsed_s: float) -> bool:
@@ -95,27 +112,35 @@ class Prober:
         phase = self.current
         if phase is None or self.decided:
             return self.decided
+        if self.pausing:  # a pause decides nothing: it is over when its time is
+            return elapsed_s >= phase.end_s
         level = float(phase.users if phase.rate is None else phase.rate)
         cell = cell or _EMPTY
-        evidence = cell.evidence.minus(self._base)
+        evidence = cell.evidence
         decision = decide(evidence, self.slo, elapsed_s - self._start_s, self.spec.max_probe_s,
-                          steer=not self.search.full_evidence(level), prior=self.search.prior(level),
-                          rising=self.search.rising)
-        if decision is None:
-            return False
+                          min_requests=self.search.min_requests(level), steer=not self.search.full_evidence(level),
+                          prior=self.search.prior(level), rising=self.search.rising)
+        if decision is not None and decision.verdict == "pass":
+            # a pass stands once it still does a moment later: the misses of the requests sent with its hits
+            self._passing_since = elapsed_s if self._passing_since is None else self._passing_since
+            if elapsed_s - self._passing_since < max(PASS_SETTLE_S, (self.slo.ttft_s or 0.0) / 2):
+                return False
+        else:
+            self._passing_since = None
+            if decision is None:
+                return False
         self._record(phase, decision, cell, evidence, elapsed_s)
+        self._request_s = cell.hists["e2e"].percentile(50) or self._request_s
         self.decided = True
         return True
 
     def _record(self, phase: Phase, decision: Decision, cell: Cell, evidence: Evidence, elapsed_s: float) -> None:
         level = float(phase.users if phase.rate is None else phase.rate)
         trial = 1 + sum(1 for p in self.search.probes if p.level == level)
-        spent = cell.input_tokens + cell.output_tokens
-        tokens = spent - self._base_tokens
-        self._base, self._base_tokens = Evidence.from_dict(cell.evidence.to_dict()), spent  # a second trial's zero
+        tokens = cell.input_tokens + cell.output_tokens
         self.search.record(Probe(
             level=level, verdict=decision.verdict, trial=trial, n=decision.n, early=max(0, decision.early),
-            served=evidence.served,
+            served=evidence.served, edge=decision.edge, rephased=self._rephased,
             attainment=decision.attainment,
             ci=list(decision.ci) if decision.ci is not None else None, error_rate=decision.error_rate,
             binding=decision.binding, duration_s=round(elapsed_s - self._start_s, 3), tokens=tokens,

@@ -105,8 +105,7 @@ class ScenarioShape(LoadTestShape):
             if phase is None:  # the search is over: its own words, not "plan complete"
                 control.finish(prober.end_reason())
                 return None
-            if phase is not self._phase:  # else a second trial holds on in its first trial's step
-                control.plan.append(phase)
+            control.plan.append(phase)
         reason = control.stop_reason(elapsed, phase, self._phase)
         if reason is not None:
             control.finish(reason)
@@ -115,12 +114,12 @@ class ScenarioShape(LoadTestShape):
             self._phase = phase
             control.enter(phase, time.time() - elapsed)
         control.write_live()
-        return phase.users, control.scenario.load.spawn_rate
+        return phase.users, phase.spawn_rate or control.scenario.load.spawn_rate
 
     def _decide_now(self) -> None:
         """A search in one process: decide the probe at the request that settles it, not at the next tick (up
         to a second later), and hold the closed-loop users until that tick starts the next probe: what they
-        would send meanwhile counts for no probe. A second trial held on starts at once instead."""
+        would send meanwhile counts for no probe."""
         environment = self._environment
         control = roles.of(environment).get(CONTROL)
         prober = control.prober if control is not None else None
@@ -128,9 +127,5 @@ class ScenarioShape(LoadTestShape):
         if control is None or prober is None or phase is None or prober.decided or control.stopped is not None:
             return
         elapsed = self.get_run_time()
-        if not prober.look(current_run(environment).steps.get(phase.step), elapsed):
-            return
-        if prober.search.continues():
-            prober.next_phase(elapsed)
-        else:
+        if prober.look(current_run(environment).steps.get(phase.step), elapsed):
             control.state.probe_decided = True

@@ -81,16 +81,22 @@ class LoadState:
     failfast: FailFast = field(default_factory=FailFast)
     probe_decided: bool = False  # a search's probe is decided: closed-loop users send nothing until the next one
     rose_from: int = 0  # a step up's previous users (its users start at `spawn_rate`); else `users`
+    spawn_rate: float | None = None  # the phase's own rate of starting users (a search's re-phased probe)
+    spread_s: float = 0.0  # ... and the span its new users' first requests are spread over (`Phase.spread_s`)
 
     @classmethod
     def for_scenario(cls, scenario: Scenario) -> LoadState:
         load = scenario.load
         return cls(pacer=Pacer(load.max_rps, load.max_tokens_per_min), failfast=FailFast(scenario.stop.config_errors))
 
-    def follow(self, step: int, users: int, rate: float | None) -> None:
-        """The phase `step` begins with `users` closed-loop users or (this process's share of) `rate` req/s."""
+    def follow(self, step: int, users: int, rate: float | None, spawn_rate: float | None = None,
+               spread_s: float = 0.0) -> None:
+        """The phase `step` begins with `users` closed-loop users or (this process's share of) `rate` req/s, the
+        users it adds started at `spawn_rate` a second (None: the scenario's), their first requests spread over
+        `spread_s`."""
         self.rose_from = self.users if rate is None and users > self.users else users
         self.step, self.users, self.rate = step, users, rate
+        self.spawn_rate, self.spread_s = spawn_rate, spread_s
         self.probe_decided = False
 
     def new_test(self) -> None:

@@ -29,6 +29,7 @@ errors in a row the process's users park: the run is about to stop.
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -153,6 +154,8 @@ class LLMUser(User):
             # wait for the next probe, for Locust to stop the users it removed, or until the backlog is below
             # the level
             self._pause(DRAIN_POLL_S)
+        if not self.sends and state.spread_s:  # a re-phased probe: its users' first requests spread over a span
+            self._pause(random.uniform(0.0, state.spread_s))
         row: TraceRow | None = None
         if isinstance(ctx.arrivals, TraceArrivals):
             slot = ctx.arrivals.wait_row()
@@ -280,6 +283,7 @@ class LLMUser(User):
                 "session_id": plan.session_id, "turn": plan.turn, "context_tokens": plan.estimated_input_tokens,
                 "phase": phase,
                 "judged_at": judged_at if judged_at is not None or in_flight or phase != MEASURE else time.time(),
+                "judged_in_flight": counted,
             })
             if in_flight and record["status"] == "ok":
                 record["status"] = CANCELLED

@@ -7,8 +7,7 @@ them. A request is warm-up (`phase = "warmup"` in the records; the others are
 or is sent within the run's first `[load] warmup_s` seconds (counted from the
 first step's start on the shape's clock, the same in every process), and the
 analysis drops warm-up rows when it loads a run; a search also marks each probe's first
-`[load] probe_warmup_s` seconds (a second trial held on in its first trial's step has
-none: it goes on at its level). At a closed-loop step up, only what is sent before the
+`[load] probe_warmup_s` seconds. At a closed-loop step up, only what is sent before the
 level is whole is warm-up: the first request of each user the probe started (it meets
 fewer than the level's requests in flight, and opens its connection) and anything sent
 while those users are still starting (at `spawn_rate`); a user already running that sends
@@ -74,17 +73,18 @@ class Warmup:
         now = time.time()
         if self._seconds and state.run_started_at and now < state.run_started_at + self._seconds:
             return WARMUP
-        if self._step_seconds and state.started_at and now < state.started_at + self._step_seconds \
+        if self._step_seconds and state.started_at and now < state.started_at + self._step_seconds + state.spread_s \
                 and (first or not self._level_whole(state, now)):
             return WARMUP
         return WARMUP if self.draining() else MEASURE
 
     def _level_whole(self, state: LoadState, now: float) -> bool:
         """A closed-loop step up (`LoadState.rose_from`) whose new users have all started by `now` (they start
-        at `spawn_rate`)."""
-        if not self._spawn_rate or state.rose_from >= state.users:
+        at the phase's `spawn_rate`, or the scenario's, and send their first requests over its `spread_s`)."""
+        rate = state.spawn_rate or self._spawn_rate
+        if not rate or state.rose_from >= state.users:
             return False
-        return now >= state.started_at + (state.users - state.rose_from) / self._spawn_rate
+        return now >= state.started_at + (state.users - state.rose_from) / rate + state.spread_s
 
     def draining(self) -> bool:
         """A step down's backlog is in flight: a higher level's request, and (closed loop) as many requests

@@ -8,6 +8,13 @@ level that showed the channel's slot count (`Probe.served`) is probed next when 
 bracket's lower half (`_hinted`): a slot-limited channel's cliff is at its slot count. An undecided probe
 steers by its point estimate but never becomes the capacity or the first failing level.
 
+Closed-loop users above the slots are not independent: each user's wait depends on the phase the users fell
+into and persists from request to request, so one trial's requests are one phase's evidence however many
+there are. Above the slots a level is probed after a pause with every user started anew (`rephased`), and the
+capacity's second trial in another phase: it must pass in both. A level whose interval holds the target and
+lies within `evidence.EDGE_MARGIN` of it is at the edge (`Probe.edge`): it counts as failing, and the verdict
+names it instead of buying a pass or a fail on one side of a margin nobody can act on.
+
 The state is plain data (`to_dict` / `from_dict`), written after each probe as `search.json`, so `tokenload
 run --resume` continues without repeating decided probes. The rules in full: docs/scenarios.md, "Breakpoint
 search"; the probes they save: docs/benchmarks.md.
@@ -19,9 +26,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tokenload.search.evidence import Verdict
+from tokenload.search.evidence import MIN_REQUESTS, Verdict
 
 Over = Literal["users", "rate"]
+Rephase = Literal["burst", "spread"]
 # `shape`: past the capacity, a first failing level whose attainment is below this share of the target is a cliff.
 CLIFF_SHARE = 0.5
 
@@ -44,6 +52,8 @@ class Probe:
     confident: bool = True  # a pass at 95%, not only at the steering 70%
     early: int = 0  # of `n`, hits counted at their first token (`Evidence.early`) and not finished when decided
     served: int | None = None  # the channel's concurrency while requests waited (`Evidence.served`)
+    edge: bool = False  # undecided because its attainment is within `evidence.EDGE_MARGIN` of the target
+    rephased: Rephase | None = None  # it started after a pause, every user anew (`Search.rephased`)
     started_at: float = 0.0
     decided_at: float = 0.0  # unix time of the verdict: the requests counted by then are its evidence
     run_id: str = ""  # the run whose records hold this probe (a resumed search holds earlier runs' probes)
@@ -96,9 +106,10 @@ class Search:
         return out
 
     def _failed(self, p: Probe) -> bool:
-        """Failing for steering: a fail, a disagreement, or an undecided probe below the target."""
-        return p.verdict == "fail" or (p.verdict == "undecided" and p.attainment is not None
-                                       and p.attainment < self.target)
+        """Failing for steering: a fail, a disagreement, a level at the edge, or an undecided probe below the
+        target."""
+        return p.verdict == "fail" or (p.verdict == "undecided" and (p.edge or (p.attainment is not None
+                                                                                and p.attainment < self.target)))
 
     def bounds(self) -> tuple[float | None, float | None]:
         """(highest level passing for steering below every failing one, lowest failing level)."""
@@ -115,6 +126,11 @@ class Search:
         _, hi = self.bounds()
         passes = [lvl for lvl, p in latest.items() if p.verdict == "pass" and (hi is None or lvl < hi)]
         return max(passes) if passes else None
+
+    @property
+    def edges(self) -> list[float]:
+        """Levels whose latest probe found them at the edge (`evidence.at_edge`), lowest first."""
+        return sorted(lvl for lvl, p in self._latest().items() if p.verdict == "undecided" and p.edge)
 
     @property
     def first_failing(self) -> float | None:
@@ -147,7 +163,7 @@ class Search:
             if hi <= self._round(self.min_level):
                 return None
             return self._round(self.min_level)
-        if self.continues():  # a pass inside the bracket: its second trial now, while its requests are in flight
+        if self._retest(lo, hi):
             return lo
         if not self._close(lo, hi):
             return self._hinted(lo, hi) or self._between(lo, hi)
@@ -156,9 +172,10 @@ class Search:
     def _decided_above(self, hi: float) -> float | None:
         """The bracket closed on a level that stayed undecided below the target, far below the lowest decided
         failure (a hint jumped there): bisect between them, so that `first_failing` is a decided level near the
-        boundary, as bisection from above would have left it."""
+        boundary, as bisection from above would have left it. Not above a level at the edge: that is where the
+        boundary lies, and the levels above it are at the edge or fail."""
         ff = self.first_failing
-        if ff is None or hi >= ff or self._close(hi, ff):
+        if ff is None or hi >= ff or self._close(hi, ff) or self._latest()[hi].edge:
             return None
         return self._between(hi, ff)
 
@@ -181,19 +198,62 @@ class Search:
         """No level has failed yet (nor stayed undecided below the target): the search is still doubling."""
         return self.bounds()[1] is None
 
-    def continues(self) -> bool:
-        """The next probe is the second trial of the level that just passed, held on without a break: its
-        first trial passed only to steer, and either failing levels bracket it (bisection: each of its passes
-        may be the capacity) or it is `max`. The requests the first trial left in flight, not counted by it,
-        are the second trial's first evidence, so the trial costs the ~25 requests it needs instead of a fresh
-        start at the level (a warm-up, and a whole level's requests in flight before the first one counts)."""
-        if not self.confirm or not self.probes or self.stopped is not None:
+    def _retest(self, lo: float, hi: float) -> bool:
+        """The lowest failing level's channel streamed fewer requests than `lo` while its requests waited
+        (`served`): a slot-limited channel then queues `lo`'s users too, and `lo` passed on the way up, on the
+        five first requests that steer there (which can come before the level's queue forms). Its second trial
+        comes now, before any level above it (24 slots, identical answers: 32 passed on five early hits, 64
+        failed with 22 streaming, and the bisection failed 48, 40, 36, 34 and 33 before 32's second trial
+        failed too)."""
+        if not self.confirm or self.over != "users":
             return False
-        last = self.probes[-1]
-        if last.verdict != "pass" or last.confident or last.trial != 1:
+        latest = self._latest()
+        served, p = latest[hi].served, latest[lo]
+        if served is None or served >= lo or p.verdict != "pass" or p.confident or p.trial != 1:
             return False
-        lo, hi = self.bounds()
-        return lo == last.level and (hi is not None or last.level >= self.max_level)
+        first_fail = next(i for i, q in enumerate(self.probes) if self._failed(q))
+        return self.probes.index(p) < first_fail
+
+    def rephased(self, level: float) -> Rephase | None:
+        """How a probe of `level` starts: after a pause, every user anew, all at once (`burst`) or spread over
+        a request's time (`spread`); None: where the last probe left the users. Closed-loop users on a channel
+        that queues them keep the phase they fell into, each user's wait persisting from request to request,
+        and a level can pass in one phase and fail in another: on a server whose answers are alike, 5 users on 4
+        slots meet a 2 s TTFT 100% of the time started one after another, 80% started together, and 25 to 30
+        users on 24 slots passed where one user at a time was added but failed started together (a SLO shorter
+        than the wait for the next slot turns it round: started apart, every request waits a little too long).
+        So over users, a level above the streams the channel served while requests waited (`served`; at or
+        below them no request waits in any phase) is first probed in a burst, and the capacity's second trial
+        starts spread: it must pass in both. Where the first failing level fell off a cliff (nearly every
+        request missed), a level above the slots is first probed where the users are, as that one did: only a
+        pass there is tried again in a burst (the simulator's 96 slots: 97 users failed in 3 s, where a burst
+        cost its 97 first requests, ~100k tokens of prompts, for the same fail)."""
+        served = self.served
+        if self.over != "users" or served is None or level <= served:
+            return None
+        trials = [p for p in self.probes if p.level == level]
+        if not trials:
+            return "burst" if self.shape() == "gradual" else None
+        last = trials[-1]
+        if last.verdict != "pass" or last.rephased == "spread":
+            return None
+        return "spread" if last.rephased == "burst" else "burst"
+
+    def min_requests(self, level: float) -> int:
+        """The judged requests a pass of `level` needs: `evidence.MIN_REQUESTS`, or over users above the streams
+        the channel served while requests waited (`served`: the users queue), one round, a request per user. A
+        queue serves first what was sent first, and a round's requests go out over a few tenths of a second: 125
+        users on 96 slots passed on their first 36 hits, all sent before the round's 29 misses."""
+        served = self.served
+        if self.over == "users" and served is not None and level > served:
+            return max(MIN_REQUESTS, int(level))
+        return MIN_REQUESTS
+
+    @property
+    def served(self) -> int | None:
+        """The most streams a failing level showed the channel serving while its requests waited: its slots (a
+        count taken while slots were busy with prompts, which stream nothing yet, is lower)."""
+        return max((p.served for p in self.probes if self._failed(p) and p.served is not None), default=None)
 
     def _confirmation(self) -> float | None:
         """The capacity's second trial, unless it already passed at 95%. The capacity, not the bracket's lower

@@ -40,6 +40,8 @@ MIN_REQUESTS = 10
 RISING_REQUESTS = 5
 # A fail needs this many judged requests too: the first answers after a level change meet the queue it left.
 MIN_FAIL_REQUESTS = 5
+# A level whose 95% interval holds the target and lies within this much of it either side is at the edge (`at_edge`).
+EDGE_MARGIN = 0.05
 
 
 def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float] | None:
@@ -196,6 +198,15 @@ class Decision:
     confident: bool = True  # a pass whose 95% interval (not only the steering one) lies above the target
     n: int = 0  # the requests it counted: finished ones, and for all but a confident pass the early hits
     early: int = 0  # of `n`, early hits (`Evidence.early`)
+    edge: bool = False  # undecided because the level's attainment is within `EDGE_MARGIN` of the target
+
+
+def at_edge(ci: tuple[float, float], target: float) -> bool:
+    """The 95% interval holds the target and lies within `EDGE_MARGIN` of it either side: the level meets the
+    SLO about as often as the target asks, and more requests would buy a pass or a fail on one side of a
+    margin nobody can act on (a level at 0.917 against 0.9 needs ~1,000 requests to pass at 95%, ~300 to be
+    at the edge)."""
+    return target - EDGE_MARGIN <= ci[0] < target <= ci[1] <= target + EDGE_MARGIN
 
 
 def binding_term(evidence: Evidence) -> str | None:
@@ -237,6 +248,9 @@ def decide(evidence: Evidence, slo: Slo, elapsed_s: float, max_probe_s: float,
         if steer and ((n >= min_requests and steering is not None and steering[0] >= slo.target)
                       or (rising and n >= RISING_REQUESTS and met == n)):
             return Decision("pass", attainment, ci, error_rate, None, confident=False, n=n, early=early)
+        if n >= min_requests and pooled is not None and at_edge(pooled, slo.target):
+            return Decision("undecided", attainment, ci, error_rate, binding_term(evidence), n=n, early=early,
+                            edge=True)
     if elapsed_s >= max_probe_s:
         return Decision("undecided", attainment, ci, error_rate, binding_term(evidence), n=n, early=early)
     return None

@@ -466,8 +466,8 @@ HINT_SLACK = 4
 
 def default_max_probes(over: str, low: float, high: float, resolution: float) -> int:
     """The probes a search of [low, high] to `resolution` needs: the doublings up to `high`, the
-    bisection of the widest bracket they can leave with a second trial after each of its passes (each may
-    be the capacity: `Search.continues`; with none, the boundary's own), `PROBE_SLACK`, and over users
+    bisection of the widest bracket they can leave twice over (room for second trials and levels at the
+    edge: `Search.rephased`, `evidence.at_edge`), `PROBE_SLACK`, and over users
     `HINT_SLACK` (1..256 users to 1 user: 9 + 2 x 7 + 2 + 4 = 29)."""
     doublings = math.ceil(math.log2(high / low) - 1e-9) + 1 if high > low else 1
     if over == "users":  # the last bracket is [high / 2, high] at widest
