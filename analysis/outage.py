@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from tokenload import errors as ek
+from tokenload.analysis.records import chunks
 from tokenload.analysis.windows import level_text
 from tokenload.contracts.summary import Outage
 from tokenload.failures import fix_for, upstream_failure
@@ -148,14 +149,17 @@ def channel_words(run_dir: Path | None, since: float = -np.inf,
     path = run_dir / REQUESTS_FILE
     if not {"error_message", "http_status", "finished_at"} <= set(pq.read_schema(path).names):
         return {}
-    rows = pq.read_table(path, columns=["error_kind", "http_status", "error_message", "finished_at"]).to_pandas()
-    rows = rows[rows["error_kind"].notna() & (rows["finished_at"] >= since)
-                & (rows["finished_at"] <= (until if until is not None else np.inf))]
+    said: dict[str, Counter[tuple[int, str]]] = {}
+    for rows in chunks(path, ["error_kind", "http_status", "error_message", "finished_at"]):  # a long run's too
+        rows = rows[rows["error_kind"].notna() & (rows["finished_at"] >= since)
+                    & (rows["finished_at"] <= (until if until is not None else np.inf))]
+        for kind, group in rows.groupby("error_kind"):
+            said.setdefault(str(kind), Counter()).update(zip(group["http_status"].fillna(-1).astype(int),
+                                                             group["error_message"].fillna("")))
     words = {}
-    for kind, group in rows.groupby("error_kind"):
-        said = Counter(zip(group["http_status"].fillna(-1).astype(int), group["error_message"].fillna("")))
-        (status, message), _ = said.most_common(1)[0]
-        words[str(kind)] = (None if status < 0 else int(status)), (message or None)
+    for kind in sorted(said):
+        (status, message), _ = said[kind].most_common(1)[0]
+        words[kind] = (None if status < 0 else int(status)), (message or None)
     return words
 
 

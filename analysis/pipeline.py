@@ -146,7 +146,8 @@ def analyze(run_dir: str | Path, slo: Slo | None = None, low_load_users: int | N
     with _stages(console, enabled, total=3 + len(PLOTS)) as advance:
         run = load_run(path)
         if model is not None:
-            run = dataclasses.replace(run, df=run.df[run.df["model"].astype(str) == model].reset_index(drop=True))
+            run = dataclasses.replace(run, df=run.df[run.df["model"].astype(str) == model].reset_index(drop=True),
+                                      sample=run.sample and dataclasses.replace(run.sample, model=model))
         advance("per-step statistics and fits")
         if slo is None:
             slo = resolve_slo(run.manifest, slo_overrides)

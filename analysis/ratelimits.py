@@ -19,9 +19,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import pandas as pd
 
 from tokenload import errors as ek
+from tokenload.analysis.records import chunks
 from tokenload.contracts.summary import LowestRemaining, RateLimits
 from tokenload.rundir import REQUESTS_FILE
 
@@ -68,6 +70,24 @@ def told_to_wait_s(df: pd.DataFrame, end: float | None) -> float:
     return total
 
 
+def _rows(path: Path, columns: list[str]) -> tuple[pd.DataFrame, float, float, int]:
+    """The records `rate_limits` looks at, read a chunk at a time (a long run is never whole in memory): the
+    limited, overloaded and pushed-back ones, and each chunk's first lowest share and highest limit announced;
+    with the first start, the seconds held and the retries of all of them."""
+    kept, started_at, held_s, retries = [], np.inf, 0.0, 0
+    for df in chunks(path, columns):
+        started_at = min(started_at, float(df["started_at"].min()))
+        held_s += float(df["held_s"].fillna(0).sum())
+        retries += int(df["retry_of"].notna().sum()) if "retry_of" in df else 0
+        keep = df["error_kind"].isin([ek.RATE_LIMITED, ek.OVERLOADED]) | df["backoff_s"].notna()
+        for what in ("requests", "tokens"):
+            limit, share = df[f"rl_{what}_limit"], df[f"rl_{what}_remaining"] / df[f"rl_{what}_limit"].where(
+                lambda x: x > 0)
+            keep |= df.index.isin([v.idxmax() if v is limit else v.idxmin() for v in (limit, share) if v.notna().any()])
+        kept.append(df[keep])
+    return pd.concat(kept, ignore_index=True), started_at, held_s, retries
+
+
 def rate_limits(run_dir: str | Path, ended_at: float | None = None) -> RateLimits:
     """`summary.json`'s `rate_limits` for one run directory."""
     import pyarrow.parquet as pq
@@ -76,7 +96,7 @@ def rate_limits(run_dir: str | Path, ended_at: float | None = None) -> RateLimit
     names = set(pq.read_schema(path).names) if path.exists() else set()
     if not {"rl_requests_limit", "backoff_s"} <= names:
         return {"seen": False, "note": "the run recorded no rate-limit information (recorded before tokenload kept it)"}
-    df = pq.read_table(path, columns=[c for c in COLUMNS if c in names]).to_pandas()
+    df, started_at, held_s, retries = _rows(path, [c for c in COLUMNS if c in names])
     limited = df[df["error_kind"] == ek.RATE_LIMITED]
     overloaded = df[df["error_kind"] == ek.OVERLOADED]
     first = limited.sort_values("started_at").iloc[0] if len(limited) else None
@@ -89,11 +109,10 @@ def rate_limits(run_dir: str | Path, ended_at: float | None = None) -> RateLimit
         "rate_limited": len(limited),
         "overloaded": len(overloaded),
         "limited_from_step": _int(first["step"]) if first is not None else None,
-        "limited_after_s": (round(float(first["started_at"] - df["started_at"].min()), 3)
-                            if first is not None else None),
+        "limited_after_s": round(float(first["started_at"] - started_at), 3) if first is not None else None,
         "backoff_s": round(told_to_wait_s(df, ended_at), 3),
-        "held_s": round(float(df["held_s"].fillna(0).sum()), 3),
-        "retries": int(df["retry_of"].notna().sum()) if "retry_of" in df else 0,
+        "held_s": round(held_s, 3),
+        "retries": retries,
     }
     if not out["seen"]:
         out["note"] = "the channel sent no rate-limit headers (anthropic-ratelimit-* or x-ratelimit-*)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -54,6 +55,26 @@ CARRIED_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in ANALYSIS
 # error-storm breaker's probes (`storm_probe`, sent while the users were paused) are set apart here (`Run.aside`),
 # so no statistic ever includes them.
 WARMUP_PHASE = "warmup"
+# A run of more records is not loaded whole (about 830 MB of analysis a million records): its frame is a seeded
+# uniform sample of SAMPLE_ROWS, and `outofcore` counts the rest from requests.parquet a chunk at a time.
+ANALYSIS_ROWS = 1_000_000
+SAMPLE_ROWS = 500_000  # half the frame's memory; any percentile of it within 0.23 points of the run's (outofcore)
+CHUNK_ROWS = 131_072  # records read at once from requests.parquet when it is not loaded whole
+SAMPLE_SEED = 0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A run too long to load: its frame holds `kept` of its `rows` records, chosen uniformly (seeded)."""
+
+    rows: int
+    kept: int
+    seed: int
+    parquet: Path
+    columns: tuple[str, ...]  # the columns the frame was read with
+    last_finished: float  # over every measured record (the frame's would be the sample's)
+    last_sent: float
+    model: str | None = None  # only this model's records count (a comparison of a run's models)
 
 
 @dataclass
@@ -67,6 +88,8 @@ class Run:
     # The rows set apart (warm-up and storm probes, by `phase`), with the columns of `df`: in no statistic, but
     # the channel served them, and what they cost is part of a search's spend.
     aside: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # Set when `df` is a sample of a run too long to load (ANALYSIS_ROWS): `outofcore` counts the whole run.
+    sample: Sample | None = None
 
     @property
     def started_at(self) -> float | None:
@@ -87,7 +110,10 @@ class Run:
     @property
     def cut(self) -> float:
         """When the run stopped: a stream cut open with no `cut_at` of its own (an older run) was cut here."""
-        last_seen = float(np.nanmax(self.df["finished_at"].to_numpy())) if len(self.df) else 0.0
+        if self.sample is not None:
+            last_seen = self.sample.last_finished
+        else:
+            last_seen = float(np.nanmax(self.df["finished_at"].to_numpy())) if len(self.df) else 0.0
         end = self.ended_at
         return last_seen if end is None else max(end, last_seen)
 
@@ -146,12 +172,13 @@ def _read_manifest(run_dir: Path, problems: list[str]) -> Manifest:
     return cast(Manifest, data)
 
 
-def load_run(run_dir: str | Path) -> Run:
+def load_run(run_dir: str | Path, max_rows: int | None = None) -> Run:
     """Read RUN_DIR into a `Run`; raise `ConfigError` for anything that is not a run.
 
     Missing optional columns are derived (`finished_at` from start + e2e,
     `in_flight` as False, a cut stream's `cut_at` as the run's end) so the rest
-    of the analysis needs no special cases.
+    of the analysis needs no special cases. A run of more than `max_rows`
+    (ANALYSIS_ROWS) records is loaded as a sample of at most SAMPLE_ROWS (`Run.sample`).
     """
     import pyarrow.parquet as pq
 
@@ -169,26 +196,86 @@ def load_run(run_dir: str | Path) -> Run:
     if missing:
         raise ConfigError(f"{parquet} lacks required column(s): {', '.join(missing)}")
     wanted = [*ANALYSIS_COLUMNS, *(c for c in CARRIED_COLUMNS if c in schema_names)]
-    try:
-        df = pq.read_table(parquet, columns=wanted).to_pandas()
-    except Exception as exc:
-        raise ConfigError(f"{parquet} could not be read: {exc}") from exc
+    limit = ANALYSIS_ROWS if max_rows is None else max_rows
     problems: list[str] = []
     manifest = _read_manifest(path, problems)
+    try:
+        total = pq.ParquetFile(parquet).metadata.num_rows
+        if total > limit:
+            sample = _sample(parquet, tuple(wanted), total, min(limit, SAMPLE_ROWS))
+            df = _read_sample(sample)
+        else:
+            sample = None
+            df = pq.read_table(parquet, columns=wanted).to_pandas()
+    except Exception as exc:
+        raise ConfigError(f"{parquet} could not be read: {exc}") from exc
     measured, aside = _set_apart(df, _normalise(df))
-    run = Run(run_dir=path, manifest=manifest, df=measured, problems=problems, aside=aside)
-    _when_cut(run, float(pd.to_numeric(df["started_at"], errors="coerce").max()) if len(df) else 0.0)
+    run = Run(run_dir=path, manifest=manifest, df=measured, problems=problems, aside=aside, sample=sample)
+    last_sent = sample.last_sent if sample else float(pd.to_numeric(df["started_at"], errors="coerce").max()) \
+        if len(df) else 0.0
+    when_cut(run.df, run.cut, last_sent)
     return run
 
 
-def _when_cut(run: Run, last_sent: float) -> None:
-    """Each cut stream's `cut_at` (an older run's records lack it: the run's end), and `cut_before_end`: it was
-    cut while the run went on (a step down stopped its user: requests, warm-up ones included, were sent after
+def chunks(parquet: Path, columns: Sequence[str]) -> Iterator[pd.DataFrame]:
+    """requests.parquet's records, CHUNK_ROWS at a time, as the raw frame `load_run` normalises."""
+
+    for batch in _batches(parquet, columns):
+        yield batch.to_pandas()
+
+
+def _batches(parquet: Path, columns: Sequence[str]) -> Iterator[Any]:
+    """CHUNK_ROWS records at a time, read one after the other: pyarrow's defaults (its reads ahead, pre-buffered)
+    held 300 MB of a 10M run's four columns in the allocator."""
+    import pyarrow.parquet as pq
+
+    yield from pq.ParquetFile(parquet, pre_buffer=False).iter_batches(batch_size=CHUNK_ROWS, columns=list(columns),
+                                                                      use_threads=False)
+
+
+def normalised(raw: pd.DataFrame, cut: float, last_sent: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A chunk of raw records as `load_run` makes them: (the measured ones, those set apart)."""
+    measured, aside = _set_apart(raw, _normalise(raw))
+    when_cut(measured, cut, last_sent)
+    return measured, aside
+
+
+def _sample(parquet: Path, columns: tuple[str, ...], total: int, keep: int) -> Sample:
+    """A run too long to load: which records stand for it, and its extent over all of them."""
+    last_finished, last_sent = -np.inf, -np.inf
+    for raw in chunks(parquet, ("started_at", "e2e_s", *(c for c in ("finished_at", "phase") if c in columns))):
+        measured, _ = _set_apart(raw, _finished(raw))
+        last_sent = max(last_sent, float(pd.to_numeric(raw["started_at"], errors="coerce").max()))
+        if len(measured):
+            last_finished = max(last_finished, float(np.nanmax(measured["finished_at"].to_numpy())))
+    return Sample(rows=total, kept=keep, seed=SAMPLE_SEED, parquet=parquet, columns=columns,
+                  last_finished=last_finished, last_sent=last_sent)
+
+
+def _read_sample(sample: Sample) -> pd.DataFrame:
+    """The sample's records, in the file's order: `kept` of `rows` chosen uniformly without replacement (taken
+    from each batch as Arrow, made a frame once: the frame is held once, not per chunk and again joined)."""
+    import pyarrow as pa
+
+    chosen = np.sort(np.random.default_rng(sample.seed).choice(sample.rows, sample.kept, replace=False))
+    parts, offset = [], 0
+    for batch in _batches(sample.parquet, sample.columns):
+        lo, hi = np.searchsorted(chosen, [offset, offset + batch.num_rows])
+        parts.append(batch.take(pa.array(chosen[lo:hi] - offset)))
+        offset += batch.num_rows
+    df = pa.Table.from_batches(parts, schema=parts[0].schema).to_pandas()
+    del parts
+    pa.default_memory_pool().release_unused()  # the decoded batches: the allocator keeps them otherwise
+    return df
+
+
+def when_cut(df: pd.DataFrame, cut: float, last_sent: float) -> None:
+    """Each cut stream's `cut_at` (an older run's records lack it: the run's end, `cut`), and `cut_before_end`: it
+    was cut while the run went on (a step down stopped its user: requests, warm-up ones included, were sent after
     it), not at the end."""
-    df = run.df
     open_ = df["in_flight"].to_numpy()
     if open_.any():
-        df["cut_at"] = df["cut_at"].where(df["cut_at"].notna() | ~df["in_flight"], run.cut)
+        df["cut_at"] = df["cut_at"].where(df["cut_at"].notna() | ~df["in_flight"], cut)
     df["cut_before_end"] = open_ & (df["cut_at"].to_numpy() < last_sent)
 
 
@@ -219,11 +306,7 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
     kind = df["error_kind"].astype("string").fillna("unknown")
     out["error_kind"] = pd.Categorical(kind.where(is_error, None))
     out["model"] = df["model"].astype("string").fillna("?").astype("category")
-    if "finished_at" in df:
-        finished = pd.to_numeric(df["finished_at"], errors="coerce").astype(np.float64)
-        out["finished_at"] = finished.fillna(out["started_at"] + out["e2e_s"].fillna(0.0))
-    else:
-        out["finished_at"] = out["started_at"] + out["e2e_s"].fillna(0.0)
+    out["finished_at"] = _finished(df)["finished_at"]
     if "in_flight" in df:
         out["in_flight"] = df["in_flight"].fillna(False).astype(bool).to_numpy()
     else:
@@ -232,6 +315,19 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
     out["cut_at"] = cut_at.astype(np.float64).where(out["in_flight"].to_numpy()).to_numpy()
     if "prompt_tokens_target" in df:  # the prompt length asked: a sweep's or a design's level
         out["prompt_tokens_target"] = pd.to_numeric(df["prompt_tokens_target"], errors="coerce")
+    return out
+
+
+def _finished(df: pd.DataFrame) -> pd.DataFrame:
+    """`finished_at` (a run without it: start + e2e), beside `phase` where the records have it."""
+    started = pd.to_numeric(df["started_at"], errors="coerce").astype(np.float64)
+    e2e = pd.to_numeric(df["e2e_s"], errors="coerce").astype(np.float64)
+    out = pd.DataFrame(index=df.index)
+    if "finished_at" in df:
+        finished = pd.to_numeric(df["finished_at"], errors="coerce").astype(np.float64)
+        out["finished_at"] = finished.fillna(started + e2e.fillna(0.0))
+    else:
+        out["finished_at"] = started + e2e.fillna(0.0)
     return out
 
 

@@ -11,7 +11,8 @@ Confidence intervals come from a seeded percentile bootstrap, so the same
 records always give the same intervals (and the same verdicts). Above
 `BOOTSTRAP_MAX_N` uncensored observations the bootstrap's large-sample limit,
 the distribution-free order-statistic interval, is used instead: the same
-interval at a fraction of the cost on million-request runs.
+interval at a fraction of the cost on million-request runs; censored data above
+`KM_BOOTSTRAP_MAX_N` get Kaplan-Meier's own large-sample interval.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from tokenload.quantiles import KaplanMeier
 
 # Bootstrap resamples per interval; enough for a stable 95% interval of a percentile.
 BOOTSTRAP_RESAMPLES = 400
@@ -30,6 +33,9 @@ _CHUNK_CELLS = 4_000_000
 # Above this many uncensored observations the order-statistic interval replaces the bootstrap;
 # censored data above it get fewer resamples (Kaplan-Meier runs once per resample).
 BOOTSTRAP_MAX_N = 5_000
+# Above this many observations with censoring, the interval is Kaplan-Meier's large-sample one (`km_interval`):
+# each resample's curve would take seconds (no step of a run up to `records.ANALYSIS_ROWS` reaches it).
+KM_BOOTSTRAP_MAX_N = 1_000_000
 Z95 = 1.959963984540054
 
 
@@ -41,6 +47,14 @@ class Quantile:
     bound: bool = False
 
 
+def _finite(times: np.ndarray, events: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The observations with a finite time (the arrays themselves when all are: no copy of a long step)."""
+    t = np.asarray(times, dtype=np.float64)
+    e = np.asarray(events, dtype=bool)
+    keep = np.isfinite(t)
+    return (t, e) if keep.all() else (t[keep], e[keep])
+
+
 def km_quantiles(times: np.ndarray, events: np.ndarray, qs: Sequence[float]) -> list[Quantile]:
     """Quantiles (0..1) of `times` where `events` is False for right-censored observations.
 
@@ -49,25 +63,35 @@ def km_quantiles(times: np.ndarray, events: np.ndarray, qs: Sequence[float]) -> 
     first event time at which the estimated CDF reaches q; where it never does, the
     largest time seen is returned as a lower bound.
     """
-    t = np.asarray(times, dtype=np.float64)
-    e = np.asarray(events, dtype=bool)
-    keep = np.isfinite(t)
-    t, e = t[keep], e[keep]
+    t, e = _finite(times, events)
     if t.size == 0 or not e.any():
         return [Quantile(float(t.max()) if t.size else np.nan, bound=bool(t.size)) for _ in qs]
     if e.all():
         return [Quantile(float(v)) for v in np.percentile(t, [100 * q for q in qs])]
-    # Events sort before censorings at the same time (the usual KM convention).
-    order = np.lexsort((~e, t))
-    t, e = t[order], e[order]
-    at_risk = t.size - np.arange(t.size)
-    survival = np.cumprod(np.where(e, 1.0 - 1.0 / at_risk, 1.0))
-    cdf = 1.0 - survival
+    curve = KaplanMeier(t, e)
     out = []
     for q in qs:
-        hit = np.flatnonzero(e & (cdf >= q - 1e-12))
-        out.append(Quantile(float(t[hit[0]])) if hit.size else Quantile(float(t[-1]), bound=True))
+        hit = curve.first(q - 1e-12)
+        out.append(Quantile(hit) if hit is not None else Quantile(curve.largest, bound=True))
     return out
+
+
+def km_interval(times: np.ndarray, events: np.ndarray, q: float) -> tuple[float, float] | None:
+    """95% interval of the Kaplan-Meier q-quantile from one curve (Brookmeyer and Crowley's, with Greenwood's
+    variance at the estimate): the times where the CDF reaches q -/+ z se. The bootstrap's large-sample limit,
+    for steps too large to resample; past the last event the upper end is the largest time seen."""
+    t, e = _finite(times, events)
+    if int(e.sum()) < MIN_CI_SAMPLES:
+        return None
+    curve = KaplanMeier(t, e)
+    found = curve.at(q - 1e-12)
+    if found is None:
+        return None
+    survival, greenwood = found
+    half = Z95 * survival * np.sqrt(greenwood)
+    lo = curve.first(q - half) if q - half > 0 else float(curve.events[0])
+    hi = curve.first(q + half)
+    return float(lo if lo is not None else curve.largest), float(hi if hi is not None else curve.largest)
 
 
 def bootstrap_ci(times: np.ndarray, events: np.ndarray, q: float, seed: int,
@@ -77,16 +101,15 @@ def bootstrap_ci(times: np.ndarray, events: np.ndarray, q: float, seed: int,
     Uncensored data take a vectorised path (resample matrix, chunked); censored data
     re-run Kaplan-Meier per resample.
     """
-    t = np.asarray(times, dtype=np.float64)
-    e = np.asarray(events, dtype=bool)
-    keep = np.isfinite(t)
-    t, e = t[keep], e[keep]
+    t, e = _finite(times, events)
     if int(e.sum()) < MIN_CI_SAMPLES:
         return None
     rng = np.random.default_rng(seed)
     n = t.size
     if e.all() and n > BOOTSTRAP_MAX_N:
         return order_statistic_ci(t, q)
+    if n > KM_BOOTSTRAP_MAX_N:
+        return km_interval(t, e, q)
     if n > BOOTSTRAP_MAX_N:
         resamples = min(resamples, 100)
     if e.all():

@@ -13,7 +13,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from tokenload.analysis import server
+from tokenload.analysis import outofcore, server
 from tokenload.analysis.breakpoint import auto_stop, auto_stop_relation, breakpoint_text, find_breakpoint
 from tokenload.analysis.caching import caching_summary
 from tokenload.analysis.diagnosis import diagnose_latency
@@ -34,10 +34,9 @@ from tokenload.analysis.steps import (
     DEFAULT_OPTIONS,
     FORMULA_STEP_TOLERANCE,
     METRICS,
+    RunCounts,
     StepOptions,
-    errors_by_kind,
     latency_stats,
-    meets_slo,
     pkey,
     step_table,
     steps_records,
@@ -252,11 +251,13 @@ def least_concurrent(low: pd.DataFrame, df: pd.DataFrame) -> tuple[pd.DataFrame,
     t = low["started_at"].to_numpy()
     others = np.searchsorted(starts, t, side="left") - np.searchsorted(ends, t, side="right")
     enough = max(2 * MIN_FIT_POINTS, LEAST_CONCURRENT_SHARE * len(low))
-    for limit in np.unique(others):
+    levels, count = np.unique(others, return_counts=True)
+    reached = np.flatnonzero(np.cumsum(count) >= enough)  # one pass: a loop over the levels was quadratic
+    if reached.size:
+        limit = levels[reached[0]]
         chosen = low[others <= limit]
-        if len(chosen) >= enough:
-            return chosen, (f"{len(chosen)} of {len(low)} low-load requests, those that started with at most "
-                            f"{int(limit)} other request(s) in flight")
+        return chosen, (f"{len(chosen)} of {len(low)} low-load requests, those that started with at most "
+                        f"{int(limit)} other request(s) in flight")
     return low, f"all {len(low)} low-load requests (too few ran alone to fit on those only)"
 
 
@@ -269,7 +270,7 @@ def _by_class(counts: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def completeness(run: Run, table: pd.DataFrame) -> Completeness:
+def completeness(run: Run, table: pd.DataFrame, counts: RunCounts) -> Completeness:
     """Did the run finish its plan? An interrupted or cut-short run must not read as a clean ramp.
 
     A run ended by its own live rule (`[stop] breakpoint_*`, its auto-stop) ended as intended:
@@ -280,8 +281,7 @@ def completeness(run: Run, table: pd.DataFrame) -> Completeness:
     stop = m.get("stop_reason")
     planned = len(m.get("plan") or [])
     ran = len(table)
-    censored = int(run.df["in_flight"].sum())
-    step_down = int(run.df["cut_before_end"].sum()) if "cut_before_end" in run.df else 0
+    censored, step_down = counts.in_flight, counts.cut_step_down
     stopped = auto_stop(m.get("stop"), table)
     interrupted = stop == "interrupted" or bool(m.get("workers_lost")) or bool(m.get("recovered"))
     truncated = bool(planned and ran < planned) and stopped is None
@@ -321,13 +321,6 @@ def _auto_stop(run: Run, table: pd.DataFrame, bp: dict[str, Any], slo: Slo) -> A
                            "verdict": auto_stop_relation(stopped, found, slo, upto)})
 
 
-def _attainment(df: pd.DataFrame, slo: Slo, cut: float) -> tuple[float | None, int]:
-    """Whole-run share of judged requests that met the SLO, and how many were judged."""
-    meets, known = meets_slo(df, slo, cut)
-    n = int(known.sum())
-    return (_r(float((meets & known).sum() / n), 4) if n else None), n
-
-
 def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = None,
               options: StepOptions = DEFAULT_OPTIONS, search: SearchSummary | None = None) -> Analysis:
     """Compute every number of the report for one run.
@@ -345,11 +338,17 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
     elif ok.empty:
         problems.append("no request succeeded: latency fits and percentiles need successful requests")
 
-    table = step_table(df, slo, step_windows(df, run.manifest, cut), cut, options,
-                       aside=run.aside) if len(df) else pd.DataFrame()
+    if run.sample is not None:  # too long to load: its frame is a sample, every record is counted here
+        exact = outofcore.step_table(run, slo, options)
+        table, counts = exact.table, exact.counts
+        problems.append(outofcore.sampled(run.sample)["note"])
+    else:
+        table = step_table(df, slo, step_windows(df, run.manifest, cut), cut, options,
+                           aside=run.aside) if len(df) else pd.DataFrame()
+        counts = RunCounts.of(df, slo, cut)
     if search is not None and len(table):
         table["decided"] |= table.index.isin(decided_steps(search))
-    kinds = errors_by_kind(df)
+    kinds = counts.kinds
     low_steps, low_reason = low_load_steps(table, low_load_users) if len(df) else ([], "no requests")
     low = ok[ok["step"].isin(low_steps)]
     if len(ok) and low.empty:
@@ -366,7 +365,7 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
     e2e_fit = e2e_vs_output(low, ttft_low, tpot_low)
     e2e_fit["steps_used"] = low_steps
 
-    complete = completeness(run, table)
+    complete = completeness(run, table, counts)
     outage = find_outage(df, table, slo, run.started_at, run.run_dir) if len(table) else None
     if search is not None and outage is not None:
         after_outage(search, outage["at"])
@@ -379,32 +378,34 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
     else:
         bp = {"breakpoint": None, "breakpoint_note": "no requests: nothing to break", "rules": {}}
     error_counts = {str(k): int(v) for k, v in kinds.sum().items()} if len(kinds) else {}
-    share = float(ok["ttft_s"].sum() / ok["e2e_s"].sum()) if len(ok) and ok["e2e_s"].sum() > 0 else None
+    share = float(counts.ttft_s / counts.e2e_s) if counts.ok and counts.e2e_s > 0 else None
     top = table[table["ok"] > 0].sort_values(["load_level", "start"]).iloc[-1] if len(ok) else None
     high_rows = ok[ok["step"] == top.name] if top is not None else ok
     diagnosis = diagnose_latency(
-        slo=slo, requests=int(len(df)), errors_total=int(df["status"].eq("error").sum()),
+        slo=slo, requests=counts.requests, errors_total=counts.errors,
         errors_by_kind=error_counts, share_ttft=share,
         low=_side(low, table.loc[low_steps].iloc[-1]) if len(low) else {},
         high=_side(high_rows, top) if top is not None else {},
-        ttft_fit=ttft_fit, breakpoint=bp["breakpoint"], open_requests=int(df["in_flight"].sum()),
+        ttft_fit=ttft_fit, breakpoint=bp["breakpoint"], open_requests=counts.in_flight,
         said={kind: message for kind, (_, message) in channel_words(run.run_dir).items()} if error_counts else None)
     if outage is not None:  # the first fix: bring the channel back
         diagnosis["advice"].insert(0, outage["advice"])
 
-    attainment, judged_n = _attainment(df, slo, cut) if len(df) and search is None else (None, 0)
+    attainment, judged_n = (None, 0)
+    if counts.requests and search is None:
+        attainment = _r(counts.slo_met / counts.slo_judged, 4) if counts.slo_judged else None
+        judged_n = counts.slo_judged
     duration = (run.ended_at - run.started_at) if run.started_at and run.ended_at else None
     summary: Summary = {
         "schema_version": SUMMARY_VERSION,
         "run": {
             "run_id": run.manifest.get("run_id"), "run_dir": str(run.run_dir), "label": run.label,
             "started_at": run.started_at, "ended_at": run.ended_at, "duration_s": _r(duration),
-            "requests": int(len(df)), "ok": int(len(ok)), "errors": int(df["status"].eq("error").sum()),
-            "in_flight": int(df["in_flight"].sum()),
-            "cut_step_down": int(df["cut_before_end"].sum()) if "cut_before_end" in df else 0,
+            "requests": counts.requests, "ok": counts.ok, "errors": counts.errors, "in_flight": counts.in_flight,
+            "cut_step_down": counts.cut_step_down,
             # answers the server cut for length below the max_tokens asked (its context was full)
-            "truncated": int(df["truncated"].fillna(False).astype(bool).sum()) if "truncated" in df else 0,
-            "models": sorted(str(m) for m in df["model"].dropna().unique()),
+            "truncated": counts.truncated,
+            "models": sorted(counts.models),
             "channel": run.manifest.get("channel"), "scenario": (run.manifest.get("scenario") or {}).get("name"),
             "scheduler_lag": run.manifest.get("scheduler_lag"),
             "load_unit": cast(LoadUnit, str(table["load_unit"].iloc[0])) if len(table) else None,
@@ -439,6 +440,8 @@ def summarize(run: Run, slo: Slo = DEFAULT_SLO, low_load_users: int | None = Non
         "problems": problems,
         "search": search,
     }
+    if run.sample is not None:
+        summary["run"]["sampled"] = outofcore.sampled(run.sample)
     if complete["note"]:
         problems.append(complete["note"])
     server.attach(summary, run, table)

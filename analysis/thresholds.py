@@ -103,7 +103,7 @@ def _steps(analysis: Analysis, t: Threshold) -> list[Mapping[str, Any]]:
 
 def _percentile(rows: Any, analysis: Analysis, metric: str, pct: float, seed: int) -> Measured:
     """A censoring-aware percentile of `rows` and its 95% bootstrap interval (no upper end when it is a bound)."""
-    times, events, _ = observations(rows, metric, analysis.run.cut)
+    times, events, _ = observations(rows, metric, analysis.run.cut).usable()
     if not times.size:
         return None, None
     q = km_quantiles(times, events, [pct / 100])[0]

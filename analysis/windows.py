@@ -48,9 +48,16 @@ def step_windows(df: pd.DataFrame, manifest: Manifest, run_end: float) -> pd.Dat
     A step's window is the manifest's [started_at, ended_at]; without those it runs
     from its first request to the next step's first request (the last to the run's end).
     """
-    planned = manifest_steps(manifest)
     grouped = df.groupby("step", sort=True)
-    table = pd.DataFrame({"first_start": grouped["started_at"].min(), "users_seen": grouped["active_users"].max()})
+    return windows_of(pd.DataFrame({"first_start": grouped["started_at"].min(),
+                                    "users_seen": grouped["active_users"].max()}), manifest, run_end)
+
+
+def windows_of(seen: pd.DataFrame, manifest: Manifest, run_end: float) -> pd.DataFrame:
+    """`step_windows` from what the records say of each step: its first start and most users (`first_start`,
+    `users_seen`, indexed by step)."""
+    planned = manifest_steps(manifest)
+    table = seen.copy()
     starts, ends, levels, units, users, rates = [], [], [], [], [], []
     for step, row in table.iterrows():
         plan = planned.get(int(step), {})
@@ -93,7 +100,8 @@ def _overlap(first: np.ndarray, last: np.ndarray, a: float, b: float) -> np.ndar
 
 
 def by_time(df: pd.DataFrame, windows: pd.DataFrame, cut: float, good: np.ndarray) -> pd.DataFrame:
-    """Per step window: tokens streamed, input tokens prefilled, completions, concurrency, and the good completions:
+    """Per step window: tokens streamed, input tokens prefilled, completions, the seconds requests held the channel
+    (`busy_s`: the window's mean concurrency times its width), and the good completions:
     the step's own requests that met the criteria (`good`) and ended in its window (a request is judged at the
     load it was sent into, so goodput never exceeds the rate of the step's requests that met them).
 
@@ -120,7 +128,7 @@ def by_time(df: pd.DataFrame, windows: pd.DataFrame, cut: float, good: np.ndarra
         width = b - a
         if not width > 0:
             rows[step] = dict.fromkeys(("output_tokens_window", "input_tokens_window", "completions_window",
-                                        "good_completions_window", "achieved_concurrency"), np.nan)
+                                        "good_completions_window", "busy_s"), np.nan)
             continue
         streamed = float((out_tokens[has_first] * _overlap(first[has_first], last[has_first], a, b)).sum())
         prefilled = float(in_tokens[has_first & (first >= a) & (first < b)].sum())
@@ -130,5 +138,5 @@ def by_time(df: pd.DataFrame, windows: pd.DataFrame, cut: float, good: np.ndarra
         rows[step] = {"output_tokens_window": streamed, "input_tokens_window": prefilled,
                       "completions_window": completions,
                       "good_completions_window": int((ended_here & good & (steps == step)).sum()),
-                      "achieved_concurrency": float(busy) / width}
+                      "busy_s": float(busy)}
     return pd.DataFrame.from_dict(rows, orient="index")

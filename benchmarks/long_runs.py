@@ -1,4 +1,4 @@
-"""Long runs: finalise and analyse 10M and 36M records, and a soak's master memory, beside today's code.
+"""Long runs: finalise and analyse 10M and 36M records, beside today's code.
 
 **Synthetic** (`--records 10000000,36000000`): segments as `--workers` load processes write them at
 `--rate` records/s in total (one Arrow IPC segment per process per second, each record finishing in
@@ -17,20 +17,18 @@ each to finalise), and a larger run would take the shared machine down. The segm
 lz4-compressed (`--segments uncompressed` writes them as the load processes do: 670 B per record on
 disk, 24 GB for 36M). Everything is deleted after each size unless `--keep`.
 
-**Soak** (`--soak-s 1800`): the simulator (`--workers 2`) and a real `tokenload run --master` with two
-`tokenload run --worker` processes, each with a directory of its own (every record reaches the master over
-Locust's messages: the courier), at a steady `--soak-users` users for `--soak-s` seconds. The master's
-Locust process RSS is sampled every 10 s and drawn into `--plot`; the run's records are joined to the
-simulator's truth (each once: none lost, none twice).
+The soak of issue 37 (30 minutes against the simulator, the master's RSS every 10 s) is not here yet.
 
     nice python benchmarks/long_runs.py --records 1000000              # a few minutes
     nice python benchmarks/long_runs.py --records 10000000,36000000    # about an hour on 2 busy cores
-    nice python benchmarks/long_runs.py --records 0 --soak-s 1800 --plot soak.png
+    nice python benchmarks/long_runs.py --records 36000000 --finalise-only --keep --dir /tmp/lr   # then:
+    nice python benchmarks/long_runs.py --analyse /tmp/lr/long-runs-XXXX/run-36000000            # each stage once
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -44,6 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyarrow import feather
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,6 +226,7 @@ def synthetic(sizes: list[int], args: argparse.Namespace, tmp: Path) -> list[dic
             row["analyse_baseline"] = {"skipped": "not run (it loads every record)"}
         row["analyse"] = skipped if args.finalise_only else _stage(None, "analyse", run_dir)
         row["load_after"] = os.getloadavg()[0]
+        row["run_dir"] = str(run_dir) if args.keep else None
         print(json.dumps(row), file=sys.stderr)
         rows.append(row)
         if not args.keep:
@@ -235,8 +235,6 @@ def synthetic(sizes: list[int], args: argparse.Namespace, tmp: Path) -> list[dic
 
 
 def _same(a: Path, b: Path) -> bool:
-    import pyarrow.parquet as pq
-
     return bool(pq.read_table(a / "requests.parquet").equals(pq.read_table(b / "requests.parquet")))
 
 
@@ -252,9 +250,22 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="where the runs are written (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the runs")
     parser.add_argument("--finalise-only", action="store_true", help="finalise, do not analyse")
+    parser.add_argument("--analyse", default=None, metavar="RUN_DIR,...",
+                        help="only analyse these finalised runs (kept by --keep --finalise-only) with this tree's code")
     args = parser.parse_args()
+    if args.analyse:
+        for run_dir in args.analyse.split(","):
+            load = os.getloadavg()[0]
+            result = _stage(None, "analyse", Path(run_dir))
+            records = pq.ParquetFile(Path(run_dir) / "requests.parquet").metadata.num_rows
+            print(f"| {records:,} | analyse: {_cell(result)}, {result.get('cpu_s', 0):.0f} s CPU | load average "
+                  f"{load:.0f}-{os.getloadavg()[0]:.0f} |")
+        return 0
     sizes = [int(x) for x in args.records.split(",") if int(x)]
-    with tempfile.TemporaryDirectory(prefix="long-runs-", dir=args.dir) as name:
+    with contextlib.ExitStack() as stack:  # --keep: the runs stay where they were written, said on stderr
+        name = tempfile.mkdtemp(prefix="long-runs-", dir=args.dir)
+        if not args.keep:
+            stack.callback(shutil.rmtree, name, ignore_errors=True)
         rows = synthetic(sizes, args, Path(name)) if sizes else []
     print(f"{args.workers} processes' segments at {args.rate:,} records/s ({args.segments}); {os.cpu_count()} CPUs")
     print("| records | segments on disk | finalise: this tree | finalise: baseline | analyse: this tree "

@@ -41,8 +41,19 @@ class Completeness(TypedDict):
     auto_stop: str | None
 
 
-class RunInfo(TypedDict):
-    """What was run, when, and how many requests (`run`)."""
+class Sampled(TypedDict):
+    """`run.sampled`: a run too long to load whole; what was counted over every record and what over a sample."""
+
+    records: int
+    sample: int
+    seed: int
+    from_sample: list[str]
+    rank_error: float
+    confidence: float
+    note: str
+
+
+class _RunInfo(TypedDict):
 
     run_id: str | None
     run_dir: str
@@ -63,6 +74,12 @@ class RunInfo(TypedDict):
     load_unit: LoadUnit | None
     load_kind: str | None
     completeness: Completeness
+
+
+class RunInfo(_RunInfo, total=False):
+    """What was run, when, and how many requests (`run`)."""
+
+    sampled: Sampled
 
 
 class AnalysisOptions(TypedDict):
