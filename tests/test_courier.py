@@ -159,7 +159,8 @@ while not master.clients and time.monotonic() < deadline:
     gevent.sleep(0.1)
 # The master's first step, before the worker has joined the run (its run message not come yet).
 master.send_message(STEP_MESSAGE, {"step": 1, "users": 6, "rate": None, "workers": 1, "started_at": time.time(),
-                                   "plan_ends_at": time.time() + 20, "budget": {worker.client_id: [40, None]}})
+                                   "plan_ends_at": time.time() + 20, "spawn_rate": None, "spread_s": 0.0,
+                                   "budget": {worker.client_id: [40, None]}})
 gevent.sleep(1.0)
 state = LoadState.for_scenario(load_scenario("smoke"))
 install_step_listener(role, state, inbox)  # the join
