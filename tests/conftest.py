@@ -84,8 +84,10 @@ ALONE_TESTS = frozenset({
     "test_a_burst_of_new_users_reads_the_servers_ttft_and_keeps_its_own_wait_in_send_lag",
     # 10 requests/s for 4 s, no send-lag warning: 3 of 40 sends were late beside 4 busy workers
     "test_open_loop_rate_within_10_percent",
+    # the two-model server's 2.5x law, judged against its own statement (its timers late under load move it)
+    "test_levers_against_an_independent_two_model_server",
 })
-ALONE_MODULES = frozenset({"test_sim_model", "test_levers_run"})  # timing models: the simulator's, the levers
+ALONE_MODULES = frozenset({"test_sim_model"})  # the simulator's timing model
 
 
 CONTRACT_FILES = pytest.StashKey[tuple[Any, list[str]]]()
