@@ -63,7 +63,8 @@ LONG_FIXTURES = frozenset({"demo_run", "history_demo_run", "diurnal_watch"})
 # The suite runs on several pytest-xdist workers (pyproject's addopts: `-n auto --dist loadgroup`), which take
 # tests one at a time; the tests that share an expensive fixture go to one worker together, so that it is made
 # once: fixture -> the group's name.
-SHARED_FIXTURES = {**{name: "side-by-side" for name in LONG_FIXTURES}, "cache_run": "cache-run"}
+SHARED_FIXTURES = {**{name: "side-by-side" for name in LONG_FIXTURES}, "cache_run": "cache-run",
+                   "sim_levers": "sim-levers"}
 # Most tests wait on a clock (a Locust plan, a simulator's tokens) far more than they compute: on 2 cores, 5
 # workers keep both busy (4 used 1.3 of them: 627-647 s against 558 s with 5). `-n 0` (or
 # TOKENLOAD_TEST_WORKERS=0) runs everything in this process.
@@ -73,7 +74,7 @@ WORKERS = int(os.environ.get("TOKENLOAD_TEST_WORKERS", "5"))
 # Tests that judge timing against a clock run with the machine to themselves (tests/machineshare.py): they
 # failed beside other workers' runs. The long side-by-side runs are among them.
 ALONE_TESTS = frozenset({
-    "test_ttft_follows_the_hour_of_the_simulated_day",
+    "test_ttft_follows_the_hour_of_the_simulated_day", "test_a_saturated_client_warns_live_with_advice_that_can_help",
     "test_analyze_does_not_finalise_a_run_that_is_still_writing",
     "test_records_after_a_lost_worker_carry_the_users_really_running",
     "test_a_full_kv_cache_is_named_before_the_queue", "test_auto_stop_is_named_and_related_to_the_slo_breakpoint",

@@ -199,7 +199,8 @@ def test_compare_names_what_a_relay_adds_over_the_direct_run(tmp_path: Path) -> 
     level = overhead["levels"][0]
     assert overhead["other_url"] and level["load"] == "1 user"
     added, ttft, ttfb, itl = level["ttft_added"], level["ttft"], level["ttfb"], level["itl"]
-    assert ttft["delta_p50_s"] > delay + 0.1, ttft  # raw: the relay's 0.25 s and the longer prompts' prefill
+    # raw: the relay's 0.25 s and the longer prompts' prefill (about 0.2 s at the medians; 14-24 requests a run)
+    assert ttft["delta_p50_s"] > delay + 0.05, ttft
     assert added["basis"] == "server" and abs(added["delta_s"] - delay) <= 0.05, added
     assert added["ci95"][0] <= delay + 0.05 and added["ci95"][1] >= delay - 0.05, added
     # the truth: what the relay was told to add, and the direct run's own wait between headers and first token

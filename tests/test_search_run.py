@@ -102,10 +102,14 @@ def test_the_search_finds_an_eight_slot_servers_capacity(tmp_path: Path) -> None
         since[p["step"]] = q["decided_at"]
         waited = rows["cut_at"] - rows["started_at"]
         counted = rows[rows["ttft_s"].notna() | (rows["in_flight"] & (waited > 0.5))]
-        assert (p["n"], p["attainment"]) == (q["n"], pytest.approx(q["attainment"])), p
         assert p["n"] == len(counted)
         assert p["attainment"] == pytest.approx((counted["ttft_s"] <= 0.5).sum() / p["n"])
-        assert "recount" not in p
+        if p["n"] == q["n"]:
+            assert p["attainment"] == pytest.approx(q["attainment"]) and "recount" not in p, p
+        else:  # a request judged in the decision's last moment, not yet in the run's count (a busy CI machine: 25
+            # against 23): only such requests, and the report says the two counts
+            last = rows[rows["judged_at"] > q["decided_at"] - 0.25]
+            assert 0 < p["n"] - q["n"] <= len(last) and "recount" in p, (p, q)
     # the tokens are every token sent and received: every record's, warm-up and cut ones included, per probe
     # (trials sharing a step share its records) and in all, split into counted, warm-up and cut
     spent = df["input_tokens"].fillna(0) + df["output_tokens"].fillna(0)
