@@ -92,7 +92,7 @@ def test_a_saturated_client_warns_live_with_advice_that_can_help(tmp_path: Path)
     The client has to run out of CPU whatever the machine: with the compiled reader one process reads the
     Python simulator's tokens at 3,000 streams in a third of a core without lagging (the warning's premise
     failed on a quiet CI machine: lag p99 18 ms), and a client sharing its core with the simulator still woke on
-    time there. The pure-Python reader, about three times the CPU per token, kept its core 99% busy (lag p99
+    time there. The pure-Python reader, about 1.5 times the CPU per token, kept its core 99% busy (lag p99
     37 ms) against a simulator with nothing to prefill.
     """
     profile = tmp_path / "wide.toml"
