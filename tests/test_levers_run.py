@@ -177,8 +177,8 @@ def test_each_lever_predicts_what_its_counterfactual_run_measures(
                 assert min(len(new), len(today)) >= 5, (lever["change"], len(new), len(today))
                 ratio, low, high = measured_change(new, today)
                 predicted = lever["vs_today"][key]
-                lo, hi = predicted["ci"] * np.array([1 - SAME, 1 + SAME])
-                if not (low <= hi and lo <= high):
+                lo, hi = predicted["ci"]
+                if not (low <= hi * (1 + SAME) and lo * (1 - SAME) <= high):
                     misses.append(f"{lever['change']}: {key} measured x{ratio:.4g} [{low:.4g}, {high:.4g}] "
                                   f"(n={len(new)}/{len(today)}), predicted x{predicted['ratio']:.4g} [{lo:.4g}, {hi:.4g}]")
     assert sorted(checked) == ["load", "max_tokens", "model", "prompt"]
